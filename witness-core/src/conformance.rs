@@ -1,0 +1,414 @@
+//! The conformance suite every [`WitnessStore`] passes (design note "One conformance suite for
+//! every backend"; modelled on object_store's `integration.rs`).
+//!
+//! A backend's tests implement [`Backend`] (fresh, empty locations) and [`Location`] (clients
+//! of one location, raw access to its newest record) and call [`run_all`]; the multi-process
+//! race is [`increments_in_processes`]. Every check asserts exact outcomes, so a store that
+//! loses, duplicates or reorders a write fails it.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use crate::client::{RetryPolicy, Witness};
+use crate::error::{Error, Result};
+use crate::rules::{AppendReply, AppendRequest, Caller, Outcome, VoteRequest};
+use crate::state::WitnessState;
+use crate::store::{CasOutcome, Loaded, Version, WitnessStore};
+
+/// A kind of storage under test.
+#[async_trait]
+pub trait Backend: Send + Sync {
+    /// A new, empty witness location.
+    async fn fresh(&self) -> Arc<dyn Location>;
+}
+
+/// One witness location (a directory, a blob) under test.
+#[async_trait]
+pub trait Location: Send + Sync {
+    /// A new, independent client of this location (as another node would open it).
+    async fn client(&self) -> Arc<dyn WitnessStore>;
+    /// The newest record's bytes, read behind the store's back.
+    async fn read_raw(&self) -> Vec<u8>;
+    /// Replaces the newest record's bytes behind the store's back (to damage it).
+    async fn write_raw(&self, bytes: &[u8]);
+    /// How many versions are stored now (1 for single-record stores).
+    async fn stored_versions(&self) -> usize;
+    /// How many versions the store promises to keep at most, if it keeps history.
+    fn retention(&self) -> Option<usize>;
+}
+
+const CALLER: Caller = Caller {
+    cluster_id: 0xc1,
+    witness_id: 0x3,
+};
+
+/// A policy that outlasts heavy contention in the counter tests.
+pub fn patient() -> RetryPolicy {
+    RetryPolicy {
+        max_attempts: 100_000,
+        initial_backoff: Duration::from_micros(200),
+        max_backoff: Duration::from_millis(20),
+    }
+}
+
+fn initial() -> WitnessState {
+    WitnessState::new(0, "w", "witness:mount?path=%2Fw")
+}
+
+fn with_term(term: u64) -> WitnessState {
+    WitnessState {
+        term,
+        writer_nonce: term + 1,
+        ..initial()
+    }
+}
+
+async fn load(store: &dyn WitnessStore) -> Loaded {
+    store.load().await.expect("load").expect("a stored state")
+}
+
+/// Runs every single-process check, each on a fresh location.
+pub async fn run_all(backend: &dyn Backend) {
+    empty_location(backend.fresh().await).await;
+    exclusive_create(backend.fresh().await).await;
+    compare_and_swap(backend.fresh().await).await;
+    increments_in_tasks(backend.fresh().await, 4, 25).await;
+    lost_reply_is_resolved_by_rereading(backend.fresh().await).await;
+    corruption_is_rejected(backend.fresh().await).await;
+    retention_keeps_newest(backend.fresh().await).await;
+}
+
+/// Nothing stored: `load` is `None`, a step says "not initialised", nothing gets written.
+pub async fn empty_location(loc: Arc<dyn Location>) {
+    let store = loc.client().await;
+    assert!(store.load().await.expect("load").is_none());
+    let w = Witness::new(store.clone());
+    let err = w.read_term(CALLER).await.unwrap_err();
+    assert!(matches!(err, Error::NotInitialised { .. }), "{err}");
+    assert!(store.load().await.expect("load").is_none());
+}
+
+/// Of many racing creators exactly one wins, and its state is what is stored.
+pub async fn exclusive_create(loc: Arc<dyn Location>) {
+    let mut tasks = Vec::new();
+    for i in 0..8u64 {
+        let store = loc.client().await;
+        tasks.push(tokio::spawn(async move {
+            let outcome = store.create(&with_term(i)).await.expect("create");
+            (i, outcome)
+        }));
+    }
+    let mut winners = Vec::new();
+    for t in tasks {
+        let (i, outcome) = t.await.expect("task");
+        if let CasOutcome::Written(v) = outcome {
+            winners.push((i, v));
+        }
+    }
+    assert_eq!(winners.len(), 1, "exactly one create wins: {winners:?}");
+    let store = loc.client().await;
+    let loaded = load(&*store).await;
+    assert_eq!(loaded.state, with_term(winners[0].0));
+    assert_eq!(loaded.version, winners[0].1);
+    assert_eq!(
+        store.create(&with_term(99)).await.expect("create"),
+        CasOutcome::Conflict
+    );
+    assert_eq!(
+        load(&*store).await,
+        loaded,
+        "a losing create changes nothing"
+    );
+}
+
+/// CAS succeeds on the current version, fails on a stale one, and a failure changes nothing.
+pub async fn compare_and_swap(loc: Arc<dyn Location>) {
+    let store = loc.client().await;
+    let CasOutcome::Written(v0) = store.create(&with_term(0)).await.expect("create") else {
+        panic!("create on an empty location must succeed");
+    };
+    assert_eq!(load(&*store).await.version, v0);
+    let CasOutcome::Written(v1) = store
+        .compare_and_swap(&v0, &with_term(1))
+        .await
+        .expect("cas")
+    else {
+        panic!("CAS on the current version must succeed");
+    };
+    assert_ne!(v0, v1);
+    let after = load(&*store).await;
+    assert_eq!(
+        (after.state.clone(), after.version.clone()),
+        (with_term(1), v1.clone())
+    );
+    // A second client sees the same.
+    assert_eq!(load(&*loc.client().await).await, after);
+    assert_eq!(
+        store
+            .compare_and_swap(&v0, &with_term(2))
+            .await
+            .expect("cas"),
+        CasOutcome::Conflict
+    );
+    assert_eq!(load(&*store).await, after, "a failed CAS changes nothing");
+    let CasOutcome::Written(v2) = store
+        .compare_and_swap(&v1, &with_term(2))
+        .await
+        .expect("cas")
+    else {
+        panic!("CAS on the current version must succeed");
+    };
+    assert_eq!(
+        load(&*store).await,
+        Loaded {
+            state: with_term(2),
+            version: v2
+        }
+    );
+}
+
+/// Increments `term` once through the retrying client; returns the term written.
+async fn increment(w: &Witness<Arc<dyn WitnessStore>>) -> Result<u64> {
+    let stepped = w
+        .step("increment", |s, _| {
+            let next = WitnessState {
+                term: s.term + 1,
+                ..s.clone()
+            };
+            Ok(Outcome {
+                reply: next.term,
+                write: Some(next),
+            })
+        })
+        .await?;
+    assert!(stepped.wrote);
+    Ok(stepped.reply)
+}
+
+/// `tasks` concurrent writers, each with its own client, each incrementing `per_task` times:
+/// the final count is exact (no lost or doubled update).
+pub async fn increments_in_tasks(loc: Arc<dyn Location>, tasks: u64, per_task: u64) {
+    let store = loc.client().await;
+    store.create(&initial()).await.expect("create");
+    let mut handles = Vec::new();
+    for _ in 0..tasks {
+        let w = Witness::with_policy(loc.client().await, patient());
+        handles.push(tokio::spawn(async move {
+            let mut seen = Vec::new();
+            for _ in 0..per_task {
+                seen.push(increment(&w).await.expect("increment"));
+            }
+            seen
+        }));
+    }
+    let mut all = Vec::new();
+    for h in handles {
+        all.extend(h.await.expect("task"));
+    }
+    all.sort_unstable();
+    let expected: Vec<u64> = (1..=tasks * per_task).collect();
+    assert_eq!(all, expected, "every increment wrote a distinct next value");
+    assert_eq!(load(&*store).await.state.term, tasks * per_task);
+}
+
+const CHILD_ENV: &str = "WITNESS_CONFORMANCE_CHILD";
+const LOCATION_ENV: &str = "WITNESS_CONFORMANCE_LOCATION";
+
+/// The multi-process race: `processes` OS processes (this test binary re-run as children with
+/// `test_name`) each increment `per_process` times through `open(location)`; the final count is
+/// exact. In a child, does its share of increments and returns.
+///
+/// Call it from a test named `test_name` that does nothing else.
+pub async fn increments_in_processes<F>(
+    test_name: &str,
+    location: &str,
+    open: F,
+    processes: u64,
+    per_process: u64,
+) where
+    F: Fn(&str) -> Arc<dyn WitnessStore>,
+{
+    if let Ok(child_location) = std::env::var(LOCATION_ENV)
+        && std::env::var(CHILD_ENV).is_ok()
+    {
+        let w = Witness::with_policy(open(&child_location), patient());
+        for _ in 0..per_process {
+            increment(&w).await.expect("increment in child process");
+        }
+        return;
+    }
+    let store = open(location);
+    store.create(&initial()).await.expect("create");
+    let exe = std::env::current_exe().expect("current test binary");
+    let mut children = Vec::new();
+    for _ in 0..processes {
+        let child = tokio::process::Command::new(&exe)
+            .args([test_name, "--exact", "--nocapture", "--test-threads=1"])
+            .env(CHILD_ENV, "1")
+            .env(LOCATION_ENV, location)
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn child test process");
+        children.push(child);
+    }
+    for mut c in children {
+        let status = c.wait().await.expect("wait for child");
+        assert!(status.success(), "child process failed: {status}");
+    }
+    assert_eq!(
+        load(&*store).await.state.term,
+        processes * per_process,
+        "{processes} processes x {per_process} increments"
+    );
+}
+
+/// Wraps a store so that the first compare-and-swap takes effect but reports a transient error.
+#[derive(Debug)]
+struct LosesFirstReply {
+    inner: Arc<dyn WitnessStore>,
+    lost: AtomicBool,
+}
+
+#[async_trait]
+impl WitnessStore for LosesFirstReply {
+    fn location(&self) -> String {
+        self.inner.location()
+    }
+    async fn load(&self) -> Result<Option<Loaded>> {
+        self.inner.load().await
+    }
+    async fn create(&self, state: &WitnessState) -> Result<CasOutcome> {
+        self.inner.create(state).await
+    }
+    async fn compare_and_swap(
+        &self,
+        expected: &Version,
+        state: &WitnessState,
+    ) -> Result<CasOutcome> {
+        let outcome = self.inner.compare_and_swap(expected, state).await?;
+        if matches!(outcome, CasOutcome::Written(_)) && !self.lost.swap(true, Ordering::SeqCst) {
+            return Err(Error::Remote {
+                op: "compare-and-swap",
+                location: self.inner.location(),
+                message: "reply lost (injected)".into(),
+                transient: true,
+            });
+        }
+        Ok(outcome)
+    }
+}
+
+fn append_request(term: u64, subterm: u64, index: u64) -> AppendRequest {
+    AppendRequest {
+        caller: CALLER,
+        term,
+        leader: 1,
+        entry_term: term,
+        entry_subterm: subterm,
+        index,
+        replication_set: vec![1, 3],
+        replication_set_outgoing: vec![],
+    }
+}
+
+/// A write whose reply was lost is found by re-reading: the step answers as if the reply had
+/// arrived, and writes nothing twice.
+pub async fn lost_reply_is_resolved_by_rereading(loc: Arc<dyn Location>) {
+    let store = loc.client().await;
+    store.create(&initial()).await.expect("create");
+    let lossy = |inner| LosesFirstReply {
+        inner,
+        lost: AtomicBool::new(false),
+    };
+    let w = Witness::new(lossy(store.clone()));
+    let before = load(&*store).await.version;
+    let stepped = w.append(&append_request(2, 1, 10)).await.expect("append");
+    assert_eq!(stepped.reply, AppendReply::Ack { term: 2, index: 10 });
+    assert!(
+        !stepped.wrote,
+        "the retry found the write done and wrote nothing"
+    );
+    assert_eq!(stepped.attempts, 2);
+    let after = load(&*store).await;
+    assert_ne!(after.version, before);
+    assert_eq!(after.version, stepped.version);
+    assert_eq!(after.state.last_log_position(), (2, 1));
+
+    let w = Witness::new(lossy(store.clone()));
+    let vote = VoteRequest {
+        caller: CALLER,
+        term: 3,
+        candidate: 1,
+        last_log_term: 2,
+        last_log_subterm: 1,
+        granted: vec![1],
+        granted_outgoing: vec![],
+    };
+    let stepped = w.vote(&vote).await.expect("vote");
+    assert!(stepped.reply.granted);
+    assert!(!stepped.wrote);
+    let after = load(&*store).await.state;
+    assert_eq!((after.term, after.voted_for), (3, 1));
+}
+
+/// Damaged records are errors (never a fallback), and a failing step leaves the bytes alone.
+pub async fn corruption_is_rejected(loc: Arc<dyn Location>) {
+    let store = loc.client().await;
+    store.create(&initial()).await.expect("create");
+    let w = Witness::new(store.clone());
+    w.append(&append_request(1, 0, 1)).await.expect("append");
+    w.append(&append_request(1, 1, 2)).await.expect("append");
+    let good = loc.read_raw().await;
+    let damages: Vec<(&str, Vec<u8>)> = vec![
+        ("truncated", good[..good.len() / 2].to_vec()),
+        ("empty", Vec::new()),
+        ("bit flip", {
+            let mut b = good.clone();
+            let at = b.len() - 6;
+            b[at] ^= 0x10;
+            b
+        }),
+        ("bad magic", {
+            let mut b = good.clone();
+            b[0] = b'X';
+            b
+        }),
+    ];
+    for (what, bytes) in damages {
+        loc.write_raw(&bytes).await;
+        let err = store.load().await.expect_err(what);
+        assert!(matches!(err, Error::Corrupt { .. }), "{what}: {err}");
+        let err = w.append(&append_request(1, 2, 3)).await.expect_err(what);
+        assert!(matches!(err, Error::Corrupt { .. }), "{what}: {err}");
+        assert_eq!(
+            loc.read_raw().await,
+            bytes,
+            "{what}: a failed step changed the record"
+        );
+    }
+    loc.write_raw(&good).await;
+    assert_eq!(load(&*store).await.state.last_log_position(), (1, 1));
+}
+
+/// After many writes, at most `retention` versions are kept, and the newest is intact.
+pub async fn retention_keeps_newest(loc: Arc<dyn Location>) {
+    let store = loc.client().await;
+    store.create(&initial()).await.expect("create");
+    let w = Witness::new(store.clone());
+    let writes = loc.retention().unwrap_or(1) as u64 * 3 + 2;
+    for i in 1..=writes {
+        w.append(&append_request(1, i, i)).await.expect("append");
+    }
+    let kept = loc.stored_versions().await;
+    assert!(kept >= 1, "the newest version is always kept");
+    if let Some(retention) = loc.retention() {
+        assert!(
+            kept <= retention,
+            "kept {kept} versions, retention is {retention}"
+        );
+    }
+    assert_eq!(load(&*store).await.state.last_log_position(), (1, writes));
+}

@@ -1,0 +1,137 @@
+//! The one error type of witness-core, shared by every backend.
+//!
+//! Expected outcomes are not errors: losing a compare-and-swap is [`crate::store::CasOutcome::Conflict`],
+//! a rejected vote is a reply. An `Error` means the step could not be carried out; its message
+//! says what failed, on what, and what to do.
+
+use std::io;
+
+use crate::codec::DecodeError;
+use crate::store::Version;
+use crate::url::UrlProblem;
+
+/// Everything that can go wrong in a witness step, a store or a URL.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A `witness:` URL could not be parsed.
+    #[error("invalid witness URL {url:?}: {problem}")]
+    InvalidUrl {
+        /// The URL as given, with any SAS signature redacted.
+        url: String,
+        problem: UrlProblem,
+    },
+    /// The store holds no witness state yet.
+    #[error(
+        "no witness state at {location}: initialise it with `etcdutl witness init --name NAME --advertise-peer-url URL`"
+    )]
+    NotInitialised { location: String },
+    /// `create` found a witness already there.
+    #[error(
+        "a witness is already initialised at {location} (member {name:?}); pass --force to replace it, which discards its term and vote"
+    )]
+    AlreadyInitialised { location: String, name: String },
+    /// The stored record is damaged. Never fall back to an older one: restore or re-initialise.
+    #[error(
+        "witness state {version} at {location} is corrupt: {source}; the witness refuses to guess (an older state could grant a forbidden vote): re-initialise it with `etcdutl witness init --force` while no node is using it"
+    )]
+    Corrupt {
+        location: String,
+        version: Version,
+        #[source]
+        source: DecodeError,
+    },
+    /// The witness is bound to another cluster.
+    #[error(
+        "witness at {location} belongs to cluster {stored:#x}, not to this cluster {requested:#x}: point --initial-cluster at the right witness, or re-initialise this one with `etcdutl witness init --force`"
+    )]
+    WrongCluster {
+        location: String,
+        stored: u64,
+        requested: u64,
+    },
+    /// The witness is bound to another member id of this cluster.
+    #[error(
+        "witness at {location} is member {stored:#x}, but this cluster calls its witness {requested:#x}: check the witness peer URL in --initial-cluster"
+    )]
+    WrongMember {
+        location: String,
+        stored: u64,
+        requested: u64,
+    },
+    /// The storage refused access.
+    #[error(
+        "permission denied to {op} {location}: give the etcd-node user read and write access to the witness storage"
+    )]
+    PermissionDenied { op: &'static str, location: String },
+    /// The storage is full.
+    #[error(
+        "no space left to {op} {location}: free space on the witness storage (a witness needs a few KiB)"
+    )]
+    NoSpace { op: &'static str, location: String },
+    /// The storage is mounted read-only.
+    #[error(
+        "cannot {op} {location}: the file system is read-only; mount the witness share read-write"
+    )]
+    ReadOnly { op: &'static str, location: String },
+    /// The configured path exists but is not a directory.
+    #[error(
+        "{location} is not a directory: the witness path must name a directory on the shared mount"
+    )]
+    NotADirectory { location: String },
+    /// The configured directory does not exist.
+    #[error("{location} does not exist: mount the witness share there, or create the directory")]
+    NoSuchDirectory { location: String },
+    /// The storage lacks a feature the witness depends on (hard links, fsync, conditional writes).
+    #[error("the witness storage at {location} cannot be used: {reason}")]
+    Unsupported { location: String, reason: String },
+    /// Any other I/O failure. Transient ones are retried by the client.
+    #[error("failed to {op} {location}: {source}")]
+    Io {
+        op: &'static str,
+        location: String,
+        #[source]
+        source: io::Error,
+    },
+    /// A remote store failed; `transient` failures (timeouts, 5xx) may have taken effect.
+    #[error("witness storage {location} failed to {op}: {message}")]
+    Remote {
+        op: &'static str,
+        location: String,
+        message: String,
+        transient: bool,
+    },
+    /// The client gave up after too many lost compare-and-swap races.
+    #[error(
+        "witness step on {location} lost {conflicts} compare-and-swap races in {attempts} attempts; too much contention, try again"
+    )]
+    TooManyConflicts {
+        location: String,
+        attempts: u32,
+        conflicts: u32,
+    },
+}
+
+impl Error {
+    /// True for failures that may clear up by themselves, and after which a write may or may not
+    /// have taken effect: the caller must re-read to learn the outcome.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            Error::Remote { transient, .. } => *transient,
+            Error::Io { source, .. } => matches!(
+                source.kind(),
+                io::ErrorKind::TimedOut
+                    | io::ErrorKind::Interrupted
+                    | io::ErrorKind::WouldBlock
+                    | io::ErrorKind::ConnectionReset
+                    | io::ErrorKind::ConnectionAborted
+                    | io::ErrorKind::BrokenPipe
+                    | io::ErrorKind::StaleNetworkFileHandle
+            ),
+            _ => false,
+        }
+    }
+}
+
+/// witness-core's result type.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

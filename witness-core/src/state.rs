@@ -1,0 +1,83 @@
+//! The witness state: everything the witness knows, persisted as one record.
+//!
+//! Invariants (see `shared/design/extended-raft.md`, "Witness state"):
+//! - nothing here is volatile: a witness step is load -> rule -> compare-and-swap of this record;
+//! - `term` never decreases, and `(last_log_term, last_log_subterm)` only grows;
+//! - a term change clears `voted_for` but never the log position or the replication sets;
+//! - `cluster_id == 0` means "not bound yet"; once bound it never changes.
+
+/// Member id 0 is "none" (as in etcd and raft-rs): no vote, no member.
+pub const NONE: u64 = 0;
+
+/// The persisted witness state.
+///
+/// Encoded with prost (protobuf field numbers below are part of the on-disk format, see
+/// `docs/witness-format.md`) inside the framed record of [`crate::codec`].
+#[derive(Clone, PartialEq, Eq, prost::Message)]
+pub struct WitnessState {
+    /// The cluster this witness belongs to; 0 until the first request from a cluster binds it.
+    #[prost(uint64, tag = "1")]
+    pub cluster_id: u64,
+    /// The witness's own member id (derived by the cluster from its peer URL).
+    #[prost(uint64, tag = "2")]
+    pub member_id: u64,
+    /// The witness member's name (`--name` given to `etcdutl witness init`).
+    #[prost(string, tag = "3")]
+    pub name: String,
+    /// The witness's advertised peer URL (`witness:...`), for status output.
+    #[prost(string, tag = "4")]
+    pub peer_url: String,
+    /// The latest term the witness has seen.
+    #[prost(uint64, tag = "5")]
+    pub term: u64,
+    /// Whom the witness voted for in `term`, or [`NONE`].
+    #[prost(uint64, tag = "6")]
+    pub voted_for: u64,
+    /// Term of the last entry the witness acknowledged.
+    #[prost(uint64, tag = "7")]
+    pub last_log_term: u64,
+    /// Subterm of the last entry the witness acknowledged.
+    #[prost(uint64, tag = "8")]
+    pub last_log_subterm: u64,
+    /// Index of the last entry the witness acknowledged (informational).
+    #[prost(uint64, tag = "9")]
+    pub last_log_index: u64,
+    /// The replication set recorded with the last acknowledged entry (sorted member ids).
+    #[prost(uint64, repeated, tag = "10")]
+    pub replication_set: Vec<u64>,
+    /// The outgoing half's replication set during a joint configuration, else empty.
+    #[prost(uint64, repeated, tag = "11")]
+    pub replication_set_outgoing: Vec<u64>,
+    /// A random number chosen by the writer of this version; identifies who won a race
+    /// whose reply was lost.
+    #[prost(uint64, tag = "12")]
+    pub writer_nonce: u64,
+}
+
+impl WitnessState {
+    /// The state `etcdutl witness init` writes: identity only, term 0, no vote, empty log.
+    pub fn new(member_id: u64, name: impl Into<String>, peer_url: impl Into<String>) -> Self {
+        WitnessState {
+            member_id,
+            name: name.into(),
+            peer_url: peer_url.into(),
+            ..WitnessState::default()
+        }
+    }
+
+    /// The (term, subterm) of the last acknowledged entry, compared lexicographically.
+    pub fn last_log_position(&self) -> (u64, u64) {
+        (self.last_log_term, self.last_log_subterm)
+    }
+
+    /// True when the state differs from `other` in anything but the writer nonce.
+    pub fn same_content(&self, other: &WitnessState) -> bool {
+        WitnessState {
+            writer_nonce: 0,
+            ..self.clone()
+        } == WitnessState {
+            writer_nonce: 0,
+            ..other.clone()
+        }
+    }
+}
