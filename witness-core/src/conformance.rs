@@ -249,14 +249,22 @@ pub async fn increments_in_processes<F>(
             .args([test_name, "--exact", "--nocapture", "--test-threads=1"])
             .env(CHILD_ENV, "1")
             .env(LOCATION_ENV, location)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
             .kill_on_drop(true)
             .spawn()
             .expect("spawn child test process");
         children.push(child);
     }
-    for mut c in children {
-        let status = c.wait().await.expect("wait for child");
-        assert!(status.success(), "child process failed: {status}");
+    for c in children {
+        let out = c.wait_with_output().await.expect("wait for child");
+        assert!(
+            out.status.success(),
+            "child process failed: {}\n{}{}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
     assert_eq!(
         load(&*store).await.state.term,

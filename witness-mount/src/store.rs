@@ -1,0 +1,468 @@
+//! `MountStore`: the witness state as versioned files in one directory on a shared mount.
+//!
+//! Layout: `<seq>.st` (20-digit zero-padded sequence number) holds one framed witness record;
+//! `<node>.<seq>.<nonce>.tmp` is a writer's temporary file. See `docs/witness-format.md`.
+//!
+//! Invariants:
+//! - a `<seq>.st` file is complete and fsynced before it gets its name (write temp, fsync,
+//!   `link()`, fsync the directory): a reader never sees a partial record;
+//! - `link()` fails if the name exists, so of racing writers holding the same version exactly
+//!   one creates `<seq+1>.st`; `EEXIST` after a retransmitted `LINK` is resolved by comparing
+//!   the writer nonce stored in the target with ours;
+//! - the newest version is never removed; clean-up removes versions older than the newest
+//!   `retention` in ascending order, so if `<v+1>.st` was ever removed then `<v>.st` was removed
+//!   before it. A writer that linked `<v+1>.st` therefore checks that `<v>.st` still holds the
+//!   nonce it loaded; if not, it filled a gap left by clean-up, so it removes its file and
+//!   reports a conflict (a writer stalled for a long time can never overwrite history);
+//! - the latest version is found by opening names forward from the last one seen (open by name
+//!   revalidates on NFS); the directory listing is used only when there is no hint and for
+//!   clean-up.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Read, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime};
+
+use async_trait::async_trait;
+use witness_core::{CasOutcome, Error, Loaded, Result, Version, WitnessState, WitnessStore, codec};
+
+use crate::errors::io_error;
+
+const NO_HINT: u64 = u64::MAX;
+const STATE_SUFFIX: &str = ".st";
+const TEMP_SUFFIX: &str = ".tmp";
+
+/// Tuning for a [`MountStore`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MountOptions {
+    /// How many of the newest versions to keep (at least 2).
+    pub retention: usize,
+    /// Temporary files older than this are a crashed writer's and are removed.
+    pub temp_grace: Duration,
+    /// This writer's name in temporary file names (default: host name and process id).
+    pub node: String,
+}
+
+impl Default for MountOptions {
+    fn default() -> Self {
+        let host = nix::unistd::gethostname()
+            .ok()
+            .and_then(|h| h.into_string().ok())
+            .unwrap_or_else(|| "node".into());
+        MountOptions {
+            retention: 8,
+            temp_grace: Duration::from_secs(600),
+            node: format!("{}-{}", sanitize(&host), std::process::id()),
+        }
+    }
+}
+
+fn sanitize(s: &str) -> String {
+    s.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
+}
+
+/// A witness store on a mounted directory.
+#[derive(Debug, Clone)]
+pub struct MountStore {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    dir: PathBuf,
+    options: MountOptions,
+    /// The newest sequence number seen, or [`NO_HINT`].
+    hint: AtomicU64,
+}
+
+/// Checks that `dir` exists and is a directory.
+pub(crate) fn check_is_directory(dir: &Path) -> Result<()> {
+    match fs::metadata(dir) {
+        Ok(m) if m.is_dir() => Ok(()),
+        Ok(_) => Err(Error::NotADirectory {
+            location: dir.display().to_string(),
+        }),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Err(Error::NoSuchDirectory {
+            location: dir.display().to_string(),
+        }),
+        Err(e) => Err(io_error("open", dir, e)),
+    }
+}
+
+/// A mount version is `<seq>:<nonce hex>`; the nonce is unknown for a record that did not decode.
+fn format_version(seq: u64, nonce: Option<u64>) -> Version {
+    match nonce {
+        Some(n) => Version::new(format!("{seq}:{n:016x}")),
+        None => Version::new(seq.to_string()),
+    }
+}
+
+fn parse_version(v: &Version) -> Option<(u64, Option<u64>)> {
+    match v.as_str().split_once(':') {
+        Some((seq, nonce)) => Some((
+            seq.parse().ok()?,
+            Some(u64::from_str_radix(nonce, 16).ok()?),
+        )),
+        None => Some((v.as_str().parse().ok()?, None)),
+    }
+}
+
+fn state_name(seq: u64) -> String {
+    format!("{seq:020}{STATE_SUFFIX}")
+}
+
+fn parse_state_name(name: &str) -> Option<u64> {
+    let digits = name.strip_suffix(STATE_SUFFIX)?;
+    (digits.len() == 20 && digits.bytes().all(|b| b.is_ascii_digit()))
+        .then(|| digits.parse().ok())
+        .flatten()
+}
+
+impl MountStore {
+    /// Opens the witness directory `dir` (which must exist).
+    pub fn open(dir: impl Into<PathBuf>, options: MountOptions) -> Result<Self> {
+        let dir = dir.into();
+        assert!(
+            options.retention >= 2,
+            "MountOptions::retention must be at least 2"
+        );
+        check_is_directory(&dir)?;
+        Ok(MountStore {
+            inner: Arc::new(Inner {
+                dir,
+                options,
+                hint: AtomicU64::new(NO_HINT),
+            }),
+        })
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.inner.dir
+    }
+
+    /// Sequence numbers of the stored versions, ascending (from the directory listing).
+    pub fn list_versions(&self) -> Result<Vec<u64>> {
+        self.inner.list().map(|(versions, _)| versions)
+    }
+
+    async fn blocking<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Inner) -> Result<T> + Send + 'static,
+    ) -> Result<T> {
+        let inner = self.inner.clone();
+        tokio::task::spawn_blocking(move || f(&inner))
+            .await
+            .expect("witness mount I/O task panicked")
+    }
+}
+
+/// A version's record as found on disk.
+struct Found {
+    seq: u64,
+    bytes: Vec<u8>,
+}
+
+impl Inner {
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.join(name)
+    }
+
+    /// (state sequence numbers ascending, temp file names).
+    fn list(&self) -> Result<(Vec<u64>, Vec<String>)> {
+        let mut versions = Vec::new();
+        let mut temps = Vec::new();
+        let entries = fs::read_dir(&self.dir).map_err(|e| io_error("list", &self.dir, e))?;
+        for entry in entries {
+            let entry = entry.map_err(|e| io_error("list", &self.dir, e))?;
+            let Some(name) = entry.file_name().to_str().map(str::to_owned) else {
+                continue;
+            };
+            if let Some(seq) = parse_state_name(&name) {
+                versions.push(seq);
+            } else if name.ends_with(TEMP_SUFFIX) && !name.starts_with(".witness-probe") {
+                temps.push(name);
+            }
+        }
+        versions.sort_unstable();
+        Ok((versions, temps))
+    }
+
+    /// Opens `<seq>.st`; `Ok(None)` if it does not exist.
+    fn open_version(&self, seq: u64) -> Result<Option<File>> {
+        let path = self.path(&state_name(seq));
+        match File::open(&path) {
+            Ok(f) => Ok(Some(f)),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(io_error("open", &path, e)),
+        }
+    }
+
+    fn read_file(&self, mut f: File, seq: u64) -> Result<Vec<u8>> {
+        let mut bytes = Vec::new();
+        f.read_to_end(&mut bytes)
+            .map_err(|e| io_error("read", &self.path(&state_name(seq)), e))?;
+        Ok(bytes)
+    }
+
+    /// Finds and reads the newest version by probing forward from the hint.
+    fn find_latest(&self) -> Result<Option<Found>> {
+        for _ in 0..8 {
+            let start = match self.hint.load(Ordering::Acquire) {
+                NO_HINT => match self.list()?.0.last() {
+                    Some(&seq) => seq,
+                    None => return Ok(None),
+                },
+                seq => seq,
+            };
+            let Some(mut file) = self.open_version(start)? else {
+                // Removed by clean-up (we are behind) or the directory was reset: list again.
+                self.hint.store(NO_HINT, Ordering::Release);
+                continue;
+            };
+            let mut seq = start;
+            while let Some(next) = self.open_version(seq + 1)? {
+                file = next;
+                seq += 1;
+            }
+            let bytes = self.read_file(file, seq)?;
+            self.hint.store(seq, Ordering::Release);
+            return Ok(Some(Found { seq, bytes }));
+        }
+        Err(Error::Io {
+            op: "find the newest version in",
+            location: self.dir.display().to_string(),
+            source: io::Error::other(
+                "versions keep disappearing while probing; is another process deleting them?",
+            ),
+        })
+    }
+
+    fn load(&self) -> Result<Option<Loaded>> {
+        let Some(Found { seq, bytes }) = self.find_latest()? else {
+            return Ok(None);
+        };
+        let location = self.path(&state_name(seq)).display().to_string();
+        let state = codec::decode(&bytes).map_err(|source| Error::Corrupt {
+            location,
+            version: format_version(seq, None),
+            source,
+        })?;
+        let version = format_version(seq, Some(state.writer_nonce));
+        Ok(Some(Loaded { state, version }))
+    }
+
+    /// Writes `bytes` to a new temp file and fsyncs it.
+    fn write_temp(&self, seq: u64, nonce: u64, bytes: &[u8]) -> Result<PathBuf> {
+        let path = self.path(&format!(
+            "{}.{seq}.{nonce:016x}{TEMP_SUFFIX}",
+            self.options.node
+        ));
+        let mut f = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&path)
+            .map_err(|e| io_error("create", &path, e))?;
+        let written = f
+            .write_all(bytes)
+            .and_then(|()| f.sync_all())
+            .map_err(|e| io_error("write", &path, e));
+        if let Err(e) = written {
+            let _ = fs::remove_file(&path);
+            return Err(e);
+        }
+        Ok(path)
+    }
+
+    fn sync_dir(&self) -> Result<()> {
+        File::open(&self.dir)
+            .and_then(|d| d.sync_all())
+            .map_err(|e| io_error("fsync", &self.dir, e))
+    }
+
+    /// Decodes `<seq>.st` and returns its writer nonce, `None` if absent or undecodable.
+    fn nonce_of(&self, seq: u64) -> Result<Option<u64>> {
+        let Some(f) = self.open_version(seq)? else {
+            return Ok(None);
+        };
+        let bytes = self.read_file(f, seq)?;
+        Ok(codec::decode(&bytes).ok().map(|s| s.writer_nonce))
+    }
+
+    /// Links a temp file holding `state` to `<seq>.st`. `Ok(true)` if this writer owns the name.
+    fn link_version(&self, seq: u64, state: &WitnessState) -> Result<bool> {
+        let bytes = codec::encode(state);
+        let temp = self.write_temp(seq, state.writer_nonce, &bytes)?;
+        let target = self.path(&state_name(seq));
+        let linked = match fs::hard_link(&temp, &target) {
+            Ok(()) => Ok(true),
+            // The name exists: another writer won, or our own LINK was retransmitted after a
+            // lost reply. The nonce in the target says which.
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                self.nonce_of(seq).map(|n| n == Some(state.writer_nonce))
+            }
+            Err(e) => Err(io_error("link", &target, e)),
+        };
+        let _ = fs::remove_file(&temp);
+        linked
+    }
+
+    /// After linking `<seq>.st` on top of `expected`: is the predecessor still the version we
+    /// computed from? If not we filled a gap left by clean-up and must undo.
+    fn predecessor_intact(&self, expected_seq: u64, expected_nonce: Option<u64>) -> Result<bool> {
+        match expected_nonce {
+            Some(n) => Ok(self.nonce_of(expected_seq)? == Some(n)),
+            None => Ok(self.open_version(expected_seq)?.is_some()),
+        }
+    }
+
+    fn undo(&self, seq: u64) -> Result<CasOutcome> {
+        let target = self.path(&state_name(seq));
+        tracing::warn!(path = %target.display(), "stale writer filled a gap left by clean-up; removing its version");
+        fs::remove_file(&target).map_err(|e| io_error("remove", &target, e))?;
+        Ok(CasOutcome::Conflict)
+    }
+
+    fn cas(&self, expected: &Version, state: &WitnessState) -> Result<CasOutcome> {
+        let Some((seq, nonce)) = parse_version(expected) else {
+            return Err(Error::Io {
+                op: "compare-and-swap",
+                location: self.dir.display().to_string(),
+                source: io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!("{expected:?} is not a mount version"),
+                ),
+            });
+        };
+        let next = seq + 1;
+        if !self.link_version(next, state)? {
+            return Ok(CasOutcome::Conflict);
+        }
+        if !self.predecessor_intact(seq, nonce)? {
+            return self.undo(next);
+        }
+        self.sync_dir()?;
+        self.hint.fetch_max(next, Ordering::AcqRel);
+        self.clean_up(next);
+        Ok(CasOutcome::Written(format_version(
+            next,
+            Some(state.writer_nonce),
+        )))
+    }
+
+    fn create(&self, state: &WitnessState) -> Result<CasOutcome> {
+        if !self.list()?.0.is_empty() {
+            return Ok(CasOutcome::Conflict);
+        }
+        if !self.link_version(0, state)? {
+            return Ok(CasOutcome::Conflict);
+        }
+        // If version 0 had been cleaned up, newer versions exist: then this was no creation.
+        if self.list()?.0.iter().any(|&s| s > 0) {
+            return self.undo(0);
+        }
+        self.sync_dir()?;
+        self.hint.fetch_max(0, Ordering::AcqRel);
+        Ok(CasOutcome::Written(format_version(
+            0,
+            Some(state.writer_nonce),
+        )))
+    }
+
+    /// Removes versions older than the newest `retention` (ascending) and stale temp files.
+    /// Best effort: failures are logged, the write already succeeded.
+    fn clean_up(&self, newest: u64) {
+        let keep_from = newest.saturating_sub(self.options.retention as u64 - 1);
+        let (versions, temps) = match self.list() {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::warn!(error = %e, "witness clean-up: listing failed");
+                return;
+            }
+        };
+        for seq in versions.into_iter().filter(|&s| s < keep_from) {
+            let path = self.path(&state_name(seq));
+            match fs::remove_file(&path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => {
+                    // Stop: removing a newer one while an older remains would break the
+                    // ascending-order invariant.
+                    tracing::warn!(path = %path.display(), error = %e, "witness clean-up stopped");
+                    return;
+                }
+            }
+        }
+        let now = SystemTime::now();
+        for name in temps {
+            let path = self.path(&name);
+            let old = fs::metadata(&path)
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|t| now.duration_since(t).ok())
+                .is_some_and(|age| age > self.options.temp_grace);
+            if old && fs::remove_file(&path).is_ok() {
+                tracing::info!(path = %path.display(), "removed an orphaned witness temp file");
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl WitnessStore for MountStore {
+    fn location(&self) -> String {
+        self.inner.dir.display().to_string()
+    }
+
+    async fn load(&self) -> Result<Option<Loaded>> {
+        self.blocking(|i| i.load()).await
+    }
+
+    async fn create(&self, state: &WitnessState) -> Result<CasOutcome> {
+        let state = state.clone();
+        self.blocking(move |i| i.create(&state)).await
+    }
+
+    async fn compare_and_swap(
+        &self,
+        expected: &Version,
+        state: &WitnessState,
+    ) -> Result<CasOutcome> {
+        let (expected, state) = (expected.clone(), state.clone());
+        self.blocking(move |i| i.cas(&expected, &state)).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_and_versions_parse() {
+        assert_eq!(state_name(42), "00000000000000000042.st");
+        assert_eq!(parse_state_name("00000000000000000042.st"), Some(42));
+        for bad in [
+            "42.st",
+            "0000000000000000004x.st",
+            "00000000000000000042.tmp",
+            "000000000000000000042.st",
+        ] {
+            assert_eq!(parse_state_name(bad), None, "{bad}");
+        }
+        assert_eq!(
+            parse_version(&format_version(7, Some(0xab))),
+            Some((7, Some(0xab)))
+        );
+        assert_eq!(parse_version(&format_version(7, None)), Some((7, None)));
+        assert_eq!(parse_version(&Version::new("etag")), None);
+    }
+}

@@ -1,0 +1,342 @@
+//! witness-mount against real directories: the conformance suite on temp dirs, the
+//! multi-process race, the stale-writer gap, and the storage failures an operator meets
+//! (full disk, read-only mount, missing or wrong path) on real tmpfs mounts.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Duration;
+
+use witness_core::conformance::{self, Backend, Location};
+use witness_core::{AppendRequest, Caller, CasOutcome, Error, Witness, WitnessState, WitnessStore};
+use witness_mount::{MountOptions, MountStore};
+
+const RETENTION: usize = 4;
+
+fn options() -> MountOptions {
+    MountOptions {
+        retention: RETENTION,
+        ..MountOptions::default()
+    }
+}
+
+fn open(dir: &Path) -> MountStore {
+    MountStore::open(dir, options()).expect("open witness dir")
+}
+
+fn newest_file(dir: &Path) -> PathBuf {
+    let seq = *open(dir)
+        .list_versions()
+        .unwrap()
+        .last()
+        .expect("a version");
+    dir.join(format!("{seq:020}.st"))
+}
+
+struct DirLocation {
+    dir: tempfile::TempDir,
+}
+
+#[async_trait::async_trait]
+impl Location for DirLocation {
+    async fn client(&self) -> Arc<dyn WitnessStore> {
+        Arc::new(open(self.dir.path()))
+    }
+    async fn read_raw(&self) -> Vec<u8> {
+        std::fs::read(newest_file(self.dir.path())).unwrap()
+    }
+    async fn write_raw(&self, bytes: &[u8]) {
+        std::fs::write(newest_file(self.dir.path()), bytes).unwrap()
+    }
+    async fn stored_versions(&self) -> usize {
+        open(self.dir.path()).list_versions().unwrap().len()
+    }
+    fn retention(&self) -> Option<usize> {
+        Some(RETENTION)
+    }
+}
+
+struct TempDirs;
+
+#[async_trait::async_trait]
+impl Backend for TempDirs {
+    async fn fresh(&self) -> Arc<dyn Location> {
+        Arc::new(DirLocation {
+            dir: tempfile::tempdir().unwrap(),
+        })
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn temp_dir_passes_the_conformance_suite() {
+    conformance::run_all(&TempDirs).await;
+}
+
+static PROCESS_DIR: std::sync::OnceLock<tempfile::TempDir> = std::sync::OnceLock::new();
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn increments_from_separate_processes_lose_nothing() {
+    let dir = PROCESS_DIR.get_or_init(|| tempfile::tempdir().unwrap());
+    let location = dir.path().to_str().unwrap().to_string();
+    conformance::increments_in_processes(
+        "increments_from_separate_processes_lose_nothing",
+        &location,
+        |loc| Arc::new(open(Path::new(loc))) as Arc<dyn WitnessStore>,
+        4,
+        50,
+    )
+    .await;
+}
+
+fn state(term: u64, nonce: u64) -> WitnessState {
+    WitnessState {
+        term,
+        writer_nonce: nonce,
+        ..WitnessState::new(0, "w", "witness:mount?path=%2Fw")
+    }
+}
+
+async fn initialised() -> (tempfile::TempDir, MountStore) {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    assert!(matches!(
+        store.create(&state(0, 1)).await.unwrap(),
+        CasOutcome::Written(_)
+    ));
+    (dir, store)
+}
+
+#[tokio::test]
+async fn a_stalled_writer_cannot_fill_a_gap_left_by_clean_up() {
+    let (dir, store) = initialised().await;
+    let stale = store.load().await.unwrap().unwrap().version;
+    // Another node writes well past the retention window; clean-up removes version 1.
+    let other = open(dir.path());
+    for term in 1..=(RETENTION as u64 + 3) {
+        let v = other.load().await.unwrap().unwrap().version;
+        assert!(matches!(
+            other
+                .compare_and_swap(&v, &state(term, 100 + term))
+                .await
+                .unwrap(),
+            CasOutcome::Written(_)
+        ));
+    }
+    let before = open(dir.path()).list_versions().unwrap();
+    assert!(
+        !before.contains(&1),
+        "clean-up removed version 1: {before:?}"
+    );
+    // The stalled writer finally links version 1: it must notice and undo.
+    let outcome = store
+        .compare_and_swap(&stale, &state(99, 999))
+        .await
+        .unwrap();
+    assert_eq!(outcome, CasOutcome::Conflict);
+    assert_eq!(
+        open(dir.path()).list_versions().unwrap(),
+        before,
+        "the gap file was removed"
+    );
+    assert_eq!(
+        store.load().await.unwrap().unwrap().state.term,
+        RETENTION as u64 + 3
+    );
+}
+
+#[tokio::test]
+async fn eexist_from_a_retransmitted_link_is_our_success() {
+    let (dir, store) = initialised().await;
+    let v0 = store.load().await.unwrap().unwrap().version;
+    let mine = state(1, 0xfeed);
+    // Simulate an NFS LINK that succeeded on the server but whose reply was lost: the target
+    // already holds our record when we retry.
+    std::fs::write(
+        dir.path().join(format!("{:020}.st", 1)),
+        witness_core::codec::encode(&mine),
+    )
+    .unwrap();
+    assert!(matches!(
+        store.compare_and_swap(&v0, &mine).await.unwrap(),
+        CasOutcome::Written(_)
+    ));
+    // Someone else's record at the target is a lost race.
+    let theirs = state(2, 0xbeef);
+    std::fs::write(
+        dir.path().join(format!("{:020}.st", 2)),
+        witness_core::codec::encode(&theirs),
+    )
+    .unwrap();
+    let v1 = open(dir.path()).list_versions().unwrap();
+    assert_eq!(v1, vec![0, 1, 2]);
+    let from_v1 = witness_core::Version::new(format!("1:{:016x}", 0xfeed));
+    assert_eq!(
+        store
+            .compare_and_swap(&from_v1, &state(2, 0xaaaa))
+            .await
+            .unwrap(),
+        CasOutcome::Conflict
+    );
+    assert_eq!(store.load().await.unwrap().unwrap().state, theirs);
+}
+
+#[tokio::test]
+async fn orphaned_temp_files_are_removed_after_the_grace_period() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = MountStore::open(
+        dir.path(),
+        MountOptions {
+            temp_grace: Duration::ZERO,
+            ..options()
+        },
+    )
+    .unwrap();
+    store.create(&state(0, 1)).await.unwrap();
+    let orphan = dir.path().join("crashed-node-7.1.00000000000000aa.tmp");
+    std::fs::write(&orphan, b"partial").unwrap();
+    std::thread::sleep(Duration::from_millis(20));
+    let v = store.load().await.unwrap().unwrap().version;
+    store.compare_and_swap(&v, &state(1, 2)).await.unwrap();
+    assert!(!orphan.exists(), "orphaned temp file removed");
+    // A young temp file (a writer at work) is left alone with the default grace.
+    let young = dir.path().join("busy-node-1.2.00000000000000bb.tmp");
+    std::fs::write(&young, b"partial").unwrap();
+    let store = open(dir.path());
+    let v = store.load().await.unwrap().unwrap().version;
+    store.compare_and_swap(&v, &state(2, 3)).await.unwrap();
+    assert!(young.exists());
+}
+
+#[tokio::test]
+async fn missing_path_and_file_path_are_clear_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("nope");
+    let err = MountStore::open(&missing, options()).unwrap_err();
+    assert!(matches!(err, Error::NoSuchDirectory { .. }), "{err}");
+    assert!(err.to_string().contains("mount the witness share"), "{err}");
+    let file = dir.path().join("file");
+    std::fs::write(&file, b"x").unwrap();
+    let err = MountStore::open(&file, options()).unwrap_err();
+    assert!(matches!(err, Error::NotADirectory { .. }), "{err}");
+}
+
+/// A small tmpfs mounted for one test; unmounted on drop.
+struct Tmpfs {
+    dir: tempfile::TempDir,
+}
+
+impl Tmpfs {
+    fn mount(size: &str) -> Tmpfs {
+        let dir = tempfile::tempdir().unwrap();
+        let out = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir.path())
+            .output()
+            .expect("run mount");
+        assert!(
+            out.status.success(),
+            "this test mounts a small tmpfs and needs root (CAP_SYS_ADMIN), as the README's test command has: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Tmpfs { dir }
+    }
+
+    fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    fn remount_read_only(&self) {
+        let ok = Command::new("mount")
+            .args(["-o", "remount,ro"])
+            .arg(self.path())
+            .status()
+            .unwrap();
+        assert!(ok.success());
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(self.dir.path()).status();
+    }
+}
+
+fn append(subterm: u64) -> AppendRequest {
+    AppendRequest {
+        caller: Caller {
+            cluster_id: 1,
+            witness_id: 3,
+        },
+        term: 1,
+        leader: 1,
+        entry_term: 1,
+        entry_subterm: subterm,
+        index: subterm,
+        replication_set: vec![1, 3],
+        replication_set_outgoing: vec![],
+    }
+}
+
+#[tokio::test]
+async fn a_full_disk_is_a_clear_error_and_changes_nothing() {
+    let fs = Tmpfs::mount("64k");
+    let store = open(fs.path());
+    store.create(&state(0, 1)).await.unwrap();
+    let w = Witness::new(store.clone());
+    w.append(&append(1)).await.unwrap();
+    let before = store.load().await.unwrap().unwrap();
+    let files_before = std::fs::read_dir(fs.path()).unwrap().count();
+    // Fill the file system.
+    let filler = fs.path().join("filler");
+    let _ = std::fs::write(&filler, vec![0u8; 1 << 20]);
+    let err = w.append(&append(2)).await.unwrap_err();
+    assert!(matches!(err, Error::NoSpace { .. }), "{err}");
+    assert!(
+        err.to_string()
+            .contains("free space on the witness storage"),
+        "{err}"
+    );
+    assert_eq!(
+        store.load().await.unwrap().unwrap(),
+        before,
+        "state unchanged"
+    );
+    assert_eq!(
+        std::fs::read_dir(fs.path()).unwrap().count(),
+        files_before + 1,
+        "only the filler is new: no temp file left behind"
+    );
+    std::fs::remove_file(&filler).unwrap();
+    w.append(&append(2))
+        .await
+        .expect("works again once space is freed");
+}
+
+#[tokio::test]
+async fn a_read_only_mount_is_a_clear_error_and_changes_nothing() {
+    let fs = Tmpfs::mount("1m");
+    let store = open(fs.path());
+    store.create(&state(0, 1)).await.unwrap();
+    let before = store.load().await.unwrap().unwrap();
+    fs.remount_read_only();
+    let w = Witness::new(open(fs.path()));
+    let err = w.append(&append(1)).await.unwrap_err();
+    assert!(matches!(err, Error::ReadOnly { .. }), "{err}");
+    assert!(
+        err.to_string()
+            .contains("mount the witness share read-write"),
+        "{err}"
+    );
+    assert_eq!(store.load().await.unwrap().unwrap(), before);
+    let err = witness_mount::check_directory(fs.path()).unwrap_err();
+    assert!(matches!(err, Error::ReadOnly { .. }), "{err}");
+}
+
+#[test]
+fn check_directory_reports_the_file_system_and_leaves_no_trace() {
+    let fs = Tmpfs::mount("1m");
+    let report = witness_mount::check_directory(fs.path()).unwrap();
+    assert_eq!(report.fs_type, "tmpfs");
+    assert!(!report.is_network);
+    assert_eq!(std::fs::read_dir(fs.path()).unwrap().count(), 0);
+}
