@@ -217,6 +217,14 @@ pub async fn increments_in_tasks(loc: Arc<dyn Location>, tasks: u64, per_task: u
 const CHILD_ENV: &str = "WITNESS_CONFORMANCE_CHILD";
 const LOCATION_ENV: &str = "WITNESS_CONFORMANCE_LOCATION";
 
+/// In a child process of [`increments_in_processes`]: the location it must use. Call this
+/// before any parent-only set-up (such as starting a server), and pass the result on.
+pub fn child_location() -> Option<String> {
+    std::env::var(CHILD_ENV)
+        .ok()
+        .and(std::env::var(LOCATION_ENV).ok())
+}
+
 /// The multi-process race: `processes` OS processes (this test binary re-run as children with
 /// `test_name`) each increment `per_process` times through `open(location)`; the final count is
 /// exact. In a child, does its share of increments and returns.
@@ -231,9 +239,7 @@ pub async fn increments_in_processes<F>(
 ) where
     F: Fn(&str) -> Arc<dyn WitnessStore>,
 {
-    if let Ok(child_location) = std::env::var(LOCATION_ENV)
-        && std::env::var(CHILD_ENV).is_ok()
-    {
+    if let Some(child_location) = child_location() {
         let w = Witness::with_policy(open(&child_location), patient());
         for _ in 0..per_process {
             increment(&w).await.expect("increment in child process");

@@ -61,7 +61,7 @@ pub enum Error {
     },
     /// The storage refused access.
     #[error(
-        "permission denied to {op} {location}: give the etcd-node user read and write access to the witness storage"
+        "permission denied to {op} {location}: give etcd-node read and write access to the witness storage (a directory writable by its user, or a SAS with read and write permission that has not expired)"
     )]
     PermissionDenied { op: &'static str, location: String },
     /// The storage is full.

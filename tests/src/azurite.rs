@@ -1,0 +1,187 @@
+//! A real Azurite blob service on a free loopback port, one per test that needs it.
+
+use std::net::{TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use base64::Engine;
+use hmac::{Hmac, Mac};
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use percent_encoding::{NON_ALPHANUMERIC, utf8_percent_encode};
+use sha2::Sha256;
+
+/// Azurite's well-known development account.
+pub const ACCOUNT: &str = "devstoreaccount1";
+/// Azurite's well-known development key (public; documented by Microsoft).
+pub const ACCOUNT_KEY: &str =
+    "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw==";
+
+/// A running Azurite blob service. Stopped with SIGTERM on drop.
+#[derive(Debug)]
+pub struct Azurite {
+    child: Child,
+    port: u16,
+    _dir: tempfile::TempDir,
+}
+
+/// Where Azurite is: `$AZURITE_BLOB` or `node_modules/.bin/azurite-blob` in the workspace.
+fn azurite_bin() -> PathBuf {
+    if let Ok(p) = std::env::var("AZURITE_BLOB") {
+        return PathBuf::from(p);
+    }
+    let p = crate::workspace_root().join("node_modules/.bin/azurite-blob");
+    assert!(
+        p.exists(),
+        "Azurite is not installed at {}: run `npm ci` in the workspace root (the README's test command does), or set AZURITE_BLOB",
+        p.display()
+    );
+    p
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("bind a free loopback port")
+        .port()
+}
+
+impl Azurite {
+    /// Starts Azurite and waits until it accepts connections.
+    pub fn start() -> Azurite {
+        let dir = tempfile::tempdir().expect("Azurite data dir");
+        let port = free_port();
+        let log = std::fs::File::create(dir.path().join("azurite.log")).expect("Azurite log");
+        let child = Command::new(azurite_bin())
+            .args([
+                "--blobHost",
+                "127.0.0.1",
+                "--blobPort",
+                &port.to_string(),
+                "--location",
+            ])
+            .arg(dir.path())
+            .args(["--disableTelemetry", "--skipApiVersionCheck", "--loose"])
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log)
+            .spawn()
+            .expect("start Azurite");
+        let mut az = Azurite {
+            child,
+            port,
+            _dir: dir,
+        };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while TcpStream::connect(("127.0.0.1", port)).is_err() {
+            if let Ok(Some(status)) = az.child.try_wait() {
+                panic!("Azurite exited at start-up ({status}); see its log");
+            }
+            assert!(
+                Instant::now() < deadline,
+                "Azurite did not listen on {port} within 60 s"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        az
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The account endpoint, path-style: `http://127.0.0.1:PORT/devstoreaccount1`.
+    pub fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}/{ACCOUNT}", self.port)
+    }
+
+    /// Creates a container (idempotent).
+    pub fn create_container(&self, container: &str) {
+        let url = format!(
+            "{}/{container}?restype=container&{}",
+            self.endpoint(),
+            account_sas()
+        );
+        let resp = reqwest::blocking::Client::new()
+            .put(url)
+            .header("Content-Length", "0")
+            .send()
+            .expect("create container request");
+        let status = resp.status().as_u16();
+        assert!(
+            status == 201 || status == 409,
+            "create container {container}: HTTP {status}"
+        );
+    }
+
+    /// A blob SAS URI (raw, not escaped) for `container/blob`.
+    pub fn blob_sas_uri(&self, container: &str, blob: &str) -> String {
+        format!("{}/{container}/{blob}?{}", self.endpoint(), account_sas())
+    }
+
+    /// The bytes of a blob, `None` if it does not exist (blocking; call from a plain thread).
+    pub fn get_blob(&self, container: &str, blob: &str) -> Option<Vec<u8>> {
+        let resp = reqwest::blocking::get(self.blob_sas_uri(container, blob)).expect("GET blob");
+        match resp.status().as_u16() {
+            404 => None,
+            200 => Some(resp.bytes().expect("blob body").to_vec()),
+            other => panic!("GET {container}/{blob}: HTTP {other}"),
+        }
+    }
+
+    /// Overwrites a blob unconditionally, behind the witness's back (blocking).
+    pub fn put_blob(&self, container: &str, blob: &str, bytes: &[u8]) {
+        let resp = reqwest::blocking::Client::new()
+            .put(self.blob_sas_uri(container, blob))
+            .header("x-ms-blob-type", "BlockBlob")
+            .body(bytes.to_vec())
+            .send()
+            .expect("PUT blob");
+        assert_eq!(resp.status().as_u16(), 201, "PUT {container}/{blob}");
+    }
+
+    /// The `witness:azblob?uri=...` URL for `container/blob`, creating the container.
+    pub fn witness_url(&self, container: &str, blob: &str) -> String {
+        self.create_container(container);
+        format!(
+            "witness:azblob?uri={}",
+            utf8_percent_encode(&self.blob_sas_uri(container, blob), NON_ALPHANUMERIC)
+        )
+    }
+}
+
+impl Drop for Azurite {
+    fn drop(&mut self) {
+        // SIGTERM, then wait: Azurite persists its metadata on a clean stop.
+        let _ = kill(Pid::from_raw(self.child.id() as i32), Signal::SIGTERM);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        eprintln!("Azurite did not stop within 20 s of SIGTERM; leaving it to the OS");
+    }
+}
+
+/// An account SAS (service version 2019-12-12) for Azurite's development account: blob service,
+/// service/container/object resources, read/write/delete/list/add/create, valid until 2099.
+pub fn account_sas() -> String {
+    let (sv, ss, srt, sp, se) = ("2019-12-12", "b", "sco", "rwdlac", "2099-01-01T00:00:00Z");
+    // StringToSign for an account SAS before version 2020-12-06:
+    // account, permissions, services, resource types, start, expiry, IP, protocol, version.
+    let string_to_sign = format!("{ACCOUNT}\n{sp}\n{ss}\n{srt}\n\n{se}\n\n\n{sv}\n");
+    let key = base64::engine::general_purpose::STANDARD
+        .decode(ACCOUNT_KEY)
+        .expect("well-known key is base64");
+    let mut mac = Hmac::<Sha256>::new_from_slice(&key).expect("HMAC takes any key length");
+    mac.update(string_to_sign.as_bytes());
+    let sig = base64::engine::general_purpose::STANDARD.encode(mac.finalize().into_bytes());
+    format!(
+        "sv={sv}&ss={ss}&srt={srt}&sp={sp}&se={}&sig={}",
+        utf8_percent_encode(se, NON_ALPHANUMERIC),
+        utf8_percent_encode(&sig, NON_ALPHANUMERIC)
+    )
+}
