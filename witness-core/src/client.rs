@@ -156,7 +156,7 @@ impl<S: WitnessStore> Witness<S> {
                 tracing::info!(op, %location, ours, "re-read after an unknown write outcome");
             }
             let Outcome { reply, write } = rule(&loaded.state, &location)?;
-            let Some(mut next) = write else {
+            let Some(next) = write else {
                 let stepped = Stepped {
                     reply,
                     version: loaded.version,
@@ -166,7 +166,7 @@ impl<S: WitnessStore> Witness<S> {
                 };
                 return Ok(self.finish(op, started, stepped));
             };
-            next.writer_nonce = rand::rng().random_range(1..=u64::MAX);
+            let next = next.with_fresh_nonce();
             match self.store.compare_and_swap(&loaded.version, &next).await {
                 Ok(CasOutcome::Written(version)) => {
                     self.counters.writes.fetch_add(1, Ordering::Relaxed);

@@ -65,6 +65,15 @@ impl WitnessState {
         }
     }
 
+    /// This state with a new random, non-zero writer nonce (call before every write).
+    pub fn with_fresh_nonce(self) -> Self {
+        use rand::Rng;
+        WitnessState {
+            writer_nonce: rand::rng().random_range(1..=u64::MAX),
+            ..self
+        }
+    }
+
     /// The (term, subterm) of the last acknowledged entry, compared lexicographically.
     pub fn last_log_position(&self) -> (u64, u64) {
         (self.last_log_term, self.last_log_subterm)

@@ -306,10 +306,10 @@ impl Inner {
         let linked = match fs::hard_link(&temp, &target) {
             Ok(()) => Ok(true),
             // The name exists: another writer won, or our own LINK was retransmitted after a
-            // lost reply. The nonce in the target says which.
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
-                self.nonce_of(seq).map(|n| n == Some(state.writer_nonce))
-            }
+            // lost reply. The nonce in the target says which (0 is no nonce: never ours).
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => self
+                .nonce_of(seq)
+                .map(|n| state.writer_nonce != 0 && n == Some(state.writer_nonce)),
             Err(e) => Err(io_error("link", &target, e)),
         };
         let _ = fs::remove_file(&temp);
