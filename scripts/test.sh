@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# The whole test suite, from a fresh machine: installs what the tests need, then runs
+# formatting, lints and every test. Tests start and stop their own servers (Azurite).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need_apt=()
+command -v npm >/dev/null 2>&1 || need_apt+=(nodejs npm)
+command -v setpriv >/dev/null 2>&1 || need_apt+=(util-linux)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  echo "==> installing Debian packages: ${need_apt[*]}"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}"
+fi
+
+echo "==> installing Azurite (npm ci, pinned in package-lock.json)"
+npm ci --no-audit --no-fund --loglevel=error
+
+echo "==> cargo fmt --check"
+cargo fmt --all -- --check
+
+echo "==> cargo clippy"
+cargo clippy --workspace --all-targets --locked -- -D warnings
+
+echo "==> cargo test"
+cargo test --workspace --locked
