@@ -23,6 +23,20 @@ fn text(o: &Output) -> String {
     )
 }
 
+/// `etcdutl witness init --name NAME --advertise-peer-url URL [extra...]`
+fn init(name: &str, url: &str, extra: &[&str]) -> Output {
+    let mut args = vec![
+        "witness",
+        "init",
+        "--name",
+        name,
+        "--advertise-peer-url",
+        url,
+    ];
+    args.extend_from_slice(extra);
+    etcdutl(&args)
+}
+
 fn mount_url(dir: &Path) -> String {
     format!(
         "witness:mount?path={}",
@@ -62,14 +76,7 @@ fn snapshot(dir: &Path) -> Vec<(String, Vec<u8>)> {
 fn init_then_status_on_a_directory_with_the_seed_command_form() {
     let dir = tempfile::tempdir().unwrap();
     let url = mount_url(dir.path());
-    let o = etcdutl(&[
-        "witness",
-        "init",
-        "--name",
-        "infra2",
-        "--advertise-peer-url",
-        &url,
-    ]);
+    let o = init("infra2", &url, &[]);
     assert!(o.status.success(), "{}", text(&o));
     let out = text(&o);
     assert!(
@@ -116,27 +123,9 @@ fn init_then_status_on_a_directory_with_the_seed_command_form() {
 fn init_refuses_to_overwrite_without_force_and_changes_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let url = mount_url(dir.path());
-    assert!(
-        etcdutl(&[
-            "witness",
-            "init",
-            "--name",
-            "infra2",
-            "--advertise-peer-url",
-            &url
-        ])
-        .status
-        .success()
-    );
+    assert!(init("infra2", &url, &[]).status.success());
     let before = snapshot(dir.path());
-    let o = etcdutl(&[
-        "witness",
-        "init",
-        "--name",
-        "other",
-        "--advertise-peer-url",
-        &url,
-    ]);
+    let o = init("other", &url, &[]);
     assert!(!o.status.success());
     assert!(
         text(&o).contains("already initialised") && text(&o).contains("--force"),
@@ -148,15 +137,7 @@ fn init_refuses_to_overwrite_without_force_and_changes_nothing() {
         before,
         "a refused init changes nothing"
     );
-    let o = etcdutl(&[
-        "witness",
-        "init",
-        "--name",
-        "other",
-        "--advertise-peer-url",
-        &url,
-        "--force",
-    ]);
+    let o = init("other", &url, &["--force"]);
     assert!(o.status.success(), "{}", text(&o));
     assert!(text(&o).contains("replaced"), "{}", text(&o));
     assert_eq!(status_json(&url)["name"], "other");
@@ -166,18 +147,7 @@ fn init_refuses_to_overwrite_without_force_and_changes_nothing() {
 fn a_corrupt_record_is_reported_and_force_repairs_it() {
     let dir = tempfile::tempdir().unwrap();
     let url = mount_url(dir.path());
-    assert!(
-        etcdutl(&[
-            "witness",
-            "init",
-            "--name",
-            "w",
-            "--advertise-peer-url",
-            &url
-        ])
-        .status
-        .success()
-    );
+    assert!(init("w", &url, &[]).status.success());
     let file = dir.path().join(format!("{:020}.st", 0));
     let mut bytes = std::fs::read(&file).unwrap();
     bytes.truncate(bytes.len() - 3);
@@ -189,28 +159,13 @@ fn a_corrupt_record_is_reported_and_force_repairs_it() {
         msg.contains("corrupt") && msg.contains("truncated") && msg.contains("--force"),
         "{msg}"
     );
-    let o = etcdutl(&[
-        "witness",
-        "init",
-        "--name",
-        "w",
-        "--advertise-peer-url",
-        &url,
-    ]);
+    let o = init("w", &url, &[]);
     assert!(
         !o.status.success(),
         "init without --force must not touch a corrupt witness"
     );
     assert_eq!(std::fs::read(&file).unwrap(), bytes);
-    let o = etcdutl(&[
-        "witness",
-        "init",
-        "--name",
-        "w",
-        "--advertise-peer-url",
-        &url,
-        "--force",
-    ]);
+    let o = init("w", &url, &["--force"]);
     assert!(o.status.success(), "{}", text(&o));
     assert_eq!(status_json(&url)["name"], "w");
 }
@@ -317,14 +272,7 @@ fn a_directory_the_user_cannot_write_is_permission_denied() {
 fn init_and_status_on_azurite() {
     let az = Azurite::start();
     let url = az.witness_url("etcd", "infra2/witness");
-    let o = etcdutl(&[
-        "witness",
-        "init",
-        "--name",
-        "infra2",
-        "--advertise-peer-url",
-        &url,
-    ]);
+    let o = init("infra2", &url, &[]);
     assert!(o.status.success(), "{}", text(&o));
     let out = text(&o);
     // The signature, as it appears raw and percent-escaped; neither may be shown anywhere.
@@ -352,14 +300,7 @@ fn init_and_status_on_azurite() {
             "the SAS signature leaked: {shown}"
         );
     }
-    let o = etcdutl(&[
-        "witness",
-        "init",
-        "--name",
-        "infra2",
-        "--advertise-peer-url",
-        &url,
-    ]);
+    let o = init("infra2", &url, &[]);
     assert!(
         !o.status.success() && text(&o).contains("already initialised"),
         "{}",

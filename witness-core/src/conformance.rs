@@ -170,8 +170,9 @@ pub async fn compare_and_swap(loc: Arc<dyn Location>) {
     );
 }
 
-/// Increments `term` once through the retrying client; returns the term written.
-async fn increment(w: &Witness<Arc<dyn WitnessStore>>) -> Result<u64> {
+/// Increments `term` once through the retrying client; returns the term written. (A counter
+/// for races and benchmarks; not a witness rule.)
+pub async fn increment<S: WitnessStore>(w: &Witness<S>) -> Result<u64> {
     let stepped = w
         .step("increment", |s, _| {
             let next = WitnessState {

@@ -98,23 +98,3 @@ impl<S: WitnessStore + ?Sized> WitnessStore for Arc<S> {
         (**self).compare_and_swap(expected, state).await
     }
 }
-
-#[async_trait]
-impl<S: WitnessStore + ?Sized> WitnessStore for Box<S> {
-    fn location(&self) -> String {
-        (**self).location()
-    }
-    async fn load(&self) -> Result<Option<Loaded>> {
-        (**self).load().await
-    }
-    async fn create(&self, state: &WitnessState) -> Result<CasOutcome> {
-        (**self).create(state).await
-    }
-    async fn compare_and_swap(
-        &self,
-        expected: &Version,
-        state: &WitnessState,
-    ) -> Result<CasOutcome> {
-        (**self).compare_and_swap(expected, state).await
-    }
-}

@@ -10,15 +10,15 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::sync::atomic::Ordering;
+use std::time::Instant;
 
 use anyhow::Context;
 use clap::{Parser, ValueEnum};
 use hdrhistogram::Histogram;
 use witness_azblob::{AzBlobOptions, AzBlobStore};
-use witness_core::{
-    AppendRequest, Caller, Outcome, RetryPolicy, Witness, WitnessState, WitnessStore, WitnessUrl,
-};
+use witness_core::conformance;
+use witness_core::{AppendRequest, Caller, Witness, WitnessState, WitnessStore, WitnessUrl};
 use witness_mount::{MountOptions, MountStore};
 
 #[derive(Parser, Debug)]
@@ -56,14 +56,6 @@ type Opener = Box<dyn Fn() -> Arc<dyn WitnessStore>>;
 
 fn ms(h: &Histogram<u64>, q: f64) -> f64 {
     h.value_at_quantile(q) as f64 / 1000.0
-}
-
-fn patient() -> RetryPolicy {
-    RetryPolicy {
-        max_attempts: 1_000_000,
-        initial_backoff: Duration::from_micros(100),
-        max_backoff: Duration::from_millis(20),
-    }
 }
 
 async fn latency(name: &str, open: &Opener, steps: u64) -> anyhow::Result<()> {
@@ -119,25 +111,12 @@ async fn throughput(
     let started = Instant::now();
     let mut tasks = Vec::new();
     for _ in 0..writers {
-        let w = Witness::with_policy(open(), patient());
+        let w = Witness::with_policy(open(), conformance::patient());
         tasks.push(tokio::spawn(async move {
-            let mut conflicts = 0u64;
             for _ in 0..per_writer {
-                let s = w
-                    .step("increment", |s, _| {
-                        let next = WitnessState {
-                            term: s.term + 1,
-                            ..s.clone()
-                        };
-                        Ok(Outcome {
-                            reply: (),
-                            write: Some(next),
-                        })
-                    })
-                    .await?;
-                conflicts += u64::from(s.conflicts);
+                conformance::increment(&w).await?;
             }
-            anyhow::Ok(conflicts)
+            anyhow::Ok(w.counters().conflicts.load(Ordering::Relaxed))
         }));
     }
     let mut conflicts = 0;
