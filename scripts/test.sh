@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # The whole test suite, from a fresh machine: installs what the tests need, then runs
-# formatting, lints and every test. Tests start and stop their own servers (Azurite).
+# formatting, lints and every test. Tests start and stop their own servers (Azurite, a
+# loopback sshd for sshfs mounts). Run as root: some tests mount tmpfs and sshfs file systems.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 need_apt=()
 command -v npm >/dev/null 2>&1 || need_apt+=(nodejs npm)
 command -v setpriv >/dev/null 2>&1 || need_apt+=(util-linux)
+[ -x /usr/bin/sshfs ] || need_apt+=(sshfs)
+[ -x /usr/sbin/sshd ] || need_apt+=(openssh-server)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "==> installing Debian packages: ${need_apt[*]}"
   apt-get update -qq

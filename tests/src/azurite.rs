@@ -1,6 +1,6 @@
 //! A real Azurite blob service on a free loopback port, one per test that needs it.
 
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -40,18 +40,11 @@ fn azurite_bin() -> PathBuf {
     p
 }
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("bind a free loopback port")
-        .port()
-}
-
 impl Azurite {
     /// Starts Azurite and waits until it accepts connections.
     pub fn start() -> Azurite {
         let dir = tempfile::tempdir().expect("Azurite data dir");
-        let port = free_port();
+        let port = crate::free_port();
         let log = std::fs::File::create(dir.path().join("azurite.log")).expect("Azurite log");
         let child = Command::new(azurite_bin())
             .args([

@@ -1,13 +1,22 @@
-//! Test support shared by the workspace's tests: a real Azurite for the blob backend, account
-//! SAS tokens for it, and the paths of this workspace's binaries.
+//! Test support shared by the workspace's tests: a real Azurite for the blob backend and account
+//! SAS tokens for it; a real sshd with sshfs mounts for two clients of one directory.
 //!
 //! Invariants: every server started here is stopped when its handle drops, with SIGTERM (never
 //! SIGKILL: Azurite loses acknowledged writes when killed); a missing tool is a test failure
 //! that says how to install it, never a silent skip.
 
 pub mod azurite;
+pub mod sshfs;
 
 use std::path::PathBuf;
+
+/// A free TCP port on 127.0.0.1 (bound and released; good enough for tests).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("bind a free loopback port")
+        .port()
+}
 
 /// The workspace root (where README.md and node_modules live).
 pub fn workspace_root() -> PathBuf {

@@ -7,8 +7,9 @@
 //! - a `<seq>.st` file is complete and fsynced before it gets its name (write temp, fsync,
 //!   `link()`, fsync the directory): a reader never sees a partial record;
 //! - `link()` fails if the name exists, so of racing writers holding the same version exactly
-//!   one creates `<seq+1>.st`; `EEXIST` after a retransmitted `LINK` is resolved by comparing
-//!   the writer nonce stored in the target with ours;
+//!   one creates `<seq+1>.st`; a failed link whose target exists (`EEXIST`, or `EPERM` over
+//!   SFTP) is resolved by comparing the writer nonce stored in the target with ours, which also
+//!   covers an NFS `LINK` retransmitted after a lost reply;
 //! - the newest version is never removed; clean-up removes versions older than the newest
 //!   `retention` in ascending order, so if `<v+1>.st` was ever removed then `<v>.st` was removed
 //!   before it. A writer that linked `<v+1>.st` therefore checks that `<v>.st` still holds the
@@ -307,10 +308,15 @@ impl Inner {
             Ok(()) => Ok(true),
             // The name exists: another writer won, or our own LINK was retransmitted after a
             // lost reply. The nonce in the target says which (0 is no nonce: never ours).
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => self
-                .nonce_of(seq)
-                .map(|n| state.writer_nonce != 0 && n == Some(state.writer_nonce)),
-            Err(e) => Err(io_error("link", &target, e)),
+            // Not every file system says EEXIST: over SFTP (sshfs) a link onto an existing name
+            // fails with EPERM. So whatever the error, if the target is there now, it decides.
+            Err(e) => match self.nonce_of(seq) {
+                Ok(Some(n)) => Ok(state.writer_nonce != 0 && n == state.writer_nonce),
+                Ok(None) if self.open_version(seq)?.is_some() => Ok(false),
+                Ok(None) if e.kind() == io::ErrorKind::AlreadyExists => Ok(false),
+                Ok(None) => Err(io_error("link", &target, e)),
+                Err(read_err) => Err(read_err),
+            },
         };
         let _ = fs::remove_file(&temp);
         linked

@@ -1,6 +1,7 @@
 //! witness-bench: how fast witness steps are on each backend.
 //!
-//! Measures, per backend (mount on a local directory; Azurite started here):
+//! Measures, per backend (a local directory; one directory through two sshfs mounts of a loopback
+//! sshd; a blob on Azurite; the servers are started here):
 //! - step latency (p50, p99, mean) of a writing step (AppendToWitness of a new subterm: load +
 //!   rule + compare-and-swap) and of a read-only step (read-term for ReadIndex: one load);
 //! - compare-and-swap throughput with 1 writer (uncontended) and with N writers racing on the
@@ -15,6 +16,7 @@ use std::time::Instant;
 
 use anyhow::Context;
 use clap::{Parser, ValueEnum};
+use e2e_tests::sshfs::{CACHED, COHERENT, SshServer};
 use hdrhistogram::Histogram;
 use witness_azblob::{AzBlobOptions, AzBlobStore};
 use witness_core::conformance;
@@ -25,7 +27,7 @@ use witness_mount::{MountOptions, MountStore};
 #[command(about = "Witness step latency and compare-and-swap throughput per backend")]
 struct Args {
     /// Which backends to measure.
-    #[arg(long, value_enum, default_values_t = [Backend::Mount, Backend::Azurite])]
+    #[arg(long, value_enum, default_values_t = [Backend::Mount, Backend::Sshfs, Backend::Azurite])]
     backend: Vec<Backend>,
     /// Directory for the mount backend (a fresh subdirectory is made in it).
     #[arg(long, default_value = "target/witness-bench")]
@@ -43,7 +45,11 @@ struct Args {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 enum Backend {
+    /// A directory on the local disk.
     Mount,
+    /// One directory through two sshfs mounts (loopback sshd); writers alternate mounts.
+    Sshfs,
+    /// A blob on Azurite.
     Azurite,
 }
 
@@ -155,12 +161,19 @@ async fn measure(name: &str, open: Opener, args: &Args, table: bool) -> anyhow::
     }
 }
 
-fn mount_opener(dir: &std::path::Path) -> anyhow::Result<Opener> {
-    let fs = witness_mount::fs_report(dir)?;
-    eprintln!("mount backend in {} ({})", dir.display(), fs.fs_type);
-    let dir = dir.to_path_buf();
+/// Opens clients of one witness directory, taking the given paths (mounts of it) in turn.
+fn mount_opener(paths: Vec<PathBuf>) -> anyhow::Result<Opener> {
+    for p in &paths {
+        eprintln!(
+            "mount backend at {} ({})",
+            p.display(),
+            witness_mount::fs_report(p)?.fs_type
+        );
+    }
+    let next = std::sync::atomic::AtomicUsize::new(0);
     Ok(Box::new(move || {
-        Arc::new(MountStore::open(&dir, MountOptions::default()).expect("open mount dir"))
+        let p = &paths[next.fetch_add(1, Ordering::Relaxed) % paths.len()];
+        Arc::new(MountStore::open(p, MountOptions::default()).expect("open mount dir"))
             as Arc<dyn WitnessStore>
     }))
 }
@@ -184,22 +197,45 @@ async fn main() -> anyhow::Result<()> {
             Backend::Azurite => {
                 Some(tokio::task::spawn_blocking(e2e_tests::azurite::Azurite::start).await?)
             }
-            Backend::Mount => None,
+            _ => None,
+        };
+        let ssh = match backend {
+            Backend::Sshfs => Some(tokio::task::spawn_blocking(SshServer::start).await?),
+            _ => None,
         };
         // A fresh location (directory or blob) for each measurement.
         for (run, table) in [true, false].into_iter().enumerate() {
-            match &azurite {
-                None => {
-                    let sub = tempfile::tempdir_in(&args.dir)?;
+            let dir = tempfile::tempdir_in(&args.dir)?;
+            match backend {
+                Backend::Mount => {
                     measure(
                         "mount (local disk)",
-                        mount_opener(sub.path())?,
+                        mount_opener(vec![dir.path().into()])?,
                         &args,
                         table,
                     )
                     .await?;
                 }
-                Some(az) => {
+                Backend::Sshfs => {
+                    let server = ssh.as_ref().expect("sshd started");
+                    let mounts = tokio::task::block_in_place(|| {
+                        [
+                            server.mount(dir.path(), COHERENT),
+                            server.mount(dir.path(), CACHED),
+                        ]
+                    });
+                    let paths = mounts.iter().map(|m| m.path().to_path_buf()).collect();
+                    measure(
+                        "mount (sshfs, loopback)",
+                        mount_opener(paths)?,
+                        &args,
+                        table,
+                    )
+                    .await?;
+                    tokio::task::block_in_place(|| drop(mounts));
+                }
+                Backend::Azurite => {
+                    let az = azurite.as_ref().expect("Azurite started");
                     let url = tokio::task::block_in_place(|| {
                         az.witness_url("bench", &format!("run{run}"))
                     });
@@ -208,8 +244,8 @@ async fn main() -> anyhow::Result<()> {
             }
             println!();
         }
-        // Azurite stops (SIGTERM) when dropped.
-        tokio::task::block_in_place(|| drop(azurite));
+        // Servers stop (SIGTERM) when dropped.
+        tokio::task::block_in_place(|| drop((azurite, ssh)));
     }
     Ok(())
 }
