@@ -16,4 +16,6 @@
 //! # });
 //! ```
 
+pub mod raft;
+pub mod sim;
 pub mod witness;

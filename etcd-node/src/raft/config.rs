@@ -1,0 +1,67 @@
+//! Configuration of one Raft node, in ticks (the host turns milliseconds into ticks).
+
+use super::types::{NONE, NodeId};
+
+/// How a node behaves. Validated once by [`Config::validate`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    pub id: NodeId,
+    /// The cluster id, sent to the witness (which binds to it).
+    pub cluster_id: u64,
+    /// Ticks without a leader before a follower campaigns (randomized in [n, 2n)).
+    pub election_tick: u64,
+    /// Ticks between a leader's heartbeats.
+    pub heartbeat_tick: u64,
+    pub pre_vote: bool,
+    pub check_quorum: bool,
+    /// Append messages in flight to one follower in the replicate state.
+    pub max_inflight: usize,
+    /// Entries per Append message.
+    pub max_batch: usize,
+    /// Seed of the node's only randomness (election timeouts).
+    pub seed: u64,
+}
+
+impl Config {
+    pub fn new(id: NodeId) -> Self {
+        Config {
+            id,
+            cluster_id: 0x1,
+            election_tick: 10,
+            heartbeat_tick: 1,
+            pre_vote: true,
+            check_quorum: true,
+            max_inflight: 256,
+            max_batch: 64,
+            seed: id,
+        }
+    }
+
+    /// A leader adjusts the replication set when a member has been silent this long: faster than
+    /// a follower's election timeout, slower than a few heartbeats.
+    pub fn liveness_ticks(&self) -> u64 {
+        (self.election_tick / 2).max(2 * self.heartbeat_tick)
+    }
+
+    /// Checks the settings; the message names the setting and the fix.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.id == NONE {
+            return Err("raft id must not be 0".into());
+        }
+        if self.heartbeat_tick == 0 {
+            return Err("heartbeat tick must be at least 1".into());
+        }
+        if self.election_tick <= self.liveness_ticks()
+            || self.election_tick < 3 * self.heartbeat_tick
+        {
+            return Err(format!(
+                "election timeout ({} ticks) must be at least 3 heartbeats ({} ticks each) so the leader can adjust its replication set before followers time out",
+                self.election_tick, self.heartbeat_tick
+            ));
+        }
+        if self.max_inflight == 0 || self.max_batch == 0 {
+            return Err("max inflight messages and max batch entries must be at least 1".into());
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,28 @@
+//! The extended Raft core, sans-IO: no tokio, no clock, no file system; randomness only from the
+//! seed in [`Config`].
+//!
+//! A host drives a [`Raft`]: it calls `tick` on a timer, `step` with messages from regular
+//! peers, `step_witness` with the outcome of each witness step it ran (through witness-core,
+//! against the witness's storage), and `propose`; then takes a [`Ready`], persists its entries
+//! and hard state, sends its messages, runs its witness requests, applies its committed entries,
+//! and calls `advance`. See `docs/raft.md`.
+//!
+//! Files: `types.rs` (entries, messages, Ready), `node.rs` (the state machine),
+//! `progress.rs` (per-follower flow control), `replication_set.rs` (R adjustment),
+//! `storage.rs` (what is persisted), `config.rs`.
+
+mod config;
+mod node;
+mod progress;
+pub mod replication_set;
+mod storage;
+mod types;
+
+pub use config::Config;
+pub use node::{ProposeError, Raft, Role};
+pub use progress::Progress;
+pub use storage::{MemStorage, Storage};
+pub use types::{
+    Body, Entry, EntryData, HardState, Membership, Message, NONE, NodeId, Ready, WitnessRequest,
+    WitnessResponse,
+};

@@ -1,0 +1,65 @@
+//! The deterministic simulator over many seeds, for each cluster shape. A failure prints the
+//! seed and the single command that replays it. More seeds: `SIM_SEEDS=100000 cargo test -p
+//! etcd-node --test sim --release`, or the `raft-sim` binary (docs/testing.md).
+
+use etcd_node::sim::{RandomRun, run_seed};
+
+fn seeds() -> u64 {
+    std::env::var("SIM_SEEDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(500)
+}
+
+fn start() -> u64 {
+    std::env::var("SIM_START")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0)
+}
+
+fn run_many(regular: u64, witness: bool, seeds: u64) {
+    let run = RandomRun {
+        regular,
+        witness,
+        ticks: 2000,
+        liveness_ticks: 2000,
+    };
+    let (mut ticks, mut writes) = (0, 0);
+    for seed in start()..start() + seeds {
+        match run_seed(seed, &run) {
+            Ok(stats) => {
+                ticks += stats.ticks;
+                writes += stats.witness_writes;
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+    println!("{seeds} seeds of {run:?}: {ticks} ticks, {writes} witness writes");
+}
+
+#[test]
+fn two_nodes_and_a_witness() {
+    run_many(2, true, seeds() * 2);
+}
+
+#[test]
+fn three_nodes() {
+    run_many(3, false, seeds());
+}
+
+#[test]
+fn three_nodes_and_a_witness() {
+    run_many(3, true, seeds() / 2);
+}
+
+#[test]
+fn four_nodes_and_a_witness() {
+    run_many(4, true, seeds() / 2);
+}
+
+#[test]
+fn one_node_and_five_nodes() {
+    run_many(1, false, seeds() / 5);
+    run_many(5, false, seeds() / 5);
+}
