@@ -19,12 +19,7 @@ fn start() -> u64 {
 }
 
 fn run_many(regular: u64, witness: bool, seeds: u64) {
-    let run = RandomRun {
-        regular,
-        witness,
-        ticks: 2000,
-        liveness_ticks: 2000,
-    };
+    let run = RandomRun::new(regular, witness);
     let (mut ticks, mut writes) = (0, 0);
     for seed in start()..start() + seeds {
         match run_seed(seed, &run) {

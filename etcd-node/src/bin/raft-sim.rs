@@ -44,10 +44,9 @@ fn main() -> ExitCode {
         return ExitCode::FAILURE;
     }
     let run = RandomRun {
-        regular: a.regular,
-        witness: a.witness,
         ticks: a.ticks,
         liveness_ticks: a.liveness_ticks,
+        ..RandomRun::new(a.regular, a.witness)
     };
     let started = Instant::now();
     let (mut ticks, mut commits, mut witness_writes) = (0u64, 0u64, 0u64);

@@ -20,6 +20,9 @@ pub struct Config {
     pub max_batch: usize,
     /// Seed of the node's only randomness (election timeouts).
     pub seed: u64,
+    /// A deliberate bug (tests of the simulator only).
+    #[cfg(feature = "mutations")]
+    pub mutation: Option<super::mutation::Mutation>,
 }
 
 impl Config {
@@ -34,6 +37,8 @@ impl Config {
             max_inflight: 256,
             max_batch: 64,
             seed: id,
+            #[cfg(feature = "mutations")]
+            mutation: None,
         }
     }
 

@@ -12,6 +12,7 @@
 //! `storage.rs` (what is persisted), `config.rs`.
 
 mod config;
+mod mutation;
 mod node;
 mod progress;
 pub mod replication_set;
@@ -19,6 +20,7 @@ mod storage;
 mod types;
 
 pub use config::Config;
+pub use mutation::Mutation;
 pub use node::{ProposeError, Raft, Role};
 pub use progress::Progress;
 pub use storage::{MemStorage, Storage};

@@ -23,6 +23,7 @@ use rand::{Rng, SeedableRng};
 use witness_core::rules::{AppendReply, AppendRequest, Caller, VoteRequest};
 
 use super::config::Config;
+use super::mutation::Mutation;
 use super::progress::Progress;
 use super::replication_set::{self, Liveness};
 use super::storage::Storage;
@@ -187,6 +188,17 @@ impl Raft {
     fn last_subterm(&self) -> u64 {
         self.log.last().map_or(0, |e| e.subterm)
     }
+    /// True if the deliberate bug `m` is switched on (never without the `mutations` feature).
+    fn mutated(&self, m: Mutation) -> bool {
+        #[cfg(feature = "mutations")]
+        return self.cfg.mutation == Some(m);
+        #[cfg(not(feature = "mutations"))]
+        {
+            let _ = m;
+            false
+        }
+    }
+
     fn caller(&self) -> Caller {
         Caller {
             cluster_id: self.cfg.cluster_id,
@@ -723,7 +735,9 @@ impl Raft {
             return 0;
         };
         let mut credit = lead.witness_match;
-        if lead.witness_subterm == Some(lead.subterm) && lead.rset.contains(&w) {
+        let pinned = lead.witness_subterm == Some(lead.subterm)
+            || self.mutated(Mutation::CreditWitnessWithoutWrite);
+        if pinned && lead.rset.contains(&w) {
             let sq = self.subquorum_index();
             if sq >= lead.subterm_start {
                 credit = credit.max(sq);
@@ -799,6 +813,7 @@ impl Raft {
 
     fn adjust_replication_set(&mut self) {
         let (now, window, last) = (self.ticks, self.cfg.liveness_ticks(), self.last_index());
+        let skip_catch_up = self.mutated(Mutation::ReenterBeforeCatchUp);
         let lead = self.lead.as_ref().expect("leader");
         let next = replication_set::adjust(
             &lead.rset,
@@ -809,7 +824,7 @@ impl Raft {
                 let pr = &lead.progress[&v];
                 Liveness {
                     reachable: now - pr.last_heard <= window,
-                    caught_up: pr.matched == last,
+                    caught_up: pr.matched == last || skip_catch_up,
                 }
             },
         );

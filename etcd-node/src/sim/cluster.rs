@@ -86,6 +86,9 @@ pub struct Cluster {
     cut: BTreeSet<(NodeId, NodeId)>,
     pub faults: Faults,
     pub stats: Stats,
+    /// A deliberate witness-side bug (tests of the simulator only).
+    #[cfg(feature = "mutations")]
+    pub witness_mutation: Option<crate::raft::Mutation>,
     checker: Checker,
 }
 
@@ -146,6 +149,8 @@ impl Cluster {
             cut: BTreeSet::new(),
             faults: Faults::none(),
             stats: Stats::default(),
+            #[cfg(feature = "mutations")]
+            witness_mutation: None,
         }
     }
 
@@ -302,8 +307,9 @@ impl Cluster {
     fn witness_step(&mut self, node: NodeId, request: WitnessRequest) {
         self.stats.witness_steps += 1;
         let location = "sim";
+        let view = self.witness_view(&request);
         let (response, write) = match &request {
-            WitnessRequest::Append(r) => match rules::append(&self.witness, r, location) {
+            WitnessRequest::Append(r) => match rules::append(&view, r, location) {
                 Ok(out) => (
                     WitnessResponse::Append {
                         request: r.clone(),
@@ -321,7 +327,7 @@ impl Cluster {
             WitnessRequest::Vote {
                 pre: true,
                 request: r,
-            } => match rules::pre_vote(&self.witness, r, location) {
+            } => match rules::pre_vote(&view, r, location) {
                 Ok(reply) => (
                     WitnessResponse::Vote {
                         pre: true,
@@ -340,7 +346,7 @@ impl Cluster {
             WitnessRequest::Vote {
                 pre: false,
                 request: r,
-            } => match rules::vote(&self.witness, r, location) {
+            } => match rules::vote(&view, r, location) {
                 Ok(out) => (
                     WitnessResponse::Vote {
                         pre: false,
@@ -358,12 +364,66 @@ impl Cluster {
             },
         };
         if let Some(next) = write {
+            let next = self.witness_written(next);
             self.stats.witness_writes += 1;
             self.checker
                 .witness_write(&self.witness, &next, node, &request);
             self.witness = next;
         }
         self.schedule(Event::WitnessReply { node, response }, WITNESS_LINK, node);
+    }
+
+    /// The state the witness rule sees: the register, or a doctored view under a mutation.
+    fn witness_view(&self, request: &WitnessRequest) -> WitnessState {
+        #[cfg(feature = "mutations")]
+        {
+            use crate::raft::Mutation;
+            let mut view = self.witness.clone();
+            match (self.witness_mutation, request) {
+                (Some(Mutation::WitnessVoteWithoutLogRule), WitnessRequest::Vote { .. }) => {
+                    (view.last_log_term, view.last_log_subterm) = (0, 0);
+                }
+                (Some(Mutation::WitnessIgnoresTerm), WitnessRequest::Vote { request: r, .. }) => {
+                    (view.term, view.voted_for) = (r.term, crate::raft::NONE);
+                }
+                (Some(Mutation::WitnessIgnoresTerm), WitnessRequest::Append(r)) => {
+                    view.term = r.term
+                }
+                _ => {}
+            }
+            view
+        }
+        #[cfg(not(feature = "mutations"))]
+        {
+            let _ = request;
+            self.witness.clone()
+        }
+    }
+
+    /// What a step writes: the rule's state, with what a doctored view hid put back.
+    fn witness_written(&self, next: WitnessState) -> WitnessState {
+        #[cfg(feature = "mutations")]
+        {
+            use crate::raft::Mutation;
+            let old = &self.witness;
+            match self.witness_mutation {
+                Some(Mutation::WitnessVoteWithoutLogRule) if next.last_log_position() == (0, 0) => {
+                    WitnessState {
+                        last_log_term: old.last_log_term,
+                        last_log_subterm: old.last_log_subterm,
+                        ..next
+                    }
+                }
+                Some(Mutation::WitnessIgnoresTerm) => WitnessState {
+                    term: old.term.max(next.term),
+                    voted_for: old.voted_for,
+                    ..next
+                },
+                _ => next,
+            }
+        }
+        #[cfg(not(feature = "mutations"))]
+        next
     }
 
     /// One tick: every live node ticks, due events are delivered, invariants are checked.

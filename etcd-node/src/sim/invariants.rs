@@ -5,7 +5,9 @@
 //! safety (every node applies the same entry at an index); terms never decrease at the witness;
 //! the witness's (last_log_term, last_log_subterm) only grows; at most one witness vote per term;
 //! a witness append carries R with the witness in it and an entry of the leader's own term;
-//! |R| = number of regular voters and the leader is in R; each subterm starts with an empty entry.
+//! |R| = number of regular voters and the leader is in R; a regular voter enters R only holding
+//! the leader's log up to the new subterm (the catch-up rule, paper §4.4); each subterm starts
+//! with an empty entry.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -34,6 +36,8 @@ pub struct Checker {
     leaders: BTreeMap<u64, NodeId>,
     committed: BTreeMap<u64, Entry>,
     witness_votes: BTreeMap<u64, NodeId>,
+    /// The last (subterm, R) seen of each (term, leader).
+    rsets: BTreeMap<(u64, NodeId), (u64, BTreeSet<NodeId>)>,
     pending: Option<String>,
     ticks_checked: u64,
 }
@@ -49,6 +53,7 @@ impl Checker {
             leaders: BTreeMap::new(),
             committed: BTreeMap::new(),
             witness_votes,
+            rsets: BTreeMap::new(),
             pending: None,
             ticks_checked: 0,
         }
@@ -147,7 +152,8 @@ impl Checker {
                     r.term()
                 ));
             }
-            if let Some((_, rset)) = r.leader_view() {
+            if let Some((subterm, rset)) = r.leader_view() {
+                self.check_catch_up(r, subterm, rset, live);
                 let voters: BTreeSet<NodeId> = self
                     .membership
                     .regular
@@ -187,6 +193,50 @@ impl Checker {
         match self.pending.take() {
             Some(what) => Err(Violation { tick, what }),
             None => Ok(()),
+        }
+    }
+
+    /// A regular voter that joined R in this subterm holds the leader's log before the subterm.
+    fn check_catch_up(
+        &mut self,
+        leader: &Raft,
+        subterm: u64,
+        rset: &BTreeSet<NodeId>,
+        live: &[&Raft],
+    ) {
+        let key = (leader.term(), leader.id());
+        let previous = self.rsets.insert(key, (subterm, rset.clone()));
+        let Some((old_subterm, old)) = previous else {
+            return;
+        };
+        if old_subterm == subterm {
+            return;
+        }
+        let log = leader.log();
+        let Some(start) = log
+            .iter()
+            .position(|e| (e.term, e.subterm) == (leader.term(), subterm))
+        else {
+            return;
+        };
+        let joined: Vec<NodeId> = rset
+            .difference(&old)
+            .copied()
+            .filter(|v| self.membership.regular.contains(v))
+            .collect();
+        for v in joined {
+            let Some(node) = live.iter().find(|n| n.id() == v) else {
+                continue;
+            };
+            let held = node.log();
+            if held.len() < start || held[..start] != log[..start] {
+                let what = format!(
+                    "catch-up rule: node {v} entered R in (term {}, subterm {subterm}) holding {} entries, the leader had {start} before the subterm",
+                    leader.term(),
+                    held.len()
+                );
+                self.fail(what);
+            }
         }
     }
 

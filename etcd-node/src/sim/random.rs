@@ -15,17 +15,39 @@ pub struct RandomRun {
     pub ticks: u64,
     /// Ticks allowed, after healing, for a leader to commit a new proposal.
     pub liveness_ticks: u64,
+    /// A deliberate bug on every node and the witness (tests of the simulator only).
+    #[cfg(feature = "mutations")]
+    pub mutation: Option<crate::raft::Mutation>,
 }
 
 impl RandomRun {
+    /// 2,000 ticks of faults, 2,000 ticks for liveness.
+    pub fn new(regular: u64, witness: bool) -> Self {
+        RandomRun {
+            regular,
+            witness,
+            ticks: 2000,
+            liveness_ticks: 2000,
+            #[cfg(feature = "mutations")]
+            mutation: None,
+        }
+    }
+
     /// The command that replays `seed`.
     pub fn replay_command(&self, seed: u64) -> String {
-        format!(
+        let command = format!(
             "cargo run --release -p etcd-node --bin raft-sim -- --start {seed} --seeds 1 --regular {}{} --ticks {}",
             self.regular,
             if self.witness { " --witness" } else { "" },
             self.ticks
-        )
+        );
+        #[cfg(feature = "mutations")]
+        if let Some(m) = self.mutation {
+            return format!(
+                "{command} (with the deliberate bug {m:?}: replay it through etcd-node/tests/mutations.rs)"
+            );
+        }
+        command
     }
 }
 
@@ -37,6 +59,15 @@ pub fn run_seed(seed: u64, run: &RandomRun) -> Result<Stats, String> {
             run.replay_command(seed)
         )
     };
+    #[cfg(feature = "mutations")]
+    let mut c = {
+        let mut c = Cluster::with_config(run.regular, run.witness, seed, |cfg| {
+            cfg.mutation = run.mutation
+        });
+        c.witness_mutation = run.mutation;
+        c
+    };
+    #[cfg(not(feature = "mutations"))]
     let mut c = Cluster::new(run.regular, run.witness, seed);
     c.faults = Faults {
         drop: 0.05,

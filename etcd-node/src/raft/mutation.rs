@@ -1,0 +1,15 @@
+//! Deliberate protocol bugs, so tests can prove the simulator reports each one. They can only be
+//! switched on through `Config::mutation`, which exists only with the `mutations` feature (tests).
+
+/// A bug to inject.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mutation {
+    /// The witness grants a vote without the log rule (simulated witness).
+    WitnessVoteWithoutLogRule,
+    /// The witness ignores terms: no term check and no record of its vote (simulated witness).
+    WitnessIgnoresTerm,
+    /// The leader credits the witness (shortcut) without a witness write in the subterm.
+    CreditWitnessWithoutWrite,
+    /// The leader lets a reachable follower re-enter R before it has caught up.
+    ReenterBeforeCatchUp,
+}
