@@ -685,7 +685,7 @@ impl Raft {
     }
 
     fn handle_heartbeat_resp(&mut self, from: NodeId) {
-        let now = self.ticks;
+        let (now, last) = (self.ticks, self.last_index());
         let Some(lead) = self.lead.as_mut() else {
             return;
         };
@@ -695,12 +695,24 @@ impl Raft {
         pr.last_heard = now;
         if !pr.replicate {
             pr.paused = false;
-        } else if pr.matched < self.log.len() as u64 && pr.inflight.len() >= self.cfg.max_inflight {
-            // A full window with no progress: assume loss and probe again.
-            let next = pr.matched + 1;
-            pr.probe_from(next);
+            self.send_append(from);
+        } else if pr.matched < last {
+            // Appends may have been lost (a partition, a drop). Ask about the entry before
+            // `next` with no entries: a follower that lacks it rejects, and we probe from its hint.
+            let prev_index = pr.next - 1;
+            let prev_term = self.term_at(prev_index);
+            let (term, commit) = (self.term, self.commit);
+            self.send(
+                from,
+                term,
+                Body::Append {
+                    prev_index,
+                    prev_term,
+                    entries: Vec::new(),
+                    commit,
+                },
+            );
         }
-        self.send_append(from);
     }
 
     /// The index a subquorum of R (the leader included) has persisted: (quorum - 1)-th highest

@@ -1,0 +1,209 @@
+//! Scenario tests as data: each `scenarios/*.txt` file is a readable script run against the
+//! simulated cluster (with every invariant checked after every tick). Commands, one per line
+//! (`#` starts a comment):
+//!
+//! ```text
+//! cluster N [witness]          N regular nodes (ids 1..N), witness id N+1
+//! campaign ID                  node ID starts an election now
+//! run TICKS                    advance time
+//! run-until leader ID|any MAX  tick until ID (or anyone) leads, failing after MAX ticks
+//! propose N                    N proposals on the current leader
+//! run-until committed MAX      tick until everything proposed so far is applied somewhere
+//! crash ID | restart ID        stop a node (losing nothing persisted) | start it again
+//! partition A B | cut-witness ID | heal
+//! mark                         remember the witness step and write counters
+//! expect leader ID|none        the current leader
+//! expect witness-writes N      witness writes since `mark`
+//! expect witness-steps N       witness steps (reads and writes) since `mark`
+//! expect rset IDS              the leader's replication set, e.g. `1,3`
+//! ```
+
+use std::path::Path;
+
+use etcd_node::raft::EntryData;
+use etcd_node::sim::Cluster;
+
+struct Script {
+    cluster: Option<Cluster>,
+    proposed: Vec<Vec<u8>>,
+    mark: (u64, u64),
+}
+
+fn num(s: Option<&str>, line: &str) -> u64 {
+    s.and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("expected a number in {line:?}"))
+}
+
+impl Script {
+    fn c(&mut self) -> &mut Cluster {
+        self.cluster.as_mut().expect("`cluster` must come first")
+    }
+
+    fn all_committed(&self) -> bool {
+        let c = self.cluster.as_ref().expect("cluster");
+        let applied: std::collections::BTreeSet<&[u8]> = c
+            .committed()
+            .values()
+            .filter_map(|e| match &e.data {
+                EntryData::Normal(d) => Some(d.as_slice()),
+                EntryData::Empty => None,
+            })
+            .collect();
+        self.proposed.iter().all(|p| applied.contains(p.as_slice()))
+    }
+
+    fn run_until(&mut self, max: u64, line: &str, done: impl Fn(&Script) -> bool) {
+        for _ in 0..max {
+            if done(self) {
+                return;
+            }
+            if let Err(v) = self.c().tick() {
+                panic!("{line}: invariant violated {v}");
+            }
+        }
+        assert!(done(self), "{line}: not reached within {max} ticks");
+    }
+
+    /// Runs one command; `line` is `file:number: command`, shown whole in any failure.
+    fn exec(&mut self, line: &str) {
+        let command = line.rsplit(": ").next().unwrap_or(line);
+        let words: Vec<&str> = command.split_whitespace().collect();
+        let mut w = words.iter().copied();
+        match (w.next(), w.next()) {
+            (Some("cluster"), n) => {
+                let witness = words.get(2) == Some(&"witness");
+                self.cluster = Some(Cluster::new(num(n, line), witness, 7));
+            }
+            (Some("campaign"), id) => {
+                let id = num(id, line);
+                self.c().campaign(id);
+            }
+            (Some("run-until"), _) => {
+                let what = words[1];
+                let max = num(words.last().copied(), line);
+                match what {
+                    "leader" => {
+                        let want = words[2];
+                        self.run_until(max, line, |s| {
+                            let leader = s.cluster.as_ref().expect("cluster").leader();
+                            match want {
+                                "any" => leader.is_some(),
+                                id => leader == id.parse().ok(),
+                            }
+                        });
+                    }
+                    "committed" => self.run_until(max, line, Script::all_committed),
+                    other => panic!("{line}: unknown run-until target {other:?}"),
+                }
+            }
+            (Some("run"), t) => {
+                let t = num(t, line);
+                for _ in 0..t {
+                    if let Err(v) = self.c().tick() {
+                        panic!("{line}: invariant violated {v}");
+                    }
+                }
+            }
+            (Some("propose"), n) => {
+                for _ in 0..num(n, line) {
+                    let data = format!("p{}", self.proposed.len()).into_bytes();
+                    assert!(
+                        self.c().propose(data.clone()).is_some(),
+                        "{line}: no leader took the proposal"
+                    );
+                    self.proposed.push(data);
+                }
+            }
+            (Some("crash"), id) => {
+                let id = num(id, line);
+                self.c().crash(id);
+            }
+            (Some("restart"), id) => {
+                let id = num(id, line);
+                self.c().restart(id);
+            }
+            (Some("partition"), a) => {
+                let b = num(words.get(2).copied(), line);
+                let a = num(a, line);
+                self.c().partition(a, b);
+            }
+            (Some("cut-witness"), id) => {
+                let id = num(id, line);
+                self.c().cut_witness(id);
+            }
+            (Some("heal"), _) => self.c().heal(),
+            (Some("mark"), _) => {
+                let s = &self.c().stats;
+                self.mark = (s.witness_steps, s.witness_writes);
+            }
+            (Some("expect"), Some("leader")) => {
+                let got = self.c().leader();
+                let want = match words[2] {
+                    "none" => None,
+                    id => Some(num(Some(id), line)),
+                };
+                assert_eq!(got, want, "{line}");
+            }
+            (Some("expect"), Some("witness-writes")) => {
+                let got = self.c().stats.witness_writes - self.mark.1;
+                assert_eq!(got, num(words.get(2).copied(), line), "{line}");
+            }
+            (Some("expect"), Some("witness-steps")) => {
+                let got = self.c().stats.witness_steps - self.mark.0;
+                assert_eq!(got, num(words.get(2).copied(), line), "{line}");
+            }
+            (Some("expect"), Some("rset")) => {
+                let leader = self
+                    .c()
+                    .leader()
+                    .unwrap_or_else(|| panic!("{line}: no leader"));
+                let raft = self.c().raft(leader).expect("leader is up");
+                let got: Vec<u64> = raft
+                    .leader_view()
+                    .expect("leader")
+                    .1
+                    .iter()
+                    .copied()
+                    .collect();
+                let want: Vec<u64> = words[2].split(',').map(|v| num(Some(v), line)).collect();
+                assert_eq!(got, want, "{line}");
+            }
+            _ => panic!("unknown scenario command {line:?}"),
+        }
+    }
+}
+
+fn run_file(path: &Path) {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let mut script = Script {
+        cluster: None,
+        proposed: Vec::new(),
+        mark: (0, 0),
+    };
+    for (n, raw) in text.lines().enumerate() {
+        let line = raw.split('#').next().unwrap_or("").trim();
+        if line.is_empty() {
+            continue;
+        }
+        script.exec(&format!("{}:{}: {line}", path.display(), n + 1));
+    }
+}
+
+#[test]
+fn every_scenario_file_passes() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/scenarios");
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .expect("tests/scenarios")
+        .map(|e| e.expect("entry").path())
+        .filter(|p| p.extension().is_some_and(|e| e == "txt"))
+        .collect();
+    files.sort();
+    assert!(
+        files.len() >= 6,
+        "expected the scenario files, found {files:?}"
+    );
+    for f in files {
+        println!("scenario {}", f.display());
+        run_file(&f);
+    }
+}
