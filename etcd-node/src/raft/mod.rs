@@ -18,6 +18,7 @@ mod progress;
 pub mod replication_set;
 mod storage;
 mod types;
+mod witness_step;
 
 pub use config::Config;
 pub use mutation::Mutation;
@@ -28,3 +29,4 @@ pub use types::{
     Body, Entry, EntryData, HardState, Membership, Message, NONE, NodeId, Ready, WitnessRequest,
     WitnessResponse,
 };
+pub use witness_step::apply_rule;

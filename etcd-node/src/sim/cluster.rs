@@ -5,12 +5,12 @@ use std::collections::{BTreeMap, BTreeSet};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use witness_core::WitnessState;
-use witness_core::rules::{self, Caller};
+use witness_core::rules::Caller;
 
 use super::invariants::{Checker, Violation};
 use crate::raft::{
     Config, Entry, MemStorage, Membership, Message, NodeId, Raft, Role, WitnessRequest,
-    WitnessResponse,
+    WitnessResponse, apply_rule,
 };
 
 /// Network fault rates (per message) and delays, in ticks.
@@ -306,62 +306,15 @@ impl Cluster {
     /// Executes a witness step on the register: the rule runs on the current state, atomically.
     fn witness_step(&mut self, node: NodeId, request: WitnessRequest) {
         self.stats.witness_steps += 1;
-        let location = "sim";
         let view = self.witness_view(&request);
-        let (response, write) = match &request {
-            WitnessRequest::Append(r) => match rules::append(&view, r, location) {
-                Ok(out) => (
-                    WitnessResponse::Append {
-                        request: r.clone(),
-                        reply: out.reply,
-                    },
-                    out.write,
-                ),
-                Err(_) => (
-                    WitnessResponse::Failed {
-                        request: request.clone(),
-                    },
-                    None,
-                ),
-            },
-            WitnessRequest::Vote {
-                pre: true,
-                request: r,
-            } => match rules::pre_vote(&view, r, location) {
-                Ok(reply) => (
-                    WitnessResponse::Vote {
-                        pre: true,
-                        request: r.clone(),
-                        reply,
-                    },
-                    None,
-                ),
-                Err(_) => (
-                    WitnessResponse::Failed {
-                        request: request.clone(),
-                    },
-                    None,
-                ),
-            },
-            WitnessRequest::Vote {
-                pre: false,
-                request: r,
-            } => match rules::vote(&view, r, location) {
-                Ok(out) => (
-                    WitnessResponse::Vote {
-                        pre: false,
-                        request: r.clone(),
-                        reply: out.reply,
-                    },
-                    out.write,
-                ),
-                Err(_) => (
-                    WitnessResponse::Failed {
-                        request: request.clone(),
-                    },
-                    None,
-                ),
-            },
+        let (response, write) = match apply_rule(&view, &request, "sim") {
+            Ok(out) => (out.reply, out.write),
+            Err(_) => (
+                WitnessResponse::Failed {
+                    request: request.clone(),
+                },
+                None,
+            ),
         };
         if let Some(next) = write {
             let next = self.witness_written(next);
