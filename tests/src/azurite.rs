@@ -23,7 +23,7 @@ pub const ACCOUNT_KEY: &str =
 pub struct Azurite {
     child: Child,
     port: u16,
-    _dir: tempfile::TempDir,
+    dir: tempfile::TempDir,
 }
 
 /// Where Azurite is: `$AZURITE_BLOB` or `node_modules/.bin/azurite-blob` in the workspace.
@@ -41,8 +41,18 @@ fn azurite_bin() -> PathBuf {
 }
 
 impl Azurite {
-    /// Starts Azurite and waits until it accepts connections.
+    /// Starts Azurite and waits until it accepts connections. If it exits at start-up (its port
+    /// was taken meanwhile), tries again on another port.
     pub fn start() -> Azurite {
+        for _ in 0..3 {
+            if let Some(az) = Self::try_start() {
+                return az;
+            }
+        }
+        panic!("Azurite would not start on three different ports; see its log in the temp dir");
+    }
+
+    fn try_start() -> Option<Azurite> {
         let dir = tempfile::tempdir().expect("Azurite data dir");
         let port = crate::free_port();
         let log = std::fs::File::create(dir.path().join("azurite.log")).expect("Azurite log");
@@ -61,15 +71,20 @@ impl Azurite {
             .stderr(log)
             .spawn()
             .expect("start Azurite");
-        let mut az = Azurite {
-            child,
-            port,
-            _dir: dir,
-        };
+        let mut az = Azurite { child, port, dir };
         let deadline = Instant::now() + Duration::from_secs(60);
-        while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        loop {
+            // Ready means: something listens on the port AND our child is still alive (a
+            // connection could reach another server that took the port first).
+            let listening = TcpStream::connect(("127.0.0.1", port)).is_ok();
             if let Ok(Some(status)) = az.child.try_wait() {
-                panic!("Azurite exited at start-up ({status}); see its log");
+                let log =
+                    std::fs::read_to_string(az.dir.path().join("azurite.log")).unwrap_or_default();
+                eprintln!("Azurite on port {port} exited at start-up ({status}): {log}");
+                return None;
+            }
+            if listening {
+                return Some(az);
             }
             assert!(
                 Instant::now() < deadline,
@@ -77,7 +92,6 @@ impl Azurite {
             );
             std::thread::sleep(Duration::from_millis(100));
         }
-        az
     }
 
     pub fn port(&self) -> u16 {

@@ -10,12 +10,21 @@ pub mod sshfs;
 
 use std::path::PathBuf;
 
-/// A free TCP port on 127.0.0.1 (bound and released; good enough for tests).
+/// A free TCP port on 127.0.0.1, never the same one twice in this process (tests run in
+/// parallel threads: a port released by one probe could otherwise be handed to two servers).
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("bind a free loopback port")
-        .port()
+    static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    let mut given = GIVEN.lock().unwrap_or_else(|e| e.into_inner());
+    loop {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("bind a free loopback port")
+            .port();
+        if !given.contains(&port) {
+            given.push(port);
+            return port;
+        }
+    }
 }
 
 /// The workspace root (where README.md and node_modules live).
