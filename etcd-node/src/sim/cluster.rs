@@ -5,7 +5,6 @@ use std::collections::{BTreeMap, BTreeSet};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use witness_core::WitnessState;
-use witness_core::rules::Caller;
 
 use super::invariants::{Checker, Violation};
 use crate::raft::{
@@ -157,17 +156,8 @@ impl Cluster {
     pub fn membership(&self) -> &Membership {
         &self.membership
     }
-    pub fn witness_state(&self) -> &WitnessState {
-        &self.witness
-    }
-    pub fn now(&self) -> u64 {
-        self.now
-    }
     pub fn rng(&mut self) -> &mut StdRng {
         &mut self.rng
-    }
-    pub fn is_up(&self, id: NodeId) -> bool {
-        self.nodes[&id].raft.is_some()
     }
     pub fn raft(&self, id: NodeId) -> Option<&Raft> {
         self.nodes[&id].raft.as_ref()
@@ -192,7 +182,6 @@ impl Cluster {
     pub fn crash(&mut self, id: NodeId) {
         if self.nodes.get_mut(&id).expect("node").raft.take().is_some() {
             self.stats.crashes += 1;
-            self.checker.crashed(id);
         }
     }
 
@@ -432,13 +421,5 @@ impl Cluster {
             self.tick()?;
         }
         Ok(done(self))
-    }
-
-    /// The caller the simulated nodes use (for tests that poke the witness).
-    pub fn caller(&self) -> Caller {
-        Caller {
-            cluster_id: CLUSTER_ID,
-            witness_id: self.membership.witness.unwrap_or(0),
-        }
     }
 }

@@ -94,9 +94,6 @@ impl Checker {
         }
     }
 
-    /// A node crashed: nothing to forget (its replay is checked against `committed`).
-    pub fn crashed(&mut self, _node: NodeId) {}
-
     /// The witness register changes from `old` to `new` by `node`'s `request`.
     pub fn witness_write(
         &mut self,
