@@ -11,22 +11,61 @@
 //! run-until committed MAX      tick until everything proposed so far is applied somewhere
 //! crash ID | restart ID        stop a node (losing nothing persisted) | start it again
 //! partition A B | cut-witness ID | heal
+//! conf KIND ID [KIND ID...]    a configuration change on the leader (KIND: add-voter,
+//!                              add-learner, add-witness, remove); several: a joint change
+//! conf-refused KIND ID [...]   the leader refuses that change
+//! transfer ID | transfer-refused ID   leader transfer to ID (refused: must be refused)
+//! compact ID                   node ID snapshots its state machine and compacts its log
+//! read N                       N linearizable reads on the leader
+//! run-until reads MAX          tick until every read started is served
+//! run-until caught-up ID MAX   tick until node ID holds the leader's whole log
 //! mark                         remember the witness step and write counters
 //! expect leader ID|none        the current leader
 //! expect witness-writes N      witness writes since `mark`
 //! expect witness-steps N       witness steps (reads and writes) since `mark`
 //! expect rset IDS              the leader's replication set, e.g. `1,3`
+//! expect regular IDS | expect witness ID|none | expect learners IDS|none
+//!                              the leader's configuration
+//! expect snapshots N           snapshots installed by followers so far
 //! ```
 
 use std::path::Path;
 
-use etcd_node::raft::EntryData;
+use etcd_node::raft::{Change, ChangeKind, ConfChange, EntryData};
 use etcd_node::sim::Cluster;
 
 struct Script {
     cluster: Option<Cluster>,
     proposed: Vec<Vec<u8>>,
+    reads: u64,
     mark: (u64, u64),
+}
+
+fn ids(list: &str, line: &str) -> Vec<u64> {
+    if list == "none" {
+        return Vec::new();
+    }
+    list.split(',').map(|v| num(Some(v), line)).collect()
+}
+
+fn conf_change(words: &[&str], line: &str) -> ConfChange {
+    let changes = words
+        .chunks(2)
+        .map(|pair| {
+            let kind = match pair[0] {
+                "add-voter" => ChangeKind::AddVoter,
+                "add-learner" => ChangeKind::AddLearner,
+                "add-witness" => ChangeKind::AddWitness,
+                "remove" => ChangeKind::Remove,
+                other => panic!("{line}: unknown change {other:?}"),
+            };
+            Change {
+                kind,
+                node: num(pair.get(1).copied(), line),
+            }
+        })
+        .collect();
+    ConfChange { changes }
 }
 
 fn num(s: Option<&str>, line: &str) -> u64 {
@@ -46,7 +85,7 @@ impl Script {
             .values()
             .filter_map(|e| match &e.data {
                 EntryData::Normal(d) => Some(d.as_slice()),
-                EntryData::Empty => None,
+                EntryData::Empty | EntryData::ConfChange(_) => None,
             })
             .collect();
         self.proposed.iter().all(|p| applied.contains(p.as_slice()))
@@ -93,6 +132,18 @@ impl Script {
                         });
                     }
                     "committed" => self.run_until(max, line, Script::all_committed),
+                    "reads" => self.run_until(max, line, |s| {
+                        s.cluster.as_ref().expect("cluster").stats.reads_served == s.reads
+                    }),
+                    "caught-up" => {
+                        let id = num(words.get(2).copied(), line);
+                        self.run_until(max, line, |s| {
+                            let c = s.cluster.as_ref().expect("cluster");
+                            let last = |n| c.raft(n).map(|r| r.log().last_index());
+                            let leader = c.leader();
+                            leader.is_some() && last(id) == leader.and_then(last)
+                        });
+                    }
                     other => panic!("{line}: unknown run-until target {other:?}"),
                 }
             }
@@ -132,6 +183,39 @@ impl Script {
                 self.c().cut_witness(id);
             }
             (Some("heal"), _) => self.c().heal(),
+            (Some("conf"), _) => {
+                let cc = conf_change(&words[1..], line);
+                if let Err(e) = self.c().propose_conf_change(cc) {
+                    panic!("{line}: refused: {e}");
+                }
+            }
+            (Some("conf-refused"), _) => {
+                let cc = conf_change(&words[1..], line);
+                let got = self.c().propose_conf_change(cc);
+                assert!(got.is_err(), "{line}: accepted at index {got:?}");
+            }
+            (Some("transfer"), id) => {
+                let id = num(id, line);
+                if let Err(e) = self.c().transfer_leader(id) {
+                    panic!("{line}: refused: {e}");
+                }
+            }
+            (Some("transfer-refused"), id) => {
+                let id = num(id, line);
+                assert!(self.c().transfer_leader(id).is_err(), "{line}: accepted");
+            }
+            (Some("compact"), id) => {
+                let id = num(id, line);
+                self.c().compact(id);
+            }
+            (Some("read"), n) => {
+                for _ in 0..num(n, line) {
+                    if let Err(e) = self.c().read() {
+                        panic!("{line}: refused: {e}");
+                    }
+                    self.reads += 1;
+                }
+            }
             (Some("mark"), _) => {
                 let s = &self.c().stats;
                 self.mark = (s.witness_steps, s.witness_writes);
@@ -165,8 +249,20 @@ impl Script {
                     .iter()
                     .copied()
                     .collect();
-                let want: Vec<u64> = words[2].split(',').map(|v| num(Some(v), line)).collect();
-                assert_eq!(got, want, "{line}");
+                assert_eq!(got, ids(words[2], line), "{line}");
+            }
+            (Some("expect"), Some(what @ ("regular" | "witness" | "learners"))) => {
+                let m = self.c().membership();
+                let got: Vec<u64> = match what {
+                    "regular" => m.voters.regular.iter().copied().collect(),
+                    "witness" => m.voters.witness.into_iter().collect(),
+                    _ => m.learners.iter().copied().collect(),
+                };
+                assert_eq!(got, ids(words[2], line), "{line}");
+            }
+            (Some("expect"), Some("snapshots")) => {
+                let got = self.c().stats.snapshots_installed;
+                assert_eq!(got, num(words.get(2).copied(), line), "{line}");
             }
             _ => panic!("unknown scenario command {line:?}"),
         }
@@ -178,6 +274,7 @@ fn run_file(path: &Path) {
     let mut script = Script {
         cluster: None,
         proposed: Vec::new(),
+        reads: 0,
         mark: (0, 0),
     };
     for (n, raw) in text.lines().enumerate() {

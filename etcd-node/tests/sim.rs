@@ -19,10 +19,13 @@ fn start() -> u64 {
 }
 
 fn run_many(regular: u64, witness: bool, seeds: u64) {
-    let run = RandomRun::new(regular, witness);
+    run_all(&RandomRun::new(regular, witness), seeds);
+}
+
+fn run_all(run: &RandomRun, seeds: u64) {
     let (mut ticks, mut writes) = (0, 0);
     for seed in start()..start() + seeds {
-        match run_seed(seed, &run) {
+        match run_seed(seed, run) {
             Ok(stats) => {
                 ticks += stats.ticks;
                 writes += stats.witness_writes;
@@ -36,6 +39,15 @@ fn run_many(regular: u64, witness: bool, seeds: u64) {
 #[test]
 fn two_nodes_and_a_witness() {
     run_many(2, true, seeds() * 2);
+}
+
+#[test]
+fn two_nodes_and_a_witness_without_check_quorum() {
+    let run = RandomRun {
+        check_quorum: false,
+        ..RandomRun::new(2, true)
+    };
+    run_all(&run, seeds() / 2);
 }
 
 #[test]

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use clap::Parser;
-use etcd_node::sim::{RandomRun, run_seed};
+use etcd_node::sim::{RandomRun, Stats, run_seed};
 
 #[derive(Parser, Debug)]
 #[command(about = "Deterministic simulation of the extended Raft with random faults")]
@@ -29,6 +29,9 @@ struct Args {
     /// Ticks allowed after healing for a leader to commit.
     #[arg(long, default_value_t = 2000)]
     liveness_ticks: u64,
+    /// Turn check-quorum off (deposed leaders linger: reads on them are tested harder).
+    #[arg(long)]
+    no_check_quorum: bool,
 }
 
 fn main() -> ExitCode {
@@ -46,16 +49,22 @@ fn main() -> ExitCode {
     let run = RandomRun {
         ticks: a.ticks,
         liveness_ticks: a.liveness_ticks,
+        check_quorum: !a.no_check_quorum,
         ..RandomRun::new(a.regular, a.witness)
     };
     let started = Instant::now();
-    let (mut ticks, mut commits, mut witness_writes) = (0u64, 0u64, 0u64);
+    let mut total = Stats::default();
     for seed in a.start..a.start + a.seeds {
         match run_seed(seed, &run) {
-            Ok(stats) => {
-                ticks += stats.ticks;
-                commits += stats.committed;
-                witness_writes += stats.witness_writes;
+            Ok(s) => {
+                total.ticks += s.ticks;
+                total.committed += s.committed;
+                total.witness_writes += s.witness_writes;
+                total.conf_changes += s.conf_changes;
+                total.snapshots_installed += s.snapshots_installed;
+                total.reads_served += s.reads_served;
+                total.transfers += s.transfers;
+                total.crashes += s.crashes;
             }
             Err(e) => {
                 eprintln!("FAILED {e}");
@@ -64,10 +73,19 @@ fn main() -> ExitCode {
         }
     }
     let secs = started.elapsed().as_secs_f64();
+    let t = &total;
     println!(
-        "{} seeds passed ({run:?}) in {secs:.1} s: {ticks} ticks ({:.0} ticks/s), {commits} entries applied, {witness_writes} witness writes",
+        "{} seeds passed ({run:?}) in {secs:.1} s: {} ticks ({:.0} ticks/s), {} entries applied, {} witness writes, {} configuration changes, {} snapshots installed, {} reads served, {} leader transfers, {} crashes",
         a.seeds,
-        ticks as f64 / secs
+        t.ticks,
+        t.ticks as f64 / secs,
+        t.committed,
+        t.witness_writes,
+        t.conf_changes,
+        t.snapshots_installed,
+        t.reads_served,
+        t.transfers,
+        t.crashes
     );
     ExitCode::SUCCESS
 }

@@ -9,9 +9,12 @@
 //!
 //! Files: `types.rs` (entries, messages, Ready), `node.rs` (the state machine),
 //! `progress.rs` (per-follower flow control), `replication_set.rs` (R adjustment),
+//! `membership.rs` (configurations and their changes), `log.rs` (the log after the snapshot),
 //! `storage.rs` (what is persisted), `config.rs`.
 
 mod config;
+mod log;
+mod membership;
 mod mutation;
 mod node;
 mod progress;
@@ -21,12 +24,14 @@ mod types;
 mod witness_step;
 
 pub use config::Config;
+pub use log::RaftLog;
+pub use membership::{Change, ChangeKind, ConfChange, Membership, Voters};
 pub use mutation::Mutation;
-pub use node::{ProposeError, Raft, Role};
+pub use node::{Raft, Refused, Role};
 pub use progress::Progress;
 pub use storage::{MemStorage, Storage};
 pub use types::{
-    Body, Entry, EntryData, HardState, Membership, Message, NONE, NodeId, Ready, WitnessRequest,
-    WitnessResponse,
+    Body, Entry, EntryData, HardState, Message, NONE, NodeId, ReadState, Ready, Snapshot,
+    SnapshotMeta, WitnessRequest, WitnessResponse,
 };
 pub use witness_step::apply_rule;

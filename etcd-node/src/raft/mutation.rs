@@ -12,4 +12,6 @@ pub enum Mutation {
     CreditWitnessWithoutWrite,
     /// The leader lets a reachable follower re-enter R before it has caught up.
     ReenterBeforeCatchUp,
+    /// The leader answers linearizable reads without confirming its leadership.
+    ReadWithoutConfirmation,
 }

@@ -1,8 +1,9 @@
 //! `Raft`: one node of the extended Raft, as a pure state machine.
 //!
 //! Input: [`Raft::tick`], [`Raft::step`] (a message from a regular peer),
-//! [`Raft::step_witness`] (the outcome of a witness step the host ran), [`Raft::propose`].
-//! Output: [`Raft::ready`], processed by the host, then [`Raft::advance`].
+//! [`Raft::step_witness`] (the outcome of a witness step the host ran), [`Raft::propose`],
+//! [`Raft::propose_conf_change`], [`Raft::read_index`], [`Raft::transfer_leader`],
+//! [`Raft::compact`]. Output: [`Raft::ready`], processed by the host, then [`Raft::advance`].
 //!
 //! Invariants (checked by `assert!` where a violation means corruption, and by the simulator):
 //! - one vote per term; the term never decreases; the commit index never decreases and never
@@ -14,22 +15,30 @@
 //!   acknowledged anything in this subterm; otherwise, in the same subterm, it is credited without
 //!   I/O (the "shortcut");
 //! - every subterm starts with an empty entry; |R| = regular voters and the leader is in R;
-//! - a candidate asks the witness only when the witness's vote would complete a quorum.
+//!   applying a configuration change resets R to the regular voters in a new subterm;
+//! - a candidate asks the witness only when the witness's vote would complete a quorum;
+//! - a configuration change takes effect when applied, and a leader has at most one unapplied
+//!   change in its log (its own first entry counts as one);
+//! - a read is answered only after a quorum confirmed this leader after the read arrived (the
+//!   witness through a fresh read of its term), or at once when the witness is pinned to a
+//!   two-node leader.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use witness_core::rules::{AppendReply, AppendRequest, Caller, VoteRequest};
 
 use super::config::Config;
+use super::log::RaftLog;
+use super::membership::{ConfChange, Membership};
 use super::mutation::Mutation;
 use super::progress::Progress;
 use super::replication_set::{self, Liveness};
 use super::storage::Storage;
 use super::types::{
-    Body, Entry, EntryData, HardState, Membership, Message, NONE, NodeId, Ready, WitnessRequest,
-    WitnessResponse,
+    Body, Entry, EntryData, HardState, Message, NONE, NodeId, ReadState, Ready, Snapshot,
+    SnapshotMeta, WitnessRequest, WitnessResponse,
 };
 
 /// A node's role.
@@ -41,11 +50,29 @@ pub enum Role {
     Leader,
 }
 
-/// A proposal could not be taken.
+/// Why a request (proposal, configuration change, read, transfer) was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum ProposeError {
-    #[error("not the leader (leader: {leader})")]
+pub enum Refused {
+    #[error("not the leader (leader: {leader:x})")]
     NotLeader { leader: NodeId },
+    #[error("leadership is being transferred to {to:x}; retry shortly")]
+    Transferring { to: NodeId },
+    #[error("a configuration change (index {index}) is not applied yet; retry once it is")]
+    ConfChangePending { index: u64 },
+    #[error("invalid configuration change: {0}")]
+    InvalidConfChange(String),
+    #[error("member {id:x} is the witness, which never leads; pick a regular voter")]
+    TransferToWitness { id: NodeId },
+    #[error("member {id:x} is not a regular voter; only a regular voter can lead")]
+    NotAVoter { id: NodeId },
+}
+
+/// A linearizable read waiting for its quorum.
+#[derive(Debug, Clone)]
+struct PendingRead {
+    round: u64,
+    index: u64,
+    ctx: Vec<u8>,
 }
 
 /// The leader's volatile state.
@@ -60,8 +87,18 @@ struct Leading {
     witness_subterm: Option<u64>,
     /// Highest index the witness acknowledged with a write.
     witness_match: u64,
-    /// Tick at which the outstanding witness request was issued.
+    /// Tick at which the outstanding witness append was issued.
     witness_inflight: Option<u64>,
+    /// Leader transfer in progress: (target, tick started).
+    transfer: Option<(NodeId, u64)>,
+    /// Reads that arrived before this term's first commit.
+    reads_waiting: Vec<Vec<u8>>,
+    reads: VecDeque<PendingRead>,
+    read_round: u64,
+    /// Highest read round the witness confirmed (its term equalled ours in a read after it).
+    witness_read_ack: u64,
+    /// Tick at which the outstanding witness term read was issued.
+    witness_read_inflight: Option<u64>,
 }
 
 /// One node of the extended Raft.
@@ -72,7 +109,11 @@ pub struct Raft {
     term: u64,
     vote: NodeId,
     commit: u64,
-    log: Vec<Entry>,
+    log: RaftLog,
+    /// The latest snapshot (own, or received): what a lagging follower is sent.
+    snapshot: Snapshot,
+    /// A received snapshot the host has not persisted yet.
+    pending_snapshot: Option<Snapshot>,
     persisted: u64,
     applied: u64,
     persisted_hs: HardState,
@@ -86,46 +127,39 @@ pub struct Raft {
     votes: BTreeMap<NodeId, bool>,
     witness_asked: bool,
     lead: Option<Leading>,
+    /// Index of the last configuration change a leader appended (or its first entry).
+    pending_conf_index: u64,
     msgs: Vec<Message>,
     witness_out: Vec<WitnessRequest>,
+    read_states: Vec<ReadState>,
     awaiting_advance: bool,
 }
 
 impl Raft {
-    /// A node restarted from `storage` (a new node: empty storage).
+    /// A node restarted from `storage` (a new member: bootstrap or joining storage).
     pub fn new(cfg: Config, storage: &impl Storage) -> Result<Raft, String> {
         cfg.validate()?;
-        let membership = storage.membership();
-        if !membership.regular.contains(&cfg.id) {
-            return Err(format!(
-                "node {} is not a regular voter of {membership:?}",
-                cfg.id
-            ));
-        }
         let hs = storage.hard_state();
-        let log = storage.entries();
-        for (i, e) in log.iter().enumerate() {
-            assert_eq!(
-                e.index,
-                i as u64 + 1,
-                "persisted log has a gap or starts after 1"
-            );
-        }
+        let snapshot = storage.snapshot();
+        let log = RaftLog::new(&snapshot.meta, storage.entries());
+        let commit = hs.commit.max(snapshot.meta.index);
         assert!(
-            hs.commit <= log.len() as u64,
-            "persisted commit {} is past the log end",
-            hs.commit
+            commit <= log.last_index(),
+            "persisted commit {commit} is past the log end {}",
+            log.last_index()
         );
         let mut raft = Raft {
             rng: StdRng::seed_from_u64(cfg.seed),
             cfg,
-            membership,
+            membership: snapshot.meta.membership.clone(),
             term: hs.term,
             vote: hs.vote,
-            commit: hs.commit,
-            persisted: log.len() as u64,
+            commit,
+            persisted: log.last_index(),
+            applied: snapshot.meta.index,
             log,
-            applied: 0,
+            snapshot,
+            pending_snapshot: None,
             persisted_hs: hs,
             role: Role::Follower,
             leader: NONE,
@@ -136,8 +170,10 @@ impl Raft {
             votes: BTreeMap::new(),
             witness_asked: false,
             lead: None,
+            pending_conf_index: 0,
             msgs: Vec::new(),
             witness_out: Vec::new(),
+            read_states: Vec::new(),
             awaiting_advance: false,
         };
         raft.reset_election_timer();
@@ -161,9 +197,13 @@ impl Raft {
     pub fn commit(&self) -> u64 {
         self.commit
     }
-    pub fn log(&self) -> &[Entry] {
+    pub fn applied(&self) -> u64 {
+        self.applied
+    }
+    pub fn log(&self) -> &RaftLog {
         &self.log
     }
+    /// The configuration in effect (as of the applied index).
     pub fn membership(&self) -> &Membership {
         &self.membership
     }
@@ -173,20 +213,10 @@ impl Raft {
     }
 
     fn last_index(&self) -> u64 {
-        self.log.len() as u64
+        self.log.last_index()
     }
-    fn term_at(&self, index: u64) -> u64 {
-        if index == 0 {
-            0
-        } else {
-            self.log[index as usize - 1].term
-        }
-    }
-    fn last_term(&self) -> u64 {
-        self.term_at(self.last_index())
-    }
-    fn last_subterm(&self) -> u64 {
-        self.log.last().map_or(0, |e| e.subterm)
+    fn term_at(&self, index: u64) -> Option<u64> {
+        self.log.term(index)
     }
     /// True if the deliberate bug `m` is switched on (never without the `mutations` feature).
     fn mutated(&self, m: Mutation) -> bool {
@@ -202,21 +232,20 @@ impl Raft {
     fn caller(&self) -> Caller {
         Caller {
             cluster_id: self.cfg.cluster_id,
-            witness_id: self.membership.witness.unwrap_or(NONE),
+            witness_id: self.membership.witness().unwrap_or(NONE),
         }
     }
-    fn peers(&self) -> Vec<NodeId> {
-        self.membership
-            .regular
-            .iter()
-            .copied()
-            .filter(|&p| p != self.cfg.id)
-            .collect()
+    /// May this node campaign?
+    fn promotable(&self) -> bool {
+        self.membership.is_regular_voter(self.cfg.id)
+    }
+    fn leading(&mut self) -> &mut Leading {
+        self.lead.as_mut().expect("leader")
     }
 
     fn send(&mut self, to: NodeId, term: u64, body: Body) {
         debug_assert!(
-            Some(to) != self.membership.witness,
+            Some(to) != self.membership.witness(),
             "the witness never receives messages"
         );
         self.msgs.push(Message {
@@ -255,32 +284,42 @@ impl Raft {
         let next = self.last_index() + 1;
         let now = self.ticks;
         let progress = self
-            .peers()
+            .membership
+            .replicas()
             .into_iter()
+            .filter(|&p| p != self.cfg.id)
             .map(|p| (p, Progress::new(next, now)))
             .collect();
         self.lead = Some(Leading {
             progress,
             subterm: 0,
             subterm_start: next,
-            rset: self.membership.regular.clone(),
+            rset: self.membership.voters.regular.clone(),
             witness_subterm: None,
             witness_match: 0,
             witness_inflight: None,
+            transfer: None,
+            reads_waiting: Vec::new(),
+            reads: VecDeque::new(),
+            read_round: 0,
+            witness_read_ack: 0,
+            witness_read_inflight: None,
         });
         self.reset_election_timer();
-        self.append_entry(EntryData::Empty);
+        // No configuration change until this first entry is applied (a configuration change
+        // proposed before the leader commits in its term could overlap an unknown earlier one).
+        self.pending_conf_index = self.append_entry(EntryData::Empty);
     }
 
     /// Starts an election (or a pre-vote round). Also callable by tests and the host.
     pub fn campaign(&mut self) {
-        if self.role == Role::Leader {
+        if self.role == Role::Leader || !self.promotable() {
             return;
         }
-        self.start_campaign(self.cfg.pre_vote);
+        self.start_campaign(self.cfg.pre_vote, false);
     }
 
-    fn start_campaign(&mut self, pre: bool) {
+    fn start_campaign(&mut self, pre: bool, transfer: bool) {
         if pre {
             self.role = Role::PreCandidate;
             self.leader = NONE;
@@ -290,13 +329,21 @@ impl Raft {
             self.role = Role::Candidate;
             self.leader = NONE;
         }
+        self.lead = None;
         self.reset_election_timer();
         self.votes.clear();
         self.witness_asked = false;
         self.votes.insert(self.cfg.id, true);
         let term = self.vote_term();
-        let (last_index, last_term) = (self.last_index(), self.last_term());
-        for p in self.peers() {
+        let last_index = self.last_index();
+        let (last_term, _) = self.log.last_position();
+        let voters: BTreeSet<NodeId> = self
+            .membership
+            .halves()
+            .flat_map(|h| h.regular.iter().copied())
+            .filter(|&v| v != self.cfg.id)
+            .collect();
+        for p in voters {
             self.send(
                 p,
                 term,
@@ -304,6 +351,7 @@ impl Raft {
                     pre,
                     last_index,
                     last_term,
+                    transfer,
                 },
             );
         }
@@ -321,49 +369,49 @@ impl Raft {
 
     /// Counts votes; wins, loses, or asks the witness when its vote would complete a quorum.
     fn poll(&mut self) {
-        let q = self.membership.quorum();
-        let granted_regular: Vec<NodeId> = self
-            .votes
-            .iter()
-            .filter(|&(id, &g)| g && self.membership.regular.contains(id))
-            .map(|(&id, _)| id)
-            .collect();
-        let witness_granted = self
-            .membership
-            .witness
-            .is_some_and(|w| self.votes.get(&w) == Some(&true));
-        let granted = granted_regular.len() + usize::from(witness_granted);
-        let rejected = self.votes.values().filter(|&&g| !g).count();
-        if granted >= q {
+        let granted = |v: NodeId| self.votes.get(&v) == Some(&true);
+        if self.membership.majority(granted) {
             if self.role == Role::PreCandidate {
-                self.start_campaign(false);
+                self.start_campaign(false, false);
             } else {
                 self.become_leader();
             }
             return;
         }
-        if rejected > self.membership.voters() - q {
+        if !self
+            .membership
+            .majority(|v| self.votes.get(&v) != Some(&false))
+        {
             let term = self.term;
             self.become_follower(term, NONE);
             return;
         }
-        if self.membership.witness.is_some()
-            && !self.witness_asked
-            && granted_regular.len() + 1 >= q
-        {
-            self.witness_asked = true;
-            let request = VoteRequest {
-                caller: self.caller(),
-                term: self.vote_term(),
-                candidate: self.cfg.id,
-                last_log_term: self.last_term(),
-                last_log_subterm: self.last_subterm(),
-                granted: granted_regular,
-                granted_outgoing: Vec::new(),
-            };
-            let pre = self.role == Role::PreCandidate;
-            self.witness_out.push(WitnessRequest::Vote { pre, request });
+        let Some(w) = self.membership.witness() else {
+            return;
+        };
+        if self.witness_asked || !self.membership.majority(|v| v == w || granted(v)) {
+            return;
         }
+        self.witness_asked = true;
+        let granted_in = |set: &BTreeSet<NodeId>| -> Vec<NodeId> {
+            set.iter().copied().filter(|&v| granted(v)).collect()
+        };
+        let (last_log_term, last_log_subterm) = self.log.last_position();
+        let request = VoteRequest {
+            caller: self.caller(),
+            term: self.vote_term(),
+            candidate: self.cfg.id,
+            last_log_term,
+            last_log_subterm,
+            granted: granted_in(&self.membership.voters.regular),
+            granted_outgoing: self
+                .membership
+                .outgoing
+                .as_ref()
+                .map_or_else(Vec::new, |o| granted_in(&o.regular)),
+        };
+        let pre = self.role == Role::PreCandidate;
+        self.witness_out.push(WitnessRequest::Vote { pre, request });
     }
 
     // ---- input ----
@@ -382,9 +430,23 @@ impl Raft {
         self.heartbeat_elapsed += 1;
         if self.heartbeat_elapsed >= self.cfg.heartbeat_tick {
             self.heartbeat_elapsed = 0;
-            self.broadcast_heartbeat();
+            let lead = self.leading();
+            let round = if lead.reads.is_empty() {
+                0
+            } else {
+                lead.read_round
+            };
+            self.broadcast_heartbeat(round);
+            if !self.regular_quorum_reachable() {
+                self.maybe_read_witness();
+            }
         }
-        self.expire_witness_request();
+        self.expire_witness_requests();
+        let (now, limit) = (self.ticks, self.cfg.election_tick);
+        let lead = self.leading();
+        if lead.transfer.is_some_and(|(_, t)| now - t >= limit) {
+            lead.transfer = None; // the target did not take over in time: back to normal
+        }
         self.adjust_replication_set();
         if self.election_elapsed >= self.cfg.election_tick {
             self.election_elapsed = 0;
@@ -395,32 +457,155 @@ impl Raft {
         }
     }
 
+    /// Refuses when this node is not the leader or is handing leadership over.
+    fn check_leader(&self) -> Result<(), Refused> {
+        match &self.lead {
+            None => Err(Refused::NotLeader {
+                leader: self.leader,
+            }),
+            Some(Leading {
+                transfer: Some((to, _)),
+                ..
+            }) => Err(Refused::Transferring { to: *to }),
+            Some(_) => Ok(()),
+        }
+    }
+
     /// Proposes a command; returns its index.
-    pub fn propose(&mut self, data: Vec<u8>) -> Result<u64, ProposeError> {
+    pub fn propose(&mut self, data: Vec<u8>) -> Result<u64, Refused> {
         assert!(
             !self.awaiting_advance,
             "propose between ready() and advance()"
         );
-        if self.role != Role::Leader {
-            return Err(ProposeError::NotLeader {
+        self.check_leader()?;
+        Ok(self.append_entry(EntryData::Normal(data)))
+    }
+
+    /// Proposes a configuration change; returns its index. It takes effect when applied. A
+    /// change of more than one voter passes through a joint configuration, which the leader
+    /// leaves by itself once the change is applied.
+    pub fn propose_conf_change(&mut self, cc: ConfChange) -> Result<u64, Refused> {
+        assert!(
+            !self.awaiting_advance,
+            "propose between ready() and advance()"
+        );
+        self.check_leader()?;
+        if self.pending_conf_index > self.applied {
+            return Err(Refused::ConfChangePending {
+                index: self.pending_conf_index,
+            });
+        }
+        let next = self
+            .membership
+            .apply(&cc)
+            .map_err(Refused::InvalidConfChange)?;
+        if cc.changes.is_empty() {
+            return Err(Refused::InvalidConfChange(
+                "the leader leaves a joint configuration by itself".into(),
+            ));
+        }
+        if !next.voters.regular.contains(&self.cfg.id) {
+            return Err(Refused::InvalidConfChange(format!(
+                "it removes the leader ({:x}); transfer leadership to another member first",
+                self.cfg.id
+            )));
+        }
+        let index = self.append_entry(EntryData::ConfChange(cc));
+        self.pending_conf_index = index;
+        Ok(index)
+    }
+
+    /// Hands leadership to regular voter `to` (never the witness): once `to` holds the whole
+    /// log it is told to campaign at once. Proposals are refused meanwhile; the transfer is
+    /// abandoned after an election timeout.
+    pub fn transfer_leader(&mut self, to: NodeId) -> Result<(), Refused> {
+        assert!(
+            !self.awaiting_advance,
+            "transfer between ready() and advance()"
+        );
+        self.check_leader()?;
+        if Some(to) == self.membership.witness() {
+            return Err(Refused::TransferToWitness { id: to });
+        }
+        if to == self.cfg.id {
+            return Ok(());
+        }
+        if !self.membership.voters.regular.contains(&to) {
+            return Err(Refused::NotAVoter { id: to });
+        }
+        let (now, last) = (self.ticks, self.last_index());
+        let lead = self.leading();
+        lead.transfer = Some((to, now));
+        if lead.progress[&to].matched == last {
+            let term = self.term;
+            self.send(to, term, Body::TimeoutNow);
+        } else {
+            self.send_append(to);
+        }
+        Ok(())
+    }
+
+    /// Asks for a linearizable read: a [`ReadState`] with `ctx` appears in a later `Ready` once
+    /// it is safe to read at its index. Only the leader answers (a host forwards reads to it).
+    pub fn read_index(&mut self, ctx: Vec<u8>) -> Result<(), Refused> {
+        assert!(!self.awaiting_advance, "read between ready() and advance()");
+        if self.lead.is_none() {
+            return Err(Refused::NotLeader {
                 leader: self.leader,
             });
         }
-        Ok(self.append_entry(EntryData::Normal(data)))
+        if self.term_at(self.commit) != Some(self.term) {
+            // The commit index is only known current once an entry of this term commits.
+            self.leading().reads_waiting.push(ctx);
+            return Ok(());
+        }
+        self.start_reads(vec![ctx]);
+        Ok(())
+    }
+
+    /// Takes a snapshot of the state machine (`data`, as of the applied index) and drops the
+    /// log up to it. Returns the snapshot for the host to persist.
+    pub fn compact(&mut self, data: Vec<u8>) -> Snapshot {
+        assert!(
+            !self.awaiting_advance,
+            "compact between ready() and advance()"
+        );
+        let index = self.applied;
+        if index > self.log.snapshot_index() {
+            let entry = self
+                .log
+                .entry(index)
+                .expect("applied entries are in the log");
+            let meta = SnapshotMeta {
+                index,
+                term: entry.term,
+                subterm: entry.subterm,
+                membership: self.membership.clone(),
+            };
+            self.log.compact_to(index);
+            self.snapshot = Snapshot { meta, data };
+        }
+        self.snapshot.clone()
     }
 
     /// Handles a message from a regular peer.
     pub fn step(&mut self, m: Message) {
         assert!(!self.awaiting_advance, "step between ready() and advance()");
-        if !self.membership.regular.contains(&m.from) || m.to != self.cfg.id {
+        if m.to != self.cfg.id {
             return;
         }
-        let is_vote_request = matches!(m.body, Body::Vote { .. });
+        let disruptive_vote = matches!(
+            m.body,
+            Body::Vote {
+                transfer: false,
+                ..
+            }
+        );
         if m.term > self.term {
             let in_lease = self.cfg.check_quorum
                 && self.leader != NONE
                 && self.election_elapsed < self.cfg.election_tick;
-            if is_vote_request && in_lease {
+            if disruptive_vote && in_lease {
                 return; // a leader we heard from recently is alive: ignore disruption
             }
             match m.body {
@@ -429,14 +614,14 @@ impl Raft {
                     pre: true,
                     granted: true,
                 } => {}
-                Body::Append { .. } | Body::Heartbeat { .. } => {
+                Body::Append { .. } | Body::Heartbeat { .. } | Body::Snapshot { .. } => {
                     self.become_follower(m.term, m.from)
                 }
                 _ => self.become_follower(m.term, NONE),
             }
         } else if m.term < self.term {
             match m.body {
-                Body::Append { .. } | Body::Heartbeat { .. } => {
+                Body::Append { .. } | Body::Heartbeat { .. } | Body::Snapshot { .. } => {
                     // Tell a stale leader about the newer term.
                     let (to, term, index) = (m.from, self.term, self.last_index());
                     self.send(
@@ -468,6 +653,7 @@ impl Raft {
                 pre,
                 last_index,
                 last_term,
+                ..
             } => self.handle_vote(m.from, m.term, pre, last_index, last_term),
             Body::VoteResp { pre, granted } => self.handle_vote_resp(m.from, m.term, pre, granted),
             Body::Append {
@@ -476,31 +662,43 @@ impl Raft {
                 entries,
                 commit,
             } => {
-                if self.role != Role::Follower || self.leader != m.from {
-                    self.become_follower(m.term, m.from);
-                }
-                self.election_elapsed = 0;
+                self.follow(m.from, m.term);
                 self.handle_append(m.from, prev_index, prev_term, entries, commit);
             }
-            Body::Heartbeat { commit } => {
-                if self.role != Role::Follower || self.leader != m.from {
-                    self.become_follower(m.term, m.from);
-                }
-                self.election_elapsed = 0;
+            Body::Snapshot { snapshot } => {
+                self.follow(m.from, m.term);
+                self.handle_snapshot(m.from, snapshot);
+            }
+            Body::Heartbeat { commit, read } => {
+                self.follow(m.from, m.term);
                 self.commit_to(commit.min(self.last_index()));
                 let term = self.term;
-                self.send(m.from, term, Body::HeartbeatResp);
+                self.send(m.from, term, Body::HeartbeatResp { read });
+            }
+            Body::TimeoutNow => {
+                if self.role != Role::Leader && self.promotable() {
+                    self.start_campaign(false, true);
+                }
             }
             Body::AppendResp { index, reject } => self.handle_append_resp(m.from, index, reject),
-            Body::HeartbeatResp => self.handle_heartbeat_resp(m.from),
+            Body::HeartbeatResp { read } => self.handle_heartbeat_resp(m.from, read),
         }
+    }
+
+    /// `leader` (of our term) spoke: follow it.
+    fn follow(&mut self, leader: NodeId, term: u64) {
+        if self.role != Role::Follower || self.leader != leader {
+            self.become_follower(term, leader);
+        }
+        self.election_elapsed = 0;
     }
 
     fn handle_vote(&mut self, from: NodeId, term: u64, pre: bool, last_index: u64, last_term: u64) {
         let can_vote = self.vote == from
             || (self.vote == NONE && self.leader == NONE)
             || (pre && term > self.term);
-        let up_to_date = (last_term, last_index) >= (self.last_term(), self.last_index());
+        let (my_last_term, _) = self.log.last_position();
+        let up_to_date = (last_term, last_index) >= (my_last_term, self.last_index());
         let granted = can_vote && up_to_date;
         if granted && !pre {
             self.vote = from;
@@ -524,6 +722,11 @@ impl Raft {
         self.poll();
     }
 
+    fn reply_append(&mut self, to: NodeId, index: u64, reject: bool) {
+        let term = self.term;
+        self.send(to, term, Body::AppendResp { index, reject });
+    }
+
     fn handle_append(
         &mut self,
         from: NodeId,
@@ -532,36 +735,20 @@ impl Raft {
         entries: Vec<Entry>,
         commit: u64,
     ) {
-        let term = self.term;
         if prev_index < self.commit {
             // Already committed here: answer with what we have committed.
-            let index = self.commit;
-            self.send(
-                from,
-                term,
-                Body::AppendResp {
-                    index,
-                    reject: false,
-                },
-            );
+            self.reply_append(from, self.commit, false);
             return;
         }
-        if prev_index > self.last_index() || self.term_at(prev_index) != prev_term {
-            let index = self.last_index().min(prev_index.saturating_sub(1));
-            self.send(
-                from,
-                term,
-                Body::AppendResp {
-                    index,
-                    reject: true,
-                },
-            );
+        if self.term_at(prev_index) != Some(prev_term) {
+            let hint = self.last_index().min(prev_index.saturating_sub(1));
+            self.reply_append(from, hint, true);
             return;
         }
         let last_new = prev_index + entries.len() as u64;
         for e in entries {
             if e.index <= self.last_index() {
-                if self.term_at(e.index) == e.term {
+                if self.term_at(e.index) == Some(e.term) {
                     continue;
                 }
                 assert!(
@@ -569,21 +756,34 @@ impl Raft {
                     "leader asked to overwrite committed entry {}",
                     e.index
                 );
-                self.log.truncate(e.index as usize - 1);
+                self.log.truncate_from(e.index);
                 self.persisted = self.persisted.min(e.index - 1);
             }
-            assert_eq!(e.index, self.last_index() + 1);
             self.log.push(e);
         }
         self.commit_to(commit.min(last_new));
-        self.send(
-            from,
-            term,
-            Body::AppendResp {
-                index: last_new,
-                reject: false,
-            },
-        );
+        self.reply_append(from, last_new, false);
+    }
+
+    fn handle_snapshot(&mut self, from: NodeId, snapshot: Snapshot) {
+        let index = snapshot.meta.index;
+        if index <= self.commit {
+            self.reply_append(from, self.commit, false);
+            return;
+        }
+        if self.term_at(index) == Some(snapshot.meta.term) {
+            // We hold the snapshot's last entry, hence everything before it.
+            self.commit_to(index);
+            self.reply_append(from, index, false);
+            return;
+        }
+        self.log.restore(&snapshot.meta);
+        self.membership = snapshot.meta.membership.clone();
+        // The Ready that carries the snapshot persists and applies it before anything else.
+        (self.commit, self.persisted, self.applied) = (index, index, index);
+        self.snapshot = snapshot.clone();
+        self.pending_snapshot = Some(snapshot);
+        self.reply_append(from, index, false);
     }
 
     fn commit_to(&mut self, index: u64) {
@@ -599,15 +799,16 @@ impl Raft {
     // ---- leader ----
 
     fn append_entry(&mut self, data: EntryData) -> u64 {
-        let lead = self.lead.as_ref().expect("only a leader appends");
+        let subterm = self.lead.as_ref().expect("only a leader appends").subterm;
         let entry = Entry {
             term: self.term,
-            subterm: lead.subterm,
+            subterm,
             index: self.last_index() + 1,
             data,
         };
         self.log.push(entry);
-        for p in self.peers() {
+        let peers: Vec<NodeId> = self.leading().progress.keys().copied().collect();
+        for p in peers {
             self.send_append(p);
         }
         self.maybe_commit();
@@ -615,42 +816,48 @@ impl Raft {
     }
 
     fn send_append(&mut self, to: NodeId) {
-        let (last, max_batch, max_inflight) = (
+        let (last, max_batch, max_inflight, now) = (
             self.last_index(),
             self.cfg.max_batch as u64,
             self.cfg.max_inflight,
+            self.ticks,
         );
         let lead = self.lead.as_mut().expect("leader");
-        let pr = lead.progress.get_mut(&to).expect("progress for every peer");
+        let Some(pr) = lead.progress.get_mut(&to) else {
+            return;
+        };
         if !pr.can_send(max_inflight) || (pr.replicate && pr.next > last) {
             return;
         }
         let prev_index = pr.next - 1;
-        let hi = last.min(prev_index + max_batch);
-        let entries: Vec<Entry> = self.log[prev_index as usize..hi as usize].to_vec();
-        let sent_last = entries.last().map_or(prev_index, |e| e.index);
-        pr.sent(sent_last);
-        let prev_term = self.term_at(prev_index);
-        let (term, commit) = (self.term, self.commit);
-        self.send(
-            to,
-            term,
-            Body::Append {
-                prev_index,
-                prev_term,
-                entries,
-                commit,
-            },
-        );
+        let body = match self.log.term(prev_index) {
+            Some(prev_term) => {
+                let hi = last.min(prev_index + max_batch);
+                let entries = self.log.slice(prev_index + 1, hi).to_vec();
+                pr.sent(hi.max(prev_index));
+                Body::Append {
+                    prev_index,
+                    prev_term,
+                    entries,
+                    commit: self.commit,
+                }
+            }
+            None => {
+                // The entries the follower needs are compacted: send the snapshot instead.
+                pr.snapshot = Some((self.snapshot.meta.index, now));
+                Body::Snapshot {
+                    snapshot: self.snapshot.clone(),
+                }
+            }
+        };
+        let term = self.term;
+        self.send(to, term, body);
     }
 
-    fn broadcast_heartbeat(&mut self) {
-        let term = self.term;
-        let commit = self.commit;
+    fn broadcast_heartbeat(&mut self, read: u64) {
+        let (term, commit) = (self.term, self.commit);
         let targets: Vec<(NodeId, u64)> = self
-            .lead
-            .as_ref()
-            .expect("leader")
+            .leading()
             .progress
             .iter()
             .map(|(&p, pr)| (p, pr.matched))
@@ -661,13 +868,14 @@ impl Raft {
                 term,
                 Body::Heartbeat {
                     commit: commit.min(matched),
+                    read,
                 },
             );
         }
     }
 
     fn handle_append_resp(&mut self, from: NodeId, index: u64, reject: bool) {
-        let now = self.ticks;
+        let (now, last) = (self.ticks, self.last_index());
         let Some(lead) = self.lead.as_mut() else {
             return;
         };
@@ -679,13 +887,18 @@ impl Raft {
             let next = (index + 1).min(pr.next.saturating_sub(1)).max(1);
             pr.probe_from(next);
         } else if pr.acknowledge(index) {
+            let caught_up = pr.matched == last;
+            if caught_up && lead.transfer.is_some_and(|(to, _)| to == from) {
+                let term = self.term;
+                self.send(from, term, Body::TimeoutNow);
+            }
             self.maybe_commit();
         }
         self.send_append(from);
     }
 
-    fn handle_heartbeat_resp(&mut self, from: NodeId) {
-        let (now, last) = (self.ticks, self.last_index());
+    fn handle_heartbeat_resp(&mut self, from: NodeId, read: u64) {
+        let (now, last, retry) = (self.ticks, self.last_index(), self.cfg.election_tick);
         let Some(lead) = self.lead.as_mut() else {
             return;
         };
@@ -693,44 +906,51 @@ impl Raft {
             return;
         };
         pr.last_heard = now;
-        if !pr.replicate {
+        pr.read_ack = pr.read_ack.max(read);
+        if let Some((_, sent)) = pr.snapshot {
+            if now - sent > retry {
+                // The snapshot was lost: send it again.
+                pr.probe_from(pr.next);
+                self.send_append(from);
+            }
+        } else if !pr.replicate {
             pr.paused = false;
             self.send_append(from);
         } else if pr.matched < last {
             // Appends may have been lost (a partition, a drop). Ask about the entry before
             // `next` with no entries: a follower that lacks it rejects, and we probe from its hint.
             let prev_index = pr.next - 1;
-            let prev_term = self.term_at(prev_index);
-            let (term, commit) = (self.term, self.commit);
-            self.send(
-                from,
-                term,
-                Body::Append {
-                    prev_index,
-                    prev_term,
-                    entries: Vec::new(),
-                    commit,
-                },
-            );
+            if let Some(prev_term) = self.log.term(prev_index) {
+                let (term, commit) = (self.term, self.commit);
+                self.send(
+                    from,
+                    term,
+                    Body::Append {
+                        prev_index,
+                        prev_term,
+                        entries: Vec::new(),
+                        commit,
+                    },
+                );
+            } else {
+                pr.probe_from(pr.next);
+                self.send_append(from);
+            }
         }
+        self.serve_reads();
     }
 
     /// The index a subquorum of R (the leader included) has persisted: (quorum - 1)-th highest
-    /// match among R's regular members; 0 if R's regular members are fewer.
+    /// match among R's regular members; 0 if R's regular members are fewer. Outside a joint
+    /// configuration only (the witness is never in R during one).
     fn subquorum_index(&self) -> u64 {
         let lead = self.lead.as_ref().expect("leader");
-        let need = self.membership.quorum() - 1;
+        let need = self.membership.voters.quorum() - 1;
         let mut matches: Vec<u64> = lead
             .rset
             .iter()
-            .filter(|&&m| self.membership.regular.contains(&m))
-            .map(|&m| {
-                if m == self.cfg.id {
-                    self.persisted
-                } else {
-                    lead.progress[&m].matched
-                }
-            })
+            .filter(|&&m| self.membership.voters.regular.contains(&m))
+            .map(|&m| self.match_of(m))
             .collect();
         matches.sort_unstable_by(|a, b| b.cmp(a));
         if need == 0 || matches.len() < need {
@@ -740,10 +960,19 @@ impl Raft {
         }
     }
 
+    /// A regular member's persisted index as the leader knows it.
+    fn match_of(&self, id: NodeId) -> u64 {
+        if id == self.cfg.id {
+            return self.persisted;
+        }
+        let lead = self.lead.as_ref().expect("leader");
+        lead.progress.get(&id).map_or(0, |p| p.matched)
+    }
+
     /// The highest index the witness counts as having acknowledged (with the shortcut).
     fn witness_credit(&self) -> u64 {
         let lead = self.lead.as_ref().expect("leader");
-        let Some(w) = self.membership.witness else {
+        let Some(w) = self.membership.witness() else {
             return 0;
         };
         let mut credit = lead.witness_match;
@@ -759,31 +988,36 @@ impl Raft {
     }
 
     fn maybe_commit(&mut self) {
-        let Some(lead) = self.lead.as_ref() else {
+        if self.lead.is_none() {
             return;
-        };
-        let mut matches: Vec<u64> = lead.progress.values().map(|p| p.matched).collect();
-        matches.push(self.persisted);
-        if self.membership.witness.is_some() {
-            matches.push(self.witness_credit());
         }
-        matches.sort_unstable_by(|a, b| b.cmp(a));
-        let candidate = matches[self.membership.quorum() - 1];
-        if candidate > self.commit && self.term_at(candidate) == self.term {
+        let witness = self.membership.witness();
+        let credit = self.witness_credit();
+        let candidate = self.membership.committed(|v| {
+            if Some(v) == witness {
+                credit
+            } else {
+                self.match_of(v)
+            }
+        });
+        if candidate > self.commit && self.term_at(candidate) == Some(self.term) {
             self.commit_to(candidate);
+            let waiting = std::mem::take(&mut self.leading().reads_waiting);
+            self.start_reads(waiting);
         }
         self.maybe_ask_witness();
     }
 
     /// AppendToWitness when conditions 1-4 hold (design note "Log replication to the witness").
     fn maybe_ask_witness(&mut self) {
-        let Some(w) = self.membership.witness else {
+        let Some(w) = self.membership.voters.witness else {
             return;
         };
         let Some(lead) = self.lead.as_ref() else {
             return;
         };
-        if !lead.rset.contains(&w)
+        if self.membership.is_joint()
+            || !lead.rset.contains(&w)
             || lead.witness_subterm == Some(lead.subterm)
             || lead.witness_inflight.is_some()
         {
@@ -793,44 +1027,54 @@ impl Raft {
         if index < lead.subterm_start {
             return; // nothing of the current subterm is persisted by a subquorum of R yet
         }
-        let entry = &self.log[index as usize - 1];
-        assert_eq!(
-            (entry.term, entry.subterm),
-            (self.term, lead.subterm),
-            "condition 1"
-        );
+        // Condition 1: every entry from the subterm's start on is of (term, subterm); the entry
+        // itself may already be compacted.
+        if let Some(entry) = self.log.entry(index) {
+            assert_eq!(
+                (entry.term, entry.subterm),
+                (self.term, lead.subterm),
+                "condition 1"
+            );
+        }
         let request = AppendRequest {
             caller: self.caller(),
             term: self.term,
             leader: self.cfg.id,
-            entry_term: entry.term,
-            entry_subterm: entry.subterm,
+            entry_term: self.term,
+            entry_subterm: lead.subterm,
             index,
             replication_set: lead.rset.iter().copied().collect(),
             replication_set_outgoing: Vec::new(),
         };
         let now = self.ticks;
-        self.lead.as_mut().expect("leader").witness_inflight = Some(now);
+        self.leading().witness_inflight = Some(now);
         self.witness_out.push(WitnessRequest::Append(request));
     }
 
-    fn expire_witness_request(&mut self) {
+    fn expire_witness_requests(&mut self) {
         let (now, limit) = (self.ticks, self.cfg.election_tick);
-        let lead = self.lead.as_mut().expect("leader");
+        let lead = self.leading();
         if lead.witness_inflight.is_some_and(|t| now - t > limit) {
             lead.witness_inflight = None;
             self.maybe_ask_witness();
         }
+        let lead = self.leading();
+        if lead.witness_read_inflight.is_some_and(|t| now - t > limit) {
+            lead.witness_read_inflight = None;
+        }
     }
 
     fn adjust_replication_set(&mut self) {
+        if self.membership.is_joint() || !self.membership.voters.regular.contains(&self.cfg.id) {
+            return;
+        }
         let (now, window, last) = (self.ticks, self.cfg.liveness_ticks(), self.last_index());
         let skip_catch_up = self.mutated(Mutation::ReenterBeforeCatchUp);
         let lead = self.lead.as_ref().expect("leader");
         let next = replication_set::adjust(
             &lead.rset,
-            &self.membership.regular,
-            self.membership.witness,
+            &self.membership.voters.regular,
+            self.membership.voters.witness,
             self.cfg.id,
             |v| {
                 let pr = &lead.progress[&v];
@@ -840,14 +1084,43 @@ impl Raft {
                 }
             },
         );
-        if next == lead.rset {
-            return;
+        if next != lead.rset {
+            self.new_subterm(next);
         }
-        let lead = self.lead.as_mut().expect("leader");
-        lead.rset = next;
+    }
+
+    /// Starts a subterm with replication set `rset`, opened by an empty entry.
+    fn new_subterm(&mut self, rset: BTreeSet<NodeId>) {
+        let start = self.last_index() + 1;
+        let lead = self.leading();
+        lead.rset = rset;
         lead.subterm += 1;
-        lead.subterm_start = self.log.len() as u64 + 1;
+        lead.subterm_start = start;
         self.append_entry(EntryData::Empty);
+    }
+
+    /// Is a follower recently heard from (within the liveness window)?
+    fn reachable(&self, id: NodeId) -> bool {
+        let lead = self.lead.as_ref().expect("leader");
+        lead.progress
+            .get(&id)
+            .is_some_and(|p| self.ticks - p.last_heard <= self.cfg.liveness_ticks())
+    }
+
+    /// Would the regular voters we hear from make a quorum without the witness?
+    fn regular_quorum_reachable(&self) -> bool {
+        let w = self.membership.witness();
+        self.membership
+            .majority(|v| Some(v) != w && (v == self.cfg.id || self.reachable(v)))
+    }
+
+    /// Is the witness pinned in this subterm: in R, and it acknowledged (so it recorded our R)?
+    fn witness_pinned(&self) -> bool {
+        let lead = self.lead.as_ref().expect("leader");
+        self.membership
+            .voters
+            .witness
+            .is_some_and(|w| lead.rset.contains(&w) && lead.witness_subterm == Some(lead.subterm))
     }
 
     /// Check-quorum: a quorum heard from within an election timeout, counting the witness when
@@ -855,17 +1128,92 @@ impl Raft {
     fn quorum_active(&self) -> bool {
         let lead = self.lead.as_ref().expect("leader");
         let window = self.cfg.election_tick;
-        let peers = lead
-            .progress
-            .values()
-            .filter(|p| self.ticks - p.last_heard <= window)
-            .count();
-        let witness = self
-            .membership
-            .witness
-            .is_some_and(|w| lead.rset.contains(&w) && lead.witness_subterm == Some(lead.subterm));
-        1 + peers + usize::from(witness) >= self.membership.quorum()
+        let witness = self.membership.witness();
+        let pinned = self.witness_pinned();
+        self.membership.majority(|v| {
+            v == self.cfg.id
+                || (Some(v) == witness && pinned)
+                || lead
+                    .progress
+                    .get(&v)
+                    .is_some_and(|p| self.ticks - p.last_heard <= window)
+        })
     }
+
+    // ---- reads ----
+
+    /// Starts ReadIndex for `ctxs` at the current commit index (which is of this term).
+    fn start_reads(&mut self, ctxs: Vec<Vec<u8>>) {
+        if ctxs.is_empty() {
+            return;
+        }
+        let index = self.commit;
+        let alone = self.membership.majority(|v| v == self.cfg.id);
+        // Two regular voters and the witness pinned to us: no one else can win an election
+        // while this subterm lasts, so our commit index is current without a round trip.
+        let pinned_pair = !self.membership.is_joint()
+            && self.membership.voters.regular.len() == 2
+            && self.witness_pinned();
+        if alone || pinned_pair || self.mutated(Mutation::ReadWithoutConfirmation) {
+            self.read_states
+                .extend(ctxs.into_iter().map(|ctx| ReadState { index, ctx }));
+            return;
+        }
+        let lead = self.leading();
+        lead.read_round += 1;
+        let round = lead.read_round;
+        lead.reads.extend(
+            ctxs.into_iter()
+                .map(|ctx| PendingRead { round, index, ctx }),
+        );
+        self.broadcast_heartbeat(round);
+        if !self.regular_quorum_reachable() {
+            self.maybe_read_witness();
+        }
+    }
+
+    /// Reads the witness's term for the latest read round (one read in flight at most).
+    fn maybe_read_witness(&mut self) {
+        if self.membership.witness().is_none() {
+            return;
+        }
+        let (caller, term, now) = (self.caller(), self.term, self.ticks);
+        let lead = self.leading();
+        if lead.reads.is_empty() || lead.witness_read_inflight.is_some() {
+            return;
+        }
+        lead.witness_read_inflight = Some(now);
+        let round = lead.read_round;
+        self.witness_out.push(WitnessRequest::ReadTerm {
+            caller,
+            term,
+            round,
+        });
+    }
+
+    /// Answers the pending reads whose round a quorum confirmed.
+    fn serve_reads(&mut self) {
+        let Some(lead) = self.lead.as_ref() else {
+            return;
+        };
+        let witness = self.membership.witness();
+        let confirmed = |round: u64| {
+            self.membership.majority(|v| {
+                v == self.cfg.id
+                    || (Some(v) == witness && lead.witness_read_ack >= round)
+                    || lead.progress.get(&v).is_some_and(|p| p.read_ack >= round)
+            })
+        };
+        let served = lead.reads.iter().take_while(|r| confirmed(r.round)).count();
+        let lead = self.leading();
+        let done: Vec<PendingRead> = lead.reads.drain(..served).collect();
+        self.read_states.extend(done.into_iter().map(|r| ReadState {
+            index: r.index,
+            ctx: r.ctx,
+        }));
+    }
+
+    // ---- the witness's answers ----
 
     /// Handles the outcome of a witness step the host ran for this node.
     pub fn step_witness(&mut self, response: WitnessResponse) {
@@ -881,10 +1229,13 @@ impl Raft {
                     self.become_follower(term, NONE);
                     return;
                 }
-                if self.role != Role::Leader || request.term != self.term {
+                if self.role != Role::Leader
+                    || request.term != self.term
+                    || request.caller.witness_id != self.membership.witness().unwrap_or(NONE)
+                {
                     return;
                 }
-                let lead = self.lead.as_mut().expect("leader");
+                let lead = self.leading();
                 lead.witness_inflight = None;
                 if let AppendReply::Ack { index, .. } = reply {
                     lead.witness_match = lead.witness_match.max(index);
@@ -906,18 +1257,99 @@ impl Raft {
                 } else {
                     Role::Candidate
                 };
-                if self.role != expected || request.term != self.vote_term() {
+                let w = request.caller.witness_id;
+                if self.role != expected
+                    || request.term != self.vote_term()
+                    || Some(w) != self.membership.witness()
+                {
                     return;
                 }
-                let w = self.membership.witness.expect("a witness answered");
                 self.votes.entry(w).or_insert(reply.granted);
                 self.poll();
             }
+            WitnessResponse::ReadTerm {
+                term,
+                round,
+                witness_term,
+            } => {
+                if witness_term > self.term {
+                    self.become_follower(witness_term, NONE);
+                    return;
+                }
+                if self.role != Role::Leader || term != self.term {
+                    return;
+                }
+                let lead = self.leading();
+                lead.witness_read_inflight = None;
+                if witness_term == term {
+                    lead.witness_read_ack = lead.witness_read_ack.max(round);
+                }
+                self.serve_reads();
+            }
             WitnessResponse::Failed { request } => {
-                if let (WitnessRequest::Append(_), Some(lead)) = (&request, self.lead.as_mut()) {
-                    lead.witness_inflight = None;
+                if let Some(lead) = self.lead.as_mut() {
+                    match request {
+                        WitnessRequest::Append(_) => lead.witness_inflight = None,
+                        WitnessRequest::ReadTerm { .. } => lead.witness_read_inflight = None,
+                        WitnessRequest::Vote { .. } => {}
+                    }
                 }
             }
+        }
+    }
+
+    // ---- configuration ----
+
+    /// A committed configuration change is applied: it takes effect now.
+    fn apply_conf_change(&mut self, cc: &ConfChange) {
+        // A change that no longer applies (it was checked against the configuration it was
+        // proposed in) is skipped identically on every node.
+        let Ok(next) = self.membership.apply(cc) else {
+            return;
+        };
+        self.membership = next;
+        if self.role != Role::Leader {
+            if !self.promotable() && self.role != Role::Follower {
+                let term = self.term;
+                self.become_follower(term, NONE);
+            }
+            return;
+        }
+        if !self.promotable() {
+            let term = self.term;
+            self.become_follower(term, NONE);
+            return;
+        }
+        let (next_index, now) = (self.last_index() + 1, self.ticks);
+        let replicas: BTreeSet<NodeId> = self
+            .membership
+            .replicas()
+            .into_iter()
+            .filter(|&p| p != self.cfg.id)
+            .collect();
+        let voters = self.membership.voters.regular.clone();
+        let lead = self.leading();
+        lead.progress.retain(|p, _| replicas.contains(p));
+        for p in replicas {
+            lead.progress
+                .entry(p)
+                .or_insert_with(|| Progress::new(next_index, now));
+        }
+        if lead.transfer.is_some_and(|(to, _)| !voters.contains(&to)) {
+            lead.transfer = None;
+        }
+        // "A configuration change resets R to the regular voters and increments the subterm."
+        self.new_subterm(voters);
+    }
+
+    /// A leader in a joint configuration leaves it once the change that entered it is applied.
+    fn maybe_leave_joint(&mut self) {
+        if self.role == Role::Leader
+            && self.membership.is_joint()
+            && self.pending_conf_index <= self.applied
+        {
+            self.pending_conf_index =
+                self.append_entry(EntryData::ConfChange(ConfChange::default()));
         }
     }
 
@@ -926,6 +1358,8 @@ impl Raft {
     pub fn has_ready(&self) -> bool {
         !self.msgs.is_empty()
             || !self.witness_out.is_empty()
+            || !self.read_states.is_empty()
+            || self.pending_snapshot.is_some()
             || self.persisted < self.last_index()
             || self.applied < self.commit
             || self.hard_state() != self.persisted_hs
@@ -945,11 +1379,16 @@ impl Raft {
         self.awaiting_advance = true;
         let hs = self.hard_state();
         Ready {
+            snapshot: self.pending_snapshot.take(),
             hard_state: (hs != self.persisted_hs).then_some(hs),
-            entries: self.log[self.persisted as usize..].to_vec(),
+            entries: self
+                .log
+                .slice(self.persisted + 1, self.last_index())
+                .to_vec(),
             messages: std::mem::take(&mut self.msgs),
             witness_requests: std::mem::take(&mut self.witness_out),
-            committed: self.log[self.applied as usize..self.commit as usize].to_vec(),
+            committed: self.log.slice(self.applied + 1, self.commit).to_vec(),
+            read_states: std::mem::take(&mut self.read_states),
         }
     }
 
@@ -963,12 +1402,16 @@ impl Raft {
         if let Some(last) = ready.entries.last() {
             self.persisted = last.index;
         }
-        if let Some(last) = ready.committed.last() {
-            self.applied = last.index;
-        }
         if self.role == Role::Leader && !ready.entries.is_empty() {
             // The leader's own entries are now persisted: they count.
             self.maybe_commit();
         }
+        for e in &ready.committed {
+            self.applied = e.index;
+            if let EntryData::ConfChange(cc) = &e.data {
+                self.apply_conf_change(cc);
+            }
+        }
+        self.maybe_leave_joint();
     }
 }

@@ -1,7 +1,8 @@
 //! What a leader tracks about each regular follower (flow control and liveness).
 //!
 //! Invariants: `matched < next`; in the probe state at most one Append is outstanding
-//! (`paused`); in the replicate state at most `max_inflight`, whose last indexes are `inflight`.
+//! (`paused`); in the replicate state at most `max_inflight`, whose last indexes are `inflight`;
+//! while a snapshot is outstanding (`snapshot`), nothing else is sent.
 
 use std::collections::VecDeque;
 
@@ -19,6 +20,10 @@ pub struct Progress {
     pub inflight: VecDeque<u64>,
     /// Tick of the last message heard from the follower.
     pub last_heard: u64,
+    /// A snapshot is on its way: (its index, tick sent).
+    pub snapshot: Option<(u64, u64)>,
+    /// The highest ReadIndex round the follower confirmed.
+    pub read_ack: u64,
 }
 
 impl Progress {
@@ -30,6 +35,8 @@ impl Progress {
             paused: false,
             inflight: VecDeque::new(),
             last_heard: now,
+            snapshot: None,
+            read_ack: 0,
         }
     }
 
@@ -39,11 +46,13 @@ impl Progress {
         self.replicate = false;
         self.paused = false;
         self.inflight.clear();
+        self.snapshot = None;
     }
 
     /// A successful response up to `index`. Returns true if `matched` advanced.
     pub fn acknowledge(&mut self, index: u64) -> bool {
         self.paused = false;
+        self.snapshot = None;
         self.inflight.retain(|&i| i > index);
         self.next = self.next.max(index + 1);
         if index > self.matched {
@@ -57,7 +66,9 @@ impl Progress {
 
     /// May an Append be sent now?
     pub fn can_send(&self, max_inflight: usize) -> bool {
-        if self.replicate {
+        if self.snapshot.is_some() {
+            false
+        } else if self.replicate {
             self.inflight.len() < max_inflight
         } else {
             !self.paused

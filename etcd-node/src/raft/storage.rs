@@ -1,16 +1,20 @@
 //! What a node persists, and an in-memory implementation for tests and the simulator.
 //!
-//! Invariants: `append` replaces the persisted suffix from the first appended index on (a
-//! follower's conflicting entries are overwritten, never merged); the hard state is replaced
-//! whole.
+//! A node's durable state is a snapshot (the state machine up to an index, with the
+//! configuration and the (term, subterm) of that index), the log entries after it, and the hard
+//! state. Invariants: entries follow the snapshot's index contiguously; `append` replaces the
+//! persisted suffix from the first appended index on (a follower's conflicting entries are
+//! overwritten, never merged); the hard state is replaced whole.
 
-use super::types::{Entry, EntryData, HardState, Membership, NONE};
+use super::membership::Membership;
+use super::types::{Entry, HardState, NONE, Snapshot, SnapshotMeta};
 
 /// Durable state a node restarts from.
 pub trait Storage {
     fn hard_state(&self) -> HardState;
-    fn membership(&self) -> Membership;
-    /// Every persisted entry, in index order from 1.
+    /// The latest snapshot (index 0 for a node that joins and has received nothing yet).
+    fn snapshot(&self) -> Snapshot;
+    /// Every persisted entry after the snapshot, in index order.
     fn entries(&self) -> Vec<Entry>;
 }
 
@@ -18,23 +22,32 @@ pub trait Storage {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MemStorage {
     hard_state: HardState,
-    membership: Membership,
+    snapshot: Snapshot,
     entries: Vec<Entry>,
 }
 
 impl MemStorage {
-    pub fn new(membership: Membership) -> Self {
+    /// A node that joins an existing cluster: it knows nothing until the leader reaches it.
+    pub fn joining() -> Self {
         MemStorage {
             hard_state: HardState::default(),
-            membership,
+            snapshot: Snapshot {
+                meta: SnapshotMeta {
+                    index: 0,
+                    term: 0,
+                    subterm: 0,
+                    membership: Membership::empty(),
+                },
+                data: Vec::new(),
+            },
             entries: Vec::new(),
         }
     }
 
-    /// A new member of a new cluster: like etcd's bootstrap, every member starts with the same
-    /// committed configuration entry at (term 1, subterm 0, index 1). Without it a fresh witness
-    /// (log position (0, 0), empty R) could never grant a vote, and a one-node-plus-witness
-    /// cluster could never elect.
+    /// A member of a new cluster: every member starts from the same committed snapshot at
+    /// (term 1, subterm 0, index 1) holding the initial configuration, like etcd's bootstrap
+    /// entries. A node that joins later receives it (or a later snapshot) from the leader. Without
+    /// a term-1 position a fresh witness (log position (0, 0)) could not tell candidates apart.
     pub fn bootstrap(membership: Membership) -> Self {
         MemStorage {
             hard_state: HardState {
@@ -42,13 +55,16 @@ impl MemStorage {
                 vote: NONE,
                 commit: 1,
             },
-            membership,
-            entries: vec![Entry {
-                term: 1,
-                subterm: 0,
-                index: 1,
-                data: EntryData::Empty,
-            }],
+            snapshot: Snapshot {
+                meta: SnapshotMeta {
+                    index: 1,
+                    term: 1,
+                    subterm: 0,
+                    membership,
+                },
+                data: Vec::new(),
+            },
+            entries: Vec::new(),
         }
     }
 
@@ -56,16 +72,21 @@ impl MemStorage {
         self.hard_state = hs;
     }
 
+    fn last_index(&self) -> u64 {
+        self.snapshot.meta.index + self.entries.len() as u64
+    }
+
     /// Persists `entries`, dropping any persisted entries from the first one's index on.
     pub fn append(&mut self, entries: &[Entry]) {
         let Some(first) = entries.first() else { return };
+        let offset = self.snapshot.meta.index;
         assert!(
-            first.index >= 1 && first.index <= self.entries.len() as u64 + 1,
-            "append at {} leaves a gap after {}",
+            first.index > offset && first.index <= self.last_index() + 1,
+            "append at {} outside ({offset}, {}]",
             first.index,
-            self.entries.len()
+            self.last_index() + 1
         );
-        self.entries.truncate(first.index as usize - 1);
+        self.entries.truncate((first.index - offset - 1) as usize);
         for (i, e) in entries.iter().enumerate() {
             assert_eq!(
                 e.index,
@@ -75,14 +96,33 @@ impl MemStorage {
         }
         self.entries.extend_from_slice(entries);
     }
+
+    /// Installs a snapshot received from the leader: the log is replaced by it.
+    pub fn install(&mut self, snapshot: Snapshot) {
+        self.entries.clear();
+        self.hard_state.commit = self.hard_state.commit.max(snapshot.meta.index);
+        self.snapshot = snapshot;
+    }
+
+    /// Keeps `snapshot` (of this node's own state machine) and drops the entries it covers.
+    pub fn compact(&mut self, snapshot: Snapshot) {
+        let (old, new) = (self.snapshot.meta.index, snapshot.meta.index);
+        assert!(
+            new >= old && new <= self.last_index(),
+            "compaction to {new} outside [{old}, {}]",
+            self.last_index()
+        );
+        self.entries.drain(..(new - old) as usize);
+        self.snapshot = snapshot;
+    }
 }
 
 impl Storage for MemStorage {
     fn hard_state(&self) -> HardState {
         self.hard_state
     }
-    fn membership(&self) -> Membership {
-        self.membership.clone()
+    fn snapshot(&self) -> Snapshot {
+        self.snapshot.clone()
     }
     fn entries(&self) -> Vec<Entry> {
         self.entries.clone()

@@ -5,9 +5,9 @@
 //! AND subterm in which its leader appended it; the witness never appears as the sender or
 //! receiver of a [`Message`] (it is reached only through [`WitnessRequest`]).
 
-use std::collections::BTreeSet;
+use witness_core::rules::{AppendReply, AppendRequest, Caller, VoteReply, VoteRequest};
 
-use witness_core::rules::{AppendReply, AppendRequest, VoteReply, VoteRequest};
+use super::membership::{ConfChange, Membership};
 
 /// A member id; 0 means none.
 pub type NodeId = u64;
@@ -21,6 +21,8 @@ pub enum EntryData {
     Empty,
     /// An application command.
     Normal(Vec<u8>),
+    /// A configuration change, in effect once applied.
+    ConfChange(ConfChange),
 }
 
 /// A log entry.
@@ -40,56 +42,29 @@ pub struct HardState {
     pub commit: u64,
 }
 
-/// The voters: regular members and at most one witness.
+/// A snapshot's description: the last entry it covers and the configuration at that entry.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Membership {
-    pub regular: BTreeSet<NodeId>,
-    pub witness: Option<NodeId>,
+pub struct SnapshotMeta {
+    pub index: u64,
+    pub term: u64,
+    /// The subterm of the entry at `index` (the log's position survives compaction).
+    pub subterm: u64,
+    pub membership: Membership,
 }
 
-impl Membership {
-    /// A configuration; the error names what is wrong.
-    ///
-    /// A witness needs at least two regular voters: R always holds the leader and has as many
-    /// members as there are regular voters, so beside a single regular voter the witness could
-    /// never enter R, never acknowledge, and the two-voter quorum could never commit.
-    pub fn new(
-        regular: impl IntoIterator<Item = NodeId>,
-        witness: Option<NodeId>,
-    ) -> Result<Self, String> {
-        let regular: BTreeSet<NodeId> = regular.into_iter().collect();
-        if regular.is_empty() {
-            return Err("a configuration needs at least one regular voter".into());
-        }
-        if regular.contains(&NONE) || witness == Some(NONE) {
-            return Err("member id 0 is reserved".into());
-        }
-        if let Some(w) = witness {
-            if regular.contains(&w) {
-                return Err(format!(
-                    "member {w:x} cannot be both a regular voter and the witness"
-                ));
-            }
-            if regular.len() < 2 {
-                return Err("a witness needs at least two regular voters (with one, it could never acknowledge anything); add a regular member or drop the witness".into());
-            }
-        }
-        Ok(Membership { regular, witness })
-    }
+/// A snapshot: the state machine's data at `meta.index`, opaque to Raft.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Snapshot {
+    pub meta: SnapshotMeta,
+    pub data: Vec<u8>,
+}
 
-    /// Number of voters, the witness included.
-    pub fn voters(&self) -> usize {
-        self.regular.len() + usize::from(self.witness.is_some())
-    }
-
-    /// Votes (or acknowledgements) that make a majority of all voters.
-    pub fn quorum(&self) -> usize {
-        self.voters() / 2 + 1
-    }
-
-    pub fn is_voter(&self, id: NodeId) -> bool {
-        self.regular.contains(&id) || self.witness == Some(id)
-    }
+/// A linearizable read may be served once the state machine has applied `index`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReadState {
+    pub index: u64,
+    /// The context the host passed to `read_index`.
+    pub ctx: Vec<u8>,
 }
 
 /// A message between regular nodes.
@@ -118,16 +93,31 @@ pub enum Body {
         index: u64,
         reject: bool,
     },
-    /// Leader -> follower: I am alive; the commit index the follower may use (bounded by its match).
+    /// Leader -> follower: I am alive; the commit index the follower may use (bounded by its
+    /// match); `read`: the ReadIndex round this heartbeat confirms (0: none).
     Heartbeat {
         commit: u64,
+        read: u64,
     },
-    HeartbeatResp,
+    /// Echoes the heartbeat's read round.
+    HeartbeatResp {
+        read: u64,
+    },
+    /// Leader -> follower behind the compacted log: install this snapshot. Answered with
+    /// `AppendResp`.
+    Snapshot {
+        snapshot: Snapshot,
+    },
+    /// Leader -> transfer target: campaign now (leader transfer).
+    TimeoutNow,
     /// Candidate -> voter (for a pre-vote, `term` is the term the candidate would campaign in).
+    /// `transfer`: the campaign was asked for by the leader, so voters need not wait out their
+    /// leader lease.
     Vote {
         pre: bool,
         last_index: u64,
         last_term: u64,
+        transfer: bool,
     },
     VoteResp {
         pre: bool,
@@ -142,6 +132,12 @@ pub enum WitnessRequest {
     Append(AppendRequest),
     /// RequestVote or pre-vote to the witness (candidate one vote short).
     Vote { pre: bool, request: VoteRequest },
+    /// Read the witness's term, so a leader may count it toward ReadIndex round `round`.
+    ReadTerm {
+        caller: Caller,
+        term: u64,
+        round: u64,
+    },
 }
 
 /// The witness's answer, stepped back into the node by the host.
@@ -156,25 +152,38 @@ pub enum WitnessResponse {
         request: VoteRequest,
         reply: VoteReply,
     },
+    ReadTerm {
+        /// The leader's term and read round the request carried.
+        term: u64,
+        round: u64,
+        /// The witness's stored term.
+        witness_term: u64,
+    },
     /// The step failed (storage unavailable, corrupt, another cluster...): nothing is known.
     Failed { request: WitnessRequest },
 }
 
-/// What the host must do, in this order: persist `entries` and `hard_state`; then send
-/// `messages` and run `witness_requests`; then apply `committed`; then call `advance`.
+/// What the host must do, in this order: persist `snapshot`, `entries` and `hard_state`; then
+/// send `messages` and run `witness_requests`; then apply `snapshot` to the state machine, then
+/// `committed`; serve `read_states` once their index is applied; then call `advance`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Ready {
+    /// A snapshot received from the leader: it replaces the log and the state machine.
+    pub snapshot: Option<Snapshot>,
     pub hard_state: Option<HardState>,
     /// Entries to persist, replacing any persisted entries at the same indexes and after.
     pub entries: Vec<Entry>,
     pub messages: Vec<Message>,
     pub witness_requests: Vec<WitnessRequest>,
     pub committed: Vec<Entry>,
+    pub read_states: Vec<ReadState>,
 }
 
 impl Ready {
     pub fn is_empty(&self) -> bool {
-        self.hard_state.is_none()
+        self.snapshot.is_none()
+            && self.read_states.is_empty()
+            && self.hard_state.is_none()
             && self.entries.is_empty()
             && self.messages.is_empty()
             && self.witness_requests.is_empty()

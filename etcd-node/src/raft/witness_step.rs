@@ -49,5 +49,17 @@ pub fn apply_rule(
                 write: out.write,
             }
         }
+        WitnessRequest::ReadTerm {
+            caller,
+            term,
+            round,
+        } => Outcome {
+            reply: WitnessResponse::ReadTerm {
+                term: *term,
+                round: *round,
+                witness_term: rules::read_term(state, *caller, location)?,
+            },
+            write: None,
+        },
     })
 }

@@ -8,8 +8,8 @@ use witness_core::WitnessState;
 
 use super::invariants::{Checker, Violation};
 use crate::raft::{
-    Config, Entry, MemStorage, Membership, Message, NodeId, Raft, Role, WitnessRequest,
-    WitnessResponse, apply_rule,
+    ChangeKind, ConfChange, Config, Entry, MemStorage, Membership, Message, NodeId, Raft, Refused,
+    Role, Storage, WitnessRequest, WitnessResponse, apply_rule,
 };
 
 /// Network fault rates (per message) and delays, in ticks.
@@ -43,6 +43,10 @@ pub struct Stats {
     pub witness_writes: u64,
     pub committed: u64,
     pub crashes: u64,
+    pub snapshots_installed: u64,
+    pub reads_served: u64,
+    pub conf_changes: u64,
+    pub transfers: u64,
 }
 
 #[derive(Debug)]
@@ -75,8 +79,12 @@ pub const CLUSTER_ID: u64 = 0xc1;
 pub struct Cluster {
     rng: StdRng,
     nodes: BTreeMap<NodeId, Node>,
-    membership: Membership,
-    witness: WitnessState,
+    /// One register per witness member ever added (a new witness is a new register, as an
+    /// operator initialises fresh storage for it).
+    witnesses: BTreeMap<NodeId, WitnessState>,
+    /// Highest commit index any node ever reached: a read started later must see it.
+    max_commit: u64,
+    reads: u64,
     now: u64,
     /// (deliver at, sequence, event): delivered in order of time, then sequence.
     queue: BTreeMap<(u64, u64), Event>,
@@ -89,6 +97,8 @@ pub struct Cluster {
     #[cfg(feature = "mutations")]
     pub witness_mutation: Option<crate::raft::Mutation>,
     checker: Checker,
+    /// The config every node starts from (its id and seed set per node).
+    template: Config,
 }
 
 /// Used in `cut` for a node's link to the witness storage.
@@ -112,36 +122,18 @@ impl Cluster {
         seed: u64,
         tune: impl Fn(&mut Config),
     ) -> Cluster {
+        let mut template = Config::new(1);
+        template.cluster_id = CLUSTER_ID;
+        tune(&mut template);
         let membership = Membership::new(1..=regular, witness.then_some(regular + 1))
             .expect("a valid simulated configuration");
-        let mut rng = StdRng::seed_from_u64(seed);
-        let nodes = membership
-            .regular
-            .iter()
-            .map(|&id| {
-                let mut config = Config::new(id);
-                config.cluster_id = CLUSTER_ID;
-                config.seed = rng.random();
-                tune(&mut config);
-                let storage = MemStorage::bootstrap(membership.clone());
-                let raft = Raft::new(config.clone(), &storage).expect("valid simulated config");
-                (
-                    id,
-                    Node {
-                        raft: Some(raft),
-                        storage,
-                        config,
-                    },
-                )
-            })
-            .collect();
-        let witness_state = WitnessState::new(0, "witness", "witness:sim");
-        Cluster {
-            rng,
-            nodes,
-            checker: Checker::new(&membership, &witness_state),
-            membership,
-            witness: witness_state,
+        let mut c = Cluster {
+            rng: StdRng::seed_from_u64(seed),
+            nodes: BTreeMap::new(),
+            witnesses: BTreeMap::new(),
+            max_commit: 0,
+            reads: 0,
+            checker: Checker::new(&MemStorage::bootstrap(membership.clone()).snapshot().meta),
             now: 0,
             queue: BTreeMap::new(),
             seq: 0,
@@ -150,17 +142,50 @@ impl Cluster {
             stats: Stats::default(),
             #[cfg(feature = "mutations")]
             witness_mutation: None,
+            template,
+        };
+        if let Some(w) = membership.voters.witness {
+            c.witnesses
+                .insert(w, WitnessState::new(0, "witness", "witness:sim"));
         }
+        for &id in &membership.voters.regular {
+            c.add_node(id, MemStorage::bootstrap(membership.clone()));
+        }
+        c
     }
 
-    pub fn membership(&self) -> &Membership {
-        &self.membership
+    fn add_node(&mut self, id: NodeId, storage: MemStorage) {
+        let mut config = self.template.clone();
+        config.id = id;
+        config.seed = self.rng.random();
+        let raft = Raft::new(config.clone(), &storage).expect("valid simulated config");
+        self.nodes.insert(
+            id,
+            Node {
+                raft: Some(raft),
+                storage,
+                config,
+            },
+        );
+    }
+
+    /// Every node the simulation runs (members, joiners and removed nodes).
+    pub fn node_ids(&self) -> Vec<NodeId> {
+        self.nodes.keys().copied().collect()
+    }
+    /// The configuration the leader (else the first live node) has in effect.
+    pub fn membership(&self) -> Membership {
+        let live = self.nodes.values().filter_map(|n| n.raft.as_ref());
+        self.leader()
+            .and_then(|l| self.raft(l))
+            .or_else(|| live.clone().next())
+            .map_or_else(Membership::empty, |r| r.membership().clone())
     }
     pub fn rng(&mut self) -> &mut StdRng {
         &mut self.rng
     }
     pub fn raft(&self, id: NodeId) -> Option<&Raft> {
-        self.nodes[&id].raft.as_ref()
+        self.nodes.get(&id)?.raft.as_ref()
     }
     /// Entries applied (known committed) so far, by index.
     pub fn committed(&self) -> &BTreeMap<u64, Entry> {
@@ -181,6 +206,8 @@ impl Cluster {
 
     pub fn crash(&mut self, id: NodeId) {
         if self.nodes.get_mut(&id).expect("node").raft.take().is_some() {
+            self.checker
+                .restarted(id, self.nodes[&id].storage.snapshot().meta.index);
             self.stats.crashes += 1;
         }
     }
@@ -210,13 +237,95 @@ impl Cluster {
         !self.cut.contains(&link(a, b))
     }
 
+    /// Runs `request` on the current leader and processes its Ready.
+    fn on_leader<T>(
+        &mut self,
+        request: impl FnOnce(&mut Raft) -> Result<T, Refused>,
+    ) -> Result<T, Refused> {
+        let leader = self.leader().ok_or(Refused::NotLeader { leader: 0 })?;
+        let raft = self
+            .nodes
+            .get_mut(&leader)
+            .and_then(|n| n.raft.as_mut())
+            .expect("live leader");
+        let out = request(raft)?;
+        self.process(leader);
+        Ok(out)
+    }
+
     /// Proposes on the current leader; returns the index if it took it.
     pub fn propose(&mut self, data: Vec<u8>) -> Option<u64> {
-        let leader = self.leader()?;
-        let raft = self.nodes.get_mut(&leader)?.raft.as_mut()?;
-        let index = raft.propose(data).ok()?;
-        self.process(leader);
-        Some(index)
+        self.on_leader(|r| r.propose(data)).ok()
+    }
+
+    /// Proposes a configuration change on the leader. Nodes it adds are started (with empty
+    /// storage, as etcd's `--initial-cluster-state existing`), a witness it adds gets a fresh
+    /// register.
+    pub fn propose_conf_change(&mut self, cc: ConfChange) -> Result<u64, Refused> {
+        let index = self.on_leader(|r| r.propose_conf_change(cc.clone()))?;
+        self.stats.conf_changes += 1;
+        for change in &cc.changes {
+            match change.kind {
+                ChangeKind::AddVoter | ChangeKind::AddLearner
+                    if !self.nodes.contains_key(&change.node) =>
+                {
+                    self.add_node(change.node, MemStorage::joining());
+                }
+                ChangeKind::AddWitness => {
+                    self.witnesses
+                        .entry(change.node)
+                        .or_insert_with(|| WitnessState::new(0, "witness", "witness:sim"));
+                }
+                _ => {}
+            }
+        }
+        Ok(index)
+    }
+
+    /// Asks the leader to hand leadership to `to`.
+    pub fn transfer_leader(&mut self, to: NodeId) -> Result<(), Refused> {
+        self.on_leader(|r| r.transfer_leader(to))?;
+        self.stats.transfers += 1;
+        Ok(())
+    }
+
+    /// Starts a linearizable read on a node that believes it leads (a deposed leader that has
+    /// not noticed yet included). Once served, its index is checked against every commit index
+    /// reached before it started.
+    pub fn read(&mut self) -> Result<(), Refused> {
+        let leaders: Vec<NodeId> = self
+            .nodes
+            .values()
+            .filter_map(|n| n.raft.as_ref())
+            .filter(|r| r.role() == Role::Leader)
+            .map(|r| r.id())
+            .collect();
+        let Some(&id) = leaders.get(self.rng.random_range(0..leaders.len().max(1))) else {
+            return Err(Refused::NotLeader { leader: 0 });
+        };
+        self.reads += 1;
+        let ctx = self.reads.to_le_bytes().to_vec();
+        self.checker.read_started(self.reads, self.max_commit);
+        let raft = self
+            .nodes
+            .get_mut(&id)
+            .and_then(|n| n.raft.as_mut())
+            .expect("live");
+        raft.read_index(ctx)?;
+        self.process(id);
+        Ok(())
+    }
+
+    /// Node `id` snapshots its state machine and compacts its log.
+    pub fn compact(&mut self, id: NodeId) {
+        let Some(node) = self.nodes.get_mut(&id) else {
+            return;
+        };
+        if let Some(raft) = node.raft.as_mut() {
+            let data = raft.applied().to_le_bytes().to_vec();
+            let snapshot = raft.compact(data);
+            node.storage.compact(snapshot);
+        }
     }
 
     /// Forces `id` to campaign now.
@@ -272,11 +381,23 @@ impl Cluster {
                 return;
             }
             let ready = raft.ready();
+            if let Some(snapshot) = &ready.snapshot {
+                node.storage.install(snapshot.clone());
+            }
             node.storage.append(&ready.entries);
             if let Some(hs) = ready.hard_state {
                 node.storage.set_hard_state(hs);
             }
             raft.advance(&ready);
+            self.max_commit = self.max_commit.max(raft.commit());
+            if let Some(snapshot) = &ready.snapshot {
+                self.stats.snapshots_installed += 1;
+                self.checker.installed(id, &snapshot.meta);
+            }
+            for rs in &ready.read_states {
+                self.stats.reads_served += 1;
+                self.checker.read_served(id, rs);
+            }
             for m in ready.messages {
                 self.stats.messages += 1;
                 let to = m.to;
@@ -295,7 +416,18 @@ impl Cluster {
     /// Executes a witness step on the register: the rule runs on the current state, atomically.
     fn witness_step(&mut self, node: NodeId, request: WitnessRequest) {
         self.stats.witness_steps += 1;
-        let view = self.witness_view(&request);
+        let id = match &request {
+            WitnessRequest::Append(r) => r.caller.witness_id,
+            WitnessRequest::Vote { request: r, .. } => r.caller.witness_id,
+            WitnessRequest::ReadTerm { caller, .. } => caller.witness_id,
+        };
+        let Some(register) = self.witnesses.get(&id) else {
+            // No such witness storage (a request of a configuration without a witness).
+            let response = WitnessResponse::Failed { request };
+            self.schedule(Event::WitnessReply { node, response }, WITNESS_LINK, node);
+            return;
+        };
+        let view = self.witness_view(register, &request);
         let (response, write) = match apply_rule(&view, &request, "sim") {
             Ok(out) => (out.reply, out.write),
             Err(_) => (
@@ -306,21 +438,21 @@ impl Cluster {
             ),
         };
         if let Some(next) = write {
-            let next = self.witness_written(next);
+            let old = &self.witnesses[&id];
+            let next = self.witness_written(old, next);
             self.stats.witness_writes += 1;
-            self.checker
-                .witness_write(&self.witness, &next, node, &request);
-            self.witness = next;
+            self.checker.witness_write(id, old, &next, node, &request);
+            self.witnesses.insert(id, next);
         }
         self.schedule(Event::WitnessReply { node, response }, WITNESS_LINK, node);
     }
 
     /// The state the witness rule sees: the register, or a doctored view under a mutation.
-    fn witness_view(&self, request: &WitnessRequest) -> WitnessState {
+    fn witness_view(&self, register: &WitnessState, request: &WitnessRequest) -> WitnessState {
         #[cfg(feature = "mutations")]
         {
             use crate::raft::Mutation;
-            let mut view = self.witness.clone();
+            let mut view = register.clone();
             match (self.witness_mutation, request) {
                 (Some(Mutation::WitnessVoteWithoutLogRule), WitnessRequest::Vote { .. }) => {
                     (view.last_log_term, view.last_log_subterm) = (0, 0);
@@ -338,16 +470,15 @@ impl Cluster {
         #[cfg(not(feature = "mutations"))]
         {
             let _ = request;
-            self.witness.clone()
+            register.clone()
         }
     }
 
     /// What a step writes: the rule's state, with what a doctored view hid put back.
-    fn witness_written(&self, next: WitnessState) -> WitnessState {
+    fn witness_written(&self, old: &WitnessState, next: WitnessState) -> WitnessState {
         #[cfg(feature = "mutations")]
         {
             use crate::raft::Mutation;
-            let old = &self.witness;
             match self.witness_mutation {
                 Some(Mutation::WitnessVoteWithoutLogRule) if next.last_log_position() == (0, 0) => {
                     WitnessState {
@@ -365,7 +496,10 @@ impl Cluster {
             }
         }
         #[cfg(not(feature = "mutations"))]
-        next
+        {
+            let _ = old;
+            next
+        }
     }
 
     /// One tick: every live node ticks, due events are delivered, invariants are checked.

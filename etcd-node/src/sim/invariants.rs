@@ -1,20 +1,25 @@
 //! The invariants of `shared/design/extended-raft.md`, checked during simulation.
 //!
 //! Checked: election safety (one leader per term); leader completeness (a new leader holds every
-//! entry known committed); log matching (same index and term -> same prefix); state machine
-//! safety (every node applies the same entry at an index); terms never decrease at the witness;
-//! the witness's (last_log_term, last_log_subterm) only grows; at most one witness vote per term;
-//! a witness append carries R with the witness in it and an entry of the leader's own term;
-//! |R| = number of regular voters and the leader is in R; a regular voter enters R only holding
-//! the leader's log up to the new subterm (the catch-up rule, paper §4.4); each subterm starts
-//! with an empty entry.
+//! entry known committed that its log still has, and its snapshot agrees with them); log
+//! matching (same index and term -> same entries down to the later snapshot); state machine
+//! safety (every node applies the same entry at an index, each once and in order, and a
+//! snapshot installs exactly the committed prefix); per witness: its term never decreases, its
+//! (last_log_term, last_log_subterm) only grows, at most one vote per term; a witness append
+//! carries R with the witness and the leader in it and an entry of the leader's own term;
+//! |R| = number of regular voters, R within the voters, the leader in R; a regular voter enters
+//! R only holding the leader's log up to the new subterm (the catch-up rule, paper §4.4) unless
+//! a configuration change reset R; each subterm starts with an empty entry; a linearizable read
+//! is served at an index no lower than any commit index reached before it started.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
 use witness_core::WitnessState;
 
-use crate::raft::{Entry, EntryData, Membership, NodeId, Raft, Role, WitnessRequest};
+use crate::raft::{
+    Entry, EntryData, Membership, NodeId, Raft, ReadState, Role, SnapshotMeta, WitnessRequest,
+};
 
 /// An invariant that did not hold.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -29,33 +34,34 @@ impl fmt::Display for Violation {
     }
 }
 
+/// What the catch-up check remembers of a leader: its last subterm, R and configuration.
+type LeaderView = (u64, BTreeSet<NodeId>, Membership);
+
 /// Everything the checks remember across ticks.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub struct Checker {
-    membership: Membership,
     leaders: BTreeMap<u64, NodeId>,
     committed: BTreeMap<u64, Entry>,
-    witness_votes: BTreeMap<u64, NodeId>,
-    /// The last (subterm, R) seen of each (term, leader).
-    rsets: BTreeMap<(u64, NodeId), (u64, BTreeSet<NodeId>)>,
+    /// Last index each node applied (its state machine's position).
+    applied: BTreeMap<NodeId, u64>,
+    /// (witness, term) -> the vote it cast.
+    witness_votes: BTreeMap<(NodeId, u64), NodeId>,
+    views: BTreeMap<(u64, NodeId), LeaderView>,
+    /// The position every member of the cluster started from: (index, term, subterm).
+    bootstrap: (u64, u64, u64),
+    /// Read context -> the highest commit index reached before the read started.
+    reads: BTreeMap<Vec<u8>, u64>,
     pending: Option<String>,
     ticks_checked: u64,
 }
 
 impl Checker {
-    pub fn new(membership: &Membership, witness: &WitnessState) -> Self {
-        let mut witness_votes = BTreeMap::new();
-        if witness.voted_for != 0 {
-            witness_votes.insert(witness.term, witness.voted_for);
-        }
+    /// Checks for a cluster whose members all start from the snapshot `bootstrap`.
+    pub fn new(bootstrap: &SnapshotMeta) -> Self {
         Checker {
-            membership: membership.clone(),
-            leaders: BTreeMap::new(),
-            committed: BTreeMap::new(),
-            witness_votes,
-            rsets: BTreeMap::new(),
-            pending: None,
-            ticks_checked: 0,
+            bootstrap: (bootstrap.index, bootstrap.term, bootstrap.subterm),
+            applied: BTreeMap::new(),
+            ..Self::default()
         }
     }
 
@@ -67,8 +73,19 @@ impl Checker {
         self.pending.get_or_insert(what);
     }
 
-    /// A node applied `e`: state machine safety and the empty entry at each subterm start.
+    /// A node applied `e`: state machine safety, order, and the empty entry at each subterm start.
     pub fn applied(&mut self, node: NodeId, e: &Entry) {
+        let last = self
+            .applied
+            .insert(node, e.index)
+            .unwrap_or(self.bootstrap.0);
+        if e.index != last + 1 {
+            let what = format!(
+                "apply order: node {node} applied entry {} after {last}",
+                e.index
+            );
+            self.fail(what);
+        }
         match self.committed.get(&e.index) {
             Some(known) if known != e => {
                 let what = format!(
@@ -94,9 +111,49 @@ impl Checker {
         }
     }
 
-    /// The witness register changes from `old` to `new` by `node`'s `request`.
+    /// A node restarts: its state machine is rebuilt from its snapshot at `index`.
+    pub fn restarted(&mut self, node: NodeId, index: u64) {
+        self.applied.insert(node, index);
+    }
+
+    /// A node installed a snapshot from its leader: it must be of the committed prefix.
+    pub fn installed(&mut self, node: NodeId, meta: &SnapshotMeta) {
+        let position = (meta.index, meta.term, meta.subterm);
+        match self.committed.get(&meta.index) {
+            _ if position == self.bootstrap => {}
+            Some(e) if (e.term, e.subterm) == (meta.term, meta.subterm) => {}
+            other => {
+                let what = format!(
+                    "snapshot: node {node} installed a snapshot at {} (term {}, subterm {}), committed there: {other:?}",
+                    meta.index, meta.term, meta.subterm
+                );
+                self.fail(what);
+            }
+        }
+        self.applied.insert(node, meta.index);
+    }
+
+    /// A linearizable read starts after commit index `floor` was reached somewhere.
+    pub fn read_started(&mut self, id: u64, floor: u64) {
+        self.reads.insert(id.to_le_bytes().to_vec(), floor);
+    }
+
+    /// A node answered a read.
+    pub fn read_served(&mut self, node: NodeId, rs: &ReadState) {
+        let floor = self.reads.remove(&rs.ctx).unwrap_or(0);
+        if rs.index < floor {
+            let what = format!(
+                "linearizable read: node {node} served a read at index {} but {floor} was committed before it started",
+                rs.index
+            );
+            self.fail(what);
+        }
+    }
+
+    /// Witness `witness`'s register changes from `old` to `new` by `node`'s `request`.
     pub fn witness_write(
         &mut self,
+        witness: NodeId,
         old: &WitnessState,
         new: &WitnessState,
         node: NodeId,
@@ -104,34 +161,35 @@ impl Checker {
     ) {
         if new.term < old.term {
             self.fail(format!(
-                "witness term went down {} -> {}",
+                "witness {witness} term went down {} -> {}",
                 old.term, new.term
             ));
         }
         if new.last_log_position() < old.last_log_position() {
             self.fail(format!(
-                "witness log position went down {:?} -> {:?}",
+                "witness {witness} log position went down {:?} -> {:?}",
                 old.last_log_position(),
                 new.last_log_position()
             ));
         }
         if new.voted_for != 0 {
-            let first = *self.witness_votes.entry(new.term).or_insert(new.voted_for);
+            let first = *self
+                .witness_votes
+                .entry((witness, new.term))
+                .or_insert(new.voted_for);
             if first != new.voted_for {
                 self.fail(format!(
-                    "witness voted twice in term {}: {first} and {}",
+                    "witness {witness} voted twice in term {}: {first} and {}",
                     new.term, new.voted_for
                 ));
             }
         }
-        if let WitnessRequest::Append(r) = request {
-            let w = self.membership.witness.unwrap_or(0);
-            if !r.replication_set.contains(&w)
+        if let WitnessRequest::Append(r) = request
+            && (!r.replication_set.contains(&witness)
                 || !r.replication_set.contains(&node)
-                || r.entry_term != r.term
-            {
-                self.fail(format!("witness append by {node} outside the rules: {r:?}"));
-            }
+                || r.entry_term != r.term)
+        {
+            self.fail(format!("witness append by {node} outside the rules: {r:?}"));
         }
     }
 
@@ -151,37 +209,10 @@ impl Checker {
             }
             if let Some((subterm, rset)) = r.leader_view() {
                 self.check_catch_up(r, subterm, rset, live);
-                let voters: BTreeSet<NodeId> = self
-                    .membership
-                    .regular
-                    .iter()
-                    .copied()
-                    .chain(self.membership.witness)
-                    .collect();
-                if rset.len() != self.membership.regular.len()
-                    || !rset.contains(&r.id())
-                    || !rset.is_subset(&voters)
-                {
-                    self.fail(format!(
-                        "replication set shape: leader {} has R = {rset:?}",
-                        r.id()
-                    ));
-                }
+                self.check_rset_shape(r, rset);
             }
             if first_seen {
-                let log = r.log();
-                let missing = self
-                    .committed
-                    .values()
-                    .find(|e| log.get(e.index as usize - 1) != Some(e))
-                    .map(|e| e.index);
-                if let Some(i) = missing {
-                    self.fail(format!(
-                        "leader completeness: leader {} of term {} lacks committed entry {i}",
-                        r.id(),
-                        r.term()
-                    ));
-                }
+                self.check_leader_completeness(r);
             }
         }
         if self.ticks_checked.is_multiple_of(64) {
@@ -193,7 +224,42 @@ impl Checker {
         }
     }
 
-    /// A regular voter that joined R in this subterm holds the leader's log before the subterm.
+    fn check_rset_shape(&mut self, r: &Raft, rset: &BTreeSet<NodeId>) {
+        let voters = &r.membership().voters;
+        let within = rset.iter().all(|&v| voters.contains(v));
+        let leader_in = rset.contains(&r.id()) || !voters.regular.contains(&r.id());
+        if rset.len() != voters.regular.len() || !within || !leader_in {
+            self.fail(format!(
+                "replication set shape: leader {} has R = {rset:?} with voters {voters:?}",
+                r.id()
+            ));
+        }
+    }
+
+    fn check_leader_completeness(&mut self, r: &Raft) {
+        let log = r.log();
+        let snap = log.snapshot_index();
+        let missing = self
+            .committed
+            .values()
+            .filter(|e| e.index > snap)
+            .find(|e| log.entry(e.index) != Some(e))
+            .map(|e| e.index);
+        let snapshot_agrees = self
+            .committed
+            .get(&snap)
+            .is_none_or(|e| log.term(snap) == Some(e.term));
+        if missing.is_some() || !snapshot_agrees {
+            self.fail(format!(
+                "leader completeness: leader {} of term {} lacks committed entry {missing:?} (snapshot at {snap} agrees: {snapshot_agrees})",
+                r.id(),
+                r.term()
+            ));
+        }
+    }
+
+    /// A regular voter that joined R in this subterm holds the leader's log before the subterm,
+    /// unless a configuration change reset R.
     fn check_catch_up(
         &mut self,
         leader: &Raft,
@@ -202,35 +268,41 @@ impl Checker {
         live: &[&Raft],
     ) {
         let key = (leader.term(), leader.id());
-        let previous = self.rsets.insert(key, (subterm, rset.clone()));
-        let Some((old_subterm, old)) = previous else {
+        let view = (subterm, rset.clone(), leader.membership().clone());
+        let Some((old_subterm, old, old_membership)) = self.views.insert(key, view) else {
             return;
         };
-        if old_subterm == subterm {
+        if old_subterm == subterm || &old_membership != leader.membership() {
             return;
         }
         let log = leader.log();
         let Some(start) = log
+            .entries()
             .iter()
-            .position(|e| (e.term, e.subterm) == (leader.term(), subterm))
+            .find(|e| (e.term, e.subterm) == (leader.term(), subterm))
+            .map(|e| e.index)
         else {
             return;
         };
         let joined: Vec<NodeId> = rset
             .difference(&old)
             .copied()
-            .filter(|v| self.membership.regular.contains(v))
+            .filter(|&v| leader.membership().is_regular_voter(v))
             .collect();
         for v in joined {
             let Some(node) = live.iter().find(|n| n.id() == v) else {
                 continue;
             };
             let held = node.log();
-            if held.len() < start || held[..start] != log[..start] {
+            let before = start - 1;
+            let lacks = held.last_index() < before
+                || (held.snapshot_index().max(log.snapshot_index()) + 1..=before)
+                    .any(|i| held.entry(i) != log.entry(i));
+            if lacks {
                 let what = format!(
-                    "catch-up rule: node {v} entered R in (term {}, subterm {subterm}) holding {} entries, the leader had {start} before the subterm",
+                    "catch-up rule: node {v} entered R in (term {}, subterm {subterm}) holding up to {}, the leader had {before} before the subterm",
                     leader.term(),
-                    held.len()
+                    held.last_index()
                 );
                 self.fail(what);
             }
@@ -241,15 +313,19 @@ impl Checker {
         for (i, a) in live.iter().enumerate() {
             for b in &live[i + 1..] {
                 let (la, lb) = (a.log(), b.log());
-                let common = la.len().min(lb.len());
-                if let Some(k) = (0..common).rev().find(|&k| la[k].term == lb[k].term)
-                    && la[..=k] != lb[..=k]
-                {
+                let lo = la.snapshot_index().max(lb.snapshot_index()) + 1;
+                let hi = la.last_index().min(lb.last_index());
+                let Some(k) = (lo..=hi)
+                    .rev()
+                    .find(|&k| la.term(k).is_some() && la.term(k) == lb.term(k))
+                else {
+                    continue;
+                };
+                if let Some(j) = (lo..=k).find(|&j| la.entry(j) != lb.entry(j)) {
                     let what = format!(
-                        "log matching: nodes {} and {} agree on the term at {} but not on the entries before",
+                        "log matching: nodes {} and {} agree on the term at {k} but not on entry {j}",
                         a.id(),
                         b.id(),
-                        k + 1
                     );
                     self.fail(what);
                 }

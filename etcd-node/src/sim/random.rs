@@ -1,10 +1,54 @@
-//! Random runs: one seed drives proposals, crashes, restarts, partitions and network faults,
-//! then a liveness phase heals everything and requires a leader to commit a new proposal.
+//! Random runs: one seed drives proposals, linearizable reads, configuration changes (voters,
+//! learners, the witness; single and joint), leader transfers, log compaction, crashes,
+//! restarts, partitions and network faults; then a liveness phase heals everything and requires
+//! a leader to commit a new proposal.
 
 use rand::Rng;
 
 use super::cluster::{Cluster, Faults, Stats};
-use crate::raft::EntryData;
+use crate::raft::{Change, ChangeKind, ConfChange, EntryData, NodeId};
+
+/// Nodes a run may grow to (members, learners, removed nodes).
+const MAX_NODES: usize = 7;
+
+/// A random configuration change for the leader's current configuration (it may be refused:
+/// the refusal is part of what is tested). New members get ids from `next_id`.
+fn random_conf_change(c: &mut Cluster, next_id: &mut NodeId) -> ConfChange {
+    let m = c.membership();
+    let regular: Vec<NodeId> = m.voters.regular.iter().copied().collect();
+    let learners: Vec<NodeId> = m.learners.iter().copied().collect();
+    if regular.is_empty() {
+        return ConfChange::default(); // no live member knows the configuration
+    }
+    let room = c.node_ids().len() < MAX_NODES;
+    let rng = c.rng();
+    let any = |rng: &mut rand::rngs::StdRng, v: &[NodeId]| v[rng.random_range(0..v.len())];
+    let mut fresh = || {
+        *next_id += 1;
+        *next_id
+    };
+    let change = |kind, node| Change { kind, node };
+    let changes = match rng.random_range(0..7) {
+        0 if room => vec![change(ChangeKind::AddVoter, fresh())],
+        1 if room => vec![change(ChangeKind::AddLearner, fresh())],
+        2 if !learners.is_empty() => vec![change(ChangeKind::AddVoter, any(rng, &learners))],
+        3 => vec![change(ChangeKind::Remove, any(rng, &regular))],
+        4 => match m.voters.witness {
+            Some(w) => vec![change(ChangeKind::Remove, w)],
+            None => vec![change(ChangeKind::AddWitness, fresh())],
+        },
+        5 if !learners.is_empty() => vec![change(ChangeKind::Remove, any(rng, &learners))],
+        6 if room => {
+            let gone = any(rng, &regular);
+            vec![
+                change(ChangeKind::AddVoter, fresh()),
+                change(ChangeKind::Remove, gone),
+            ]
+        }
+        _ => Vec::new(),
+    };
+    ConfChange { changes }
+}
 
 /// The shape of a random run.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -15,6 +59,9 @@ pub struct RandomRun {
     pub ticks: u64,
     /// Ticks allowed, after healing, for a leader to commit a new proposal.
     pub liveness_ticks: u64,
+    /// Check-quorum on the nodes. Off, a deposed leader keeps believing it leads until it hears
+    /// a higher term, which makes reads on it a sharper test.
+    pub check_quorum: bool,
     /// A deliberate bug on every node and the witness (tests of the simulator only).
     #[cfg(feature = "mutations")]
     pub mutation: Option<crate::raft::Mutation>,
@@ -28,6 +75,7 @@ impl RandomRun {
             witness,
             ticks: 2000,
             liveness_ticks: 2000,
+            check_quorum: true,
             #[cfg(feature = "mutations")]
             mutation: None,
         }
@@ -36,9 +84,14 @@ impl RandomRun {
     /// The command that replays `seed`.
     pub fn replay_command(&self, seed: u64) -> String {
         let command = format!(
-            "cargo run --release -p etcd-node --bin raft-sim -- --start {seed} --seeds 1 --regular {}{} --ticks {}",
+            "cargo run --release -p etcd-node --bin raft-sim -- --start {seed} --seeds 1 --regular {}{}{} --ticks {}",
             self.regular,
             if self.witness { " --witness" } else { "" },
+            if self.check_quorum {
+                ""
+            } else {
+                " --no-check-quorum"
+            },
             self.ticks
         );
         #[cfg(feature = "mutations")]
@@ -59,25 +112,27 @@ pub fn run_seed(seed: u64, run: &RandomRun) -> Result<Stats, String> {
             run.replay_command(seed)
         )
     };
+    let mut c = Cluster::with_config(run.regular, run.witness, seed, |cfg| {
+        cfg.check_quorum = run.check_quorum;
+        #[cfg(feature = "mutations")]
+        {
+            cfg.mutation = run.mutation;
+        }
+    });
     #[cfg(feature = "mutations")]
-    let mut c = {
-        let mut c = Cluster::with_config(run.regular, run.witness, seed, |cfg| {
-            cfg.mutation = run.mutation
-        });
+    {
         c.witness_mutation = run.mutation;
-        c
-    };
-    #[cfg(not(feature = "mutations"))]
-    let mut c = Cluster::new(run.regular, run.witness, seed);
+    }
     c.faults = Faults {
         drop: 0.05,
         duplicate: 0.02,
         min_delay: 1,
         max_delay: 4,
     };
-    let ids: Vec<u64> = c.membership().regular.iter().copied().collect();
     let mut payload = 0u64;
+    let mut next_id: NodeId = 10;
     for _ in 0..run.ticks {
+        let ids = c.node_ids();
         let roll: f64 = c.rng().random();
         let pick = ids[c.rng().random_range(0..ids.len())];
         let other = ids[c.rng().random_range(0..ids.len())];
@@ -91,6 +146,17 @@ pub fn run_seed(seed: u64, run: &RandomRun) -> Result<Stats, String> {
             r if r < 0.334 && pick != other => c.partition(pick, other),
             r if r < 0.337 => c.cut_witness(pick),
             r if r < 0.347 => c.heal(),
+            r if r < 0.40 => {
+                let _ = c.read();
+            }
+            r if r < 0.41 => c.compact(pick),
+            r if r < 0.413 => {
+                let cc = random_conf_change(&mut c, &mut next_id);
+                let _ = c.propose_conf_change(cc);
+            }
+            r if r < 0.414 => {
+                let _ = c.transfer_leader(pick);
+            }
             _ => {}
         }
         c.tick().map_err(|v| fail(v.to_string()))?;
@@ -98,7 +164,7 @@ pub fn run_seed(seed: u64, run: &RandomRun) -> Result<Stats, String> {
     // Liveness: heal, restart, stop faults; a leader must commit a new proposal.
     c.heal();
     c.faults = Faults::none();
-    for &id in &ids {
+    for id in c.node_ids() {
         c.restart(id);
     }
     let marker = EntryData::Normal(b"liveness".to_vec());
@@ -111,11 +177,8 @@ pub fn run_seed(seed: u64, run: &RandomRun) -> Result<Stats, String> {
         let leader = c.leader();
         let pending = proposed.is_some_and(|(l, i)| {
             Some(l) == leader
-                && c.raft(l).is_some_and(|r| {
-                    r.log()
-                        .get(i as usize - 1)
-                        .is_some_and(|e| e.data == marker)
-                })
+                && c.raft(l)
+                    .is_some_and(|r| r.log().entry(i).is_some_and(|e| e.data == marker))
         });
         if !pending && let (Some(l), EntryData::Normal(data)) = (leader, &marker) {
             proposed = c.propose(data.clone()).map(|i| (l, i));
