@@ -16,6 +16,7 @@
 //! # });
 //! ```
 
+pub mod config;
 pub mod raft;
 pub mod sim;
 pub mod witness;

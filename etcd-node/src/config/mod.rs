@@ -1,0 +1,581 @@
+//! etcd-compatible configuration: etcd's flag names and defaults, the matching `ETCD_*`
+//! environment variables, and `--config-file` (YAML with etcd's keys; when given, flags and
+//! environment variables are ignored, as etcd does). [`ServerConfig::from_args`] parses and
+//! validates; every error names the flag (or key) and the fix.
+//!
+//! A member of `--initial-cluster` whose peer URL has the `witness:` scheme is the witness: at
+//! most one, never this node, never in a `--listen-*` flag, and only beside at least two regular
+//! members.
+
+mod ids;
+
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Parser;
+use serde::Deserialize;
+use witness_core::WitnessUrl;
+
+pub use ids::{cluster_id, member_id};
+
+/// etcd's flags (the subset etcd-node understands), with etcd's defaults.
+#[derive(Parser, Debug, Clone, Deserialize)]
+#[command(
+    name = "etcd-node",
+    version,
+    about = "An etcd-compatible node whose Raft is extended with a witness on shared storage"
+)]
+#[serde(rename_all = "kebab-case", default, deny_unknown_fields)]
+pub struct Flags {
+    /// Human-readable name for this member.
+    #[arg(long, env = "ETCD_NAME", default_value = "default")]
+    pub name: String,
+    /// Path to the data directory [default: <name>.etcd].
+    #[arg(long, env = "ETCD_DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// URLs to listen on for client traffic.
+    #[arg(
+        long,
+        env = "ETCD_LISTEN_CLIENT_URLS",
+        default_value = "http://localhost:2379"
+    )]
+    pub listen_client_urls: String,
+    /// This member's client URLs to advertise to the rest of the cluster.
+    #[arg(
+        long,
+        env = "ETCD_ADVERTISE_CLIENT_URLS",
+        default_value = "http://localhost:2379"
+    )]
+    pub advertise_client_urls: String,
+    /// URLs to listen on for peer traffic.
+    #[arg(
+        long,
+        env = "ETCD_LISTEN_PEER_URLS",
+        default_value = "http://localhost:2380"
+    )]
+    pub listen_peer_urls: String,
+    /// This member's peer URLs to advertise to the rest of the cluster.
+    #[arg(
+        long,
+        env = "ETCD_INITIAL_ADVERTISE_PEER_URLS",
+        default_value = "http://localhost:2380"
+    )]
+    pub initial_advertise_peer_urls: String,
+    /// Initial cluster configuration for bootstrapping: name=peer-url,... A `witness:` peer URL
+    /// makes that member the witness [default: <name>=<initial-advertise-peer-urls>].
+    #[arg(long, env = "ETCD_INITIAL_CLUSTER")]
+    pub initial_cluster: Option<String>,
+    /// Initial cluster state: new or existing.
+    #[arg(long, env = "ETCD_INITIAL_CLUSTER_STATE", default_value = "new")]
+    pub initial_cluster_state: String,
+    /// Initial cluster token, which makes member and cluster ids unique per cluster.
+    #[arg(
+        long,
+        env = "ETCD_INITIAL_CLUSTER_TOKEN",
+        default_value = "etcd-cluster"
+    )]
+    pub initial_cluster_token: String,
+    /// Time (in milliseconds) of a heartbeat interval.
+    #[arg(long, env = "ETCD_HEARTBEAT_INTERVAL", default_value_t = 100)]
+    pub heartbeat_interval: u64,
+    /// Time (in milliseconds) for an election to time out.
+    #[arg(long, env = "ETCD_ELECTION_TIMEOUT", default_value_t = 1000)]
+    pub election_timeout: u64,
+    /// Number of committed transactions to trigger a snapshot to disk.
+    #[arg(long, env = "ETCD_SNAPSHOT_COUNT", default_value_t = 100_000)]
+    pub snapshot_count: u64,
+    /// Raise an alarm when the backend size exceeds this many bytes (0: the 2 GiB default).
+    #[arg(long, env = "ETCD_QUOTA_BACKEND_BYTES", default_value_t = 0)]
+    pub quota_backend_bytes: u64,
+    /// Log level: debug, info, warn or error.
+    #[arg(long, env = "ETCD_LOG_LEVEL", default_value = "info")]
+    pub log_level: String,
+    /// Additional URLs to serve /metrics and /health on.
+    #[arg(long, env = "ETCD_LISTEN_METRICS_URLS", default_value = "")]
+    pub listen_metrics_urls: String,
+    /// Read the configuration from this YAML file (etcd's keys); flags and environment
+    /// variables are then ignored.
+    #[arg(long, env = "ETCD_CONFIG_FILE")]
+    #[serde(skip)]
+    pub config_file: Option<PathBuf>,
+}
+
+impl Default for Flags {
+    fn default() -> Self {
+        Flags::parse_from(["etcd-node"])
+    }
+}
+
+/// A `http://host:port` URL as given, with the address it names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HttpUrl {
+    /// The URL as written (what member ids hash, as etcd's do).
+    pub text: String,
+    pub host: String,
+    pub port: u16,
+}
+
+impl HttpUrl {
+    fn parse(flag: &str, s: &str) -> Result<Self, String> {
+        let bad = |why: &str| format!("--{flag}: {s:?} {why}");
+        let parsed = url::Url::parse(s)
+            .map_err(|e| bad(&format!("is not a URL ({e}); write http://host:port")))?;
+        match parsed.scheme() {
+            "http" => {}
+            "https" | "unixs" => {
+                return Err(bad(
+                    "uses TLS, which etcd-node does not support yet; use http://",
+                ));
+            }
+            _ => return Err(bad("must be an http://host:port URL")),
+        }
+        let host = parsed
+            .host_str()
+            .ok_or_else(|| bad("has no host; write http://host:port"))?
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .to_string();
+        let port = parsed
+            .port()
+            .ok_or_else(|| bad("has no port; write http://host:port"))?;
+        if !matches!(parsed.path(), "" | "/") || parsed.query().is_some() {
+            return Err(bad("must not have a path or query; write http://host:port"));
+        }
+        Ok(HttpUrl {
+            text: s.to_string(),
+            host,
+            port,
+        })
+    }
+
+    /// The socket addresses to bind or dial.
+    pub fn socket_addrs(&self) -> Result<Vec<SocketAddr>, String> {
+        (self.host.as_str(), self.port)
+            .to_socket_addrs()
+            .map(Iterator::collect)
+            .map_err(|e| format!("cannot resolve {}: {e}", self.text))
+    }
+}
+
+/// A member's peer address: HTTP URLs for a regular member, a witness URL for the witness.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PeerUrls {
+    Regular(Vec<HttpUrl>),
+    Witness(WitnessUrl),
+}
+
+/// A member of `--initial-cluster`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InitialMember {
+    pub name: String,
+    pub id: u64,
+    pub peer: PeerUrls,
+    /// The peer URL strings as written (what the id hashes).
+    pub peer_texts: Vec<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClusterState {
+    New,
+    Existing,
+}
+
+/// A validated server configuration.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    pub name: String,
+    pub member_id: u64,
+    pub cluster_id: u64,
+    pub data_dir: PathBuf,
+    pub listen_client_urls: Vec<HttpUrl>,
+    pub advertise_client_urls: Vec<HttpUrl>,
+    pub listen_peer_urls: Vec<HttpUrl>,
+    pub initial_advertise_peer_urls: Vec<HttpUrl>,
+    pub initial_cluster: Vec<InitialMember>,
+    pub initial_cluster_state: ClusterState,
+    pub initial_cluster_token: String,
+    pub heartbeat_interval: Duration,
+    pub election_timeout: Duration,
+    pub snapshot_count: u64,
+    pub quota_backend_bytes: u64,
+    pub log_level: String,
+    pub listen_metrics_urls: Vec<HttpUrl>,
+}
+
+/// etcd's default backend quota.
+pub const DEFAULT_QUOTA_BYTES: u64 = 2 * 1024 * 1024 * 1024;
+
+fn url_list(flag: &str, s: &str) -> Result<Vec<HttpUrl>, String> {
+    let urls: Vec<HttpUrl> = s
+        .split(',')
+        .map(str::trim)
+        .filter(|u| !u.is_empty())
+        .map(|u| {
+            if WitnessUrl::is_witness(u) {
+                Err(format!(
+                    "--{flag}: {u:?} is a witness URL; a witness is storage, not a listener: name it only in --initial-cluster"
+                ))
+            } else {
+                HttpUrl::parse(flag, u)
+            }
+        })
+        .collect::<Result<_, _>>()?;
+    Ok(urls)
+}
+
+fn parse_initial_cluster(s: &str, token: &str) -> Result<Vec<InitialMember>, String> {
+    let mut members: Vec<InitialMember> = Vec::new();
+    for item in s.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+        let (name, url) = item.split_once('=').ok_or_else(|| {
+            format!("--initial-cluster: {item:?} is not name=url; write e.g. infra0=http://10.0.1.10:2380")
+        })?;
+        let (name, url) = (name.trim(), url.trim());
+        if name.is_empty() {
+            return Err(format!(
+                "--initial-cluster: {item:?} has an empty member name"
+            ));
+        }
+        let peer = if WitnessUrl::is_witness(url) {
+            let w = WitnessUrl::parse(url)
+                .map_err(|e| format!("--initial-cluster: member {name:?}: {e}"))?;
+            PeerUrls::Witness(w)
+        } else {
+            PeerUrls::Regular(vec![HttpUrl::parse("initial-cluster", url)?])
+        };
+        match (members.iter_mut().find(|m| m.name == name), peer) {
+            (Some(m), PeerUrls::Regular(mut new)) if matches!(m.peer, PeerUrls::Regular(_)) => {
+                if let PeerUrls::Regular(urls) = &mut m.peer {
+                    urls.append(&mut new);
+                }
+                m.peer_texts.push(url.to_string());
+            }
+            (Some(_), _) => {
+                return Err(format!(
+                    "--initial-cluster: member {name:?} has a witness URL and another URL; a witness has exactly one URL"
+                ));
+            }
+            (None, peer) => members.push(InitialMember {
+                name: name.to_string(),
+                id: 0,
+                peer,
+                peer_texts: vec![url.to_string()],
+            }),
+        }
+    }
+    for m in &mut members {
+        m.id = member_id(&m.peer_texts, token);
+    }
+    Ok(members)
+}
+
+impl ServerConfig {
+    /// Parses the command line (and environment, or the config file) and validates it.
+    pub fn from_args(args: impl IntoIterator<Item = String>) -> Result<Self, String> {
+        let flags = Flags::try_parse_from(args).map_err(|e| e.to_string())?;
+        match &flags.config_file {
+            Some(path) => Self::from_file(path),
+            None => Self::validate(flags),
+        }
+    }
+
+    /// Reads a YAML config file with etcd's keys.
+    pub fn from_file(path: &std::path::Path) -> Result<Self, String> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("--config-file {}: {e}", path.display()))?;
+        let flags: Flags = serde_norway::from_str(&text)
+            .map_err(|e| format!("--config-file {}: {e}", path.display()))?;
+        Self::validate(flags)
+    }
+
+    /// Checks a set of flags; the error names the flag and the fix.
+    pub fn validate(f: Flags) -> Result<Self, String> {
+        if f.name.trim().is_empty() {
+            return Err("--name must not be empty".into());
+        }
+        let initial_cluster_state = match f.initial_cluster_state.as_str() {
+            "new" => ClusterState::New,
+            "existing" => ClusterState::Existing,
+            other => {
+                return Err(format!(
+                    "--initial-cluster-state: {other:?} is neither \"new\" nor \"existing\""
+                ));
+            }
+        };
+        if !matches!(f.log_level.as_str(), "debug" | "info" | "warn" | "error") {
+            return Err(format!(
+                "--log-level: {:?} is not one of debug, info, warn, error",
+                f.log_level
+            ));
+        }
+        if f.heartbeat_interval == 0 {
+            return Err("--heartbeat-interval must be at least 1 (milliseconds)".into());
+        }
+        if f.election_timeout < 5 * f.heartbeat_interval {
+            return Err(format!(
+                "--election-timeout ({} ms) must be at least 5 times --heartbeat-interval ({} ms)",
+                f.election_timeout, f.heartbeat_interval
+            ));
+        }
+        if f.snapshot_count == 0 {
+            return Err("--snapshot-count must be at least 1".into());
+        }
+        let listen_client_urls = url_list("listen-client-urls", &f.listen_client_urls)?;
+        let advertise_client_urls = url_list("advertise-client-urls", &f.advertise_client_urls)?;
+        let listen_peer_urls = url_list("listen-peer-urls", &f.listen_peer_urls)?;
+        let initial_advertise_peer_urls = url_list(
+            "initial-advertise-peer-urls",
+            &f.initial_advertise_peer_urls,
+        )?;
+        let listen_metrics_urls = url_list("listen-metrics-urls", &f.listen_metrics_urls)?;
+        for (flag, urls) in [
+            ("listen-client-urls", &listen_client_urls),
+            ("listen-peer-urls", &listen_peer_urls),
+            ("initial-advertise-peer-urls", &initial_advertise_peer_urls),
+        ] {
+            if urls.is_empty() {
+                return Err(format!("--{flag} needs at least one http://host:port URL"));
+            }
+        }
+        let initial = f.initial_cluster.clone().unwrap_or_else(|| {
+            initial_advertise_peer_urls
+                .iter()
+                .map(|u| format!("{}={}", f.name, u.text))
+                .collect::<Vec<_>>()
+                .join(",")
+        });
+        let members = parse_initial_cluster(&initial, &f.initial_cluster_token)?;
+        let me = members.iter().find(|m| m.name == f.name).ok_or_else(|| {
+            format!(
+                "--initial-cluster has no member named {:?} (--name); add {}=<its peer URL>",
+                f.name, f.name
+            )
+        })?;
+        let PeerUrls::Regular(my_urls) = &me.peer else {
+            return Err(format!(
+                "--name {:?} is the witness in --initial-cluster; the witness runs inside the regular members, not as a process: give this node a regular member's name",
+                f.name
+            ));
+        };
+        let mut mine: Vec<&str> = my_urls.iter().map(|u| u.text.as_str()).collect();
+        let mut advertised: Vec<&str> = initial_advertise_peer_urls
+            .iter()
+            .map(|u| u.text.as_str())
+            .collect();
+        mine.sort_unstable();
+        advertised.sort_unstable();
+        if mine != advertised {
+            return Err(format!(
+                "--initial-cluster has {:?}={mine:?} but --initial-advertise-peer-urls is {advertised:?}; they must match",
+                f.name
+            ));
+        }
+        let witnesses: Vec<&InitialMember> = members
+            .iter()
+            .filter(|m| matches!(m.peer, PeerUrls::Witness(_)))
+            .collect();
+        let regular = members.len() - witnesses.len();
+        if witnesses.len() > 1 {
+            return Err(format!(
+                "--initial-cluster names {} witnesses ({}); a cluster has at most one",
+                witnesses.len(),
+                witnesses
+                    .iter()
+                    .map(|w| w.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+        }
+        if !witnesses.is_empty() && regular < 2 {
+            return Err("--initial-cluster: a witness needs at least two regular members beside it (with one, it could never acknowledge anything)".into());
+        }
+        let mut ids: Vec<u64> = members.iter().map(|m| m.id).collect();
+        ids.sort_unstable();
+        if ids.windows(2).any(|w| w[0] == w[1]) {
+            return Err("--initial-cluster: two members have the same peer URLs".into());
+        }
+        Ok(ServerConfig {
+            member_id: me.id,
+            cluster_id: cluster_id(&ids),
+            data_dir: f
+                .data_dir
+                .clone()
+                .unwrap_or_else(|| PathBuf::from(format!("{}.etcd", f.name))),
+            name: f.name,
+            listen_client_urls,
+            advertise_client_urls,
+            listen_peer_urls,
+            initial_advertise_peer_urls,
+            initial_cluster: members,
+            initial_cluster_state,
+            initial_cluster_token: f.initial_cluster_token,
+            heartbeat_interval: Duration::from_millis(f.heartbeat_interval),
+            election_timeout: Duration::from_millis(f.election_timeout),
+            snapshot_count: f.snapshot_count,
+            quota_backend_bytes: if f.quota_backend_bytes == 0 {
+                DEFAULT_QUOTA_BYTES
+            } else {
+                f.quota_backend_bytes
+            },
+            log_level: f.log_level,
+            listen_metrics_urls,
+        })
+    }
+
+    /// The witness member, if the cluster has one.
+    pub fn witness(&self) -> Option<(&InitialMember, &WitnessUrl)> {
+        self.initial_cluster.iter().find_map(|m| match &m.peer {
+            PeerUrls::Witness(w) => Some((m, w)),
+            PeerUrls::Regular(_) => None,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<ServerConfig, String> {
+        ServerConfig::from_args(
+            std::iter::once("etcd-node")
+                .chain(args.iter().copied())
+                .map(String::from),
+        )
+    }
+
+    const SEED: &[&str] = &[
+        "--name",
+        "infra0",
+        "--initial-advertise-peer-urls",
+        "http://10.0.1.10:2380",
+        "--listen-peer-urls",
+        "http://10.0.1.10:2380",
+        "--listen-client-urls",
+        "http://10.0.1.10:2379,http://127.0.0.1:2379",
+        "--advertise-client-urls",
+        "http://10.0.1.10:2379",
+        "--initial-cluster-token",
+        "etcd-cluster-1",
+        "--initial-cluster",
+        "infra0=http://10.0.1.10:2380,infra1=http://10.0.1.11:2380,infra2=witness:mount?path=%2Fvar%2Fwitness",
+        "--initial-cluster-state",
+        "new",
+    ];
+
+    #[test]
+    fn the_seed_command_parses_with_a_witness_member() {
+        let c = parse(SEED).unwrap();
+        assert_eq!(c.name, "infra0");
+        assert_eq!(c.data_dir, PathBuf::from("infra0.etcd"));
+        assert_eq!(c.listen_client_urls.len(), 2);
+        assert_eq!(c.initial_cluster.len(), 3);
+        let (w, url) = c.witness().expect("a witness");
+        assert_eq!(w.name, "infra2");
+        assert_eq!(url.kind(), "mount");
+        assert_eq!(
+            w.id,
+            member_id(
+                &["witness:mount?path=%2Fvar%2Fwitness".into()],
+                "etcd-cluster-1"
+            )
+        );
+        assert_eq!(c.initial_cluster_state, ClusterState::New);
+    }
+
+    #[test]
+    fn no_flags_is_etcds_single_member_on_localhost() {
+        let c = parse(&[]).unwrap();
+        assert_eq!(c.name, "default");
+        assert_eq!(c.data_dir, PathBuf::from("default.etcd"));
+        assert_eq!(c.listen_client_urls[0].text, "http://localhost:2379");
+        assert_eq!(c.initial_cluster.len(), 1);
+        assert_eq!(format!("{:x}", c.member_id), "8e9e05c52164694d");
+        assert!(c.witness().is_none());
+    }
+
+    fn with(replace: &str, value: &str) -> Vec<String> {
+        let mut args: Vec<String> = SEED.iter().map(|s| s.to_string()).collect();
+        match args.iter().position(|a| a == replace) {
+            Some(i) => args[i + 1] = value.to_string(),
+            None => args.extend([replace.to_string(), value.to_string()]),
+        }
+        args
+    }
+
+    fn err(args: Vec<String>) -> String {
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        parse(&refs).unwrap_err()
+    }
+
+    #[test]
+    fn bad_combinations_name_the_flag() {
+        let cases = [
+            (
+                "--initial-cluster",
+                "infra0=http://10.0.1.10:2380,w1=witness:mount?path=%2Fa,w2=witness:mount?path=%2Fb,infra1=http://10.0.1.11:2380",
+                "at most one",
+            ),
+            (
+                "--initial-cluster",
+                "infra0=http://10.0.1.10:2380,infra2=witness:mount?path=%2Fvar%2Fw",
+                "at least two regular",
+            ),
+            (
+                "--initial-cluster",
+                "infra1=http://10.0.1.11:2380,infra0=witness:mount?path=%2Fw,infra3=http://10.0.1.12:2380",
+                "is the witness",
+            ),
+            (
+                "--initial-cluster",
+                "infra1=http://10.0.1.11:2380",
+                "no member named \"infra0\"",
+            ),
+            (
+                "--initial-cluster",
+                "infra0=http://10.0.1.10:2380,infra2=witness:nfs?path=x,infra1=http://10.0.1.11:2380",
+                "--initial-cluster: member \"infra2\"",
+            ),
+            ("--initial-cluster", "infra0", "not name=url"),
+            (
+                "--listen-peer-urls",
+                "witness:mount?path=%2Fvar%2Fwitness",
+                "--listen-peer-urls",
+            ),
+            ("--listen-client-urls", "https://10.0.1.10:2379", "TLS"),
+            ("--listen-client-urls", "http://10.0.1.10", "no port"),
+            (
+                "--initial-advertise-peer-urls",
+                "http://10.0.1.99:2380",
+                "must match",
+            ),
+            ("--initial-cluster-state", "old", "--initial-cluster-state"),
+            ("--election-timeout", "200", "--election-timeout"),
+        ];
+        for (flag, value, expect) in cases {
+            let e = err(with(flag, value));
+            assert!(e.contains(expect), "{flag} {value}: {e}");
+        }
+    }
+
+    #[test]
+    fn config_file_uses_etcds_keys() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("etcd.yaml");
+        std::fs::write(
+            &path,
+            "name: infra1\ninitial-advertise-peer-urls: http://10.0.1.11:2380\nlisten-peer-urls: http://10.0.1.11:2380\ninitial-cluster: infra0=http://10.0.1.10:2380,infra1=http://10.0.1.11:2380,infra2=witness:mount?path=%2Fvar%2Fwitness\ninitial-cluster-token: etcd-cluster-1\nheartbeat-interval: 50\nelection-timeout: 500\n",
+        )
+        .unwrap();
+        let c = parse(&["--config-file", path.to_str().unwrap(), "--name", "ignored"]).unwrap();
+        assert_eq!(c.name, "infra1");
+        assert_eq!(c.heartbeat_interval, Duration::from_millis(50));
+        let seed = parse(SEED).unwrap();
+        assert_eq!(
+            c.cluster_id, seed.cluster_id,
+            "same members and token, same cluster id"
+        );
+        std::fs::write(&path, "name: x\nlisten-client-urlz: http://a:1\n").unwrap();
+        let e = parse(&["--config-file", path.to_str().unwrap()]).unwrap_err();
+        assert!(e.contains("listen-client-urlz"), "{e}");
+    }
+}
