@@ -17,6 +17,8 @@
 //! ```
 
 pub mod config;
+pub mod failpoint;
 pub mod raft;
 pub mod sim;
+pub mod storage;
 pub mod witness;

@@ -1,0 +1,547 @@
+//! The write-ahead log: segmented, preallocated files of CRC-checked records, one fsync per
+//! batch (group commit).
+//!
+//! Layout: `wal/<seq:016x>-<first index:016x>.wal`, each preallocated to the segment size
+//! (zeros). A record is `length u32 LE | crc32c u32 LE | kind u8 | payload`, padded with zeros
+//! to a multiple of 8; `length` counts kind and payload; the CRC covers them. A zero length
+//! marks the end of the written part.
+//!
+//! Recovery rules:
+//! - in the last segment, a record that is cut short or fails its CRC, with no valid record
+//!   after it, is a torn write from a crash: it and everything after it is zeroed (the batch it
+//!   belonged to was never acknowledged, since acknowledgement follows the fsync);
+//! - a bad record with a valid record after it, or in any segment but the last, is corruption:
+//!   recovery stops with an error naming the file and offset (never skipped silently);
+//! - entries replace any earlier entries at the same index and after (a follower's overwritten
+//!   suffix); hard states replace each other; a snapshot marker drops the entries it covers.
+//!
+//! Invariants: a batch is acknowledged (the call returns) only after its bytes are fsynced; a
+//! new segment is fully preallocated, fsynced and renamed into place (directory fsynced) before
+//! it is written; every segment starts with the snapshot marker and hard state current when it
+//! was opened, so removing older segments ([`Wal::release_to`]) never loses the hard state; a
+//! segment named with first index F holds no entry below F written after it was opened.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+
+use super::codec::{PbEntry, PbHardState, decode, encode};
+use crate::failpoint;
+use crate::raft::{Entry, HardState};
+
+/// Default segment size (etcd uses 64 MiB too).
+pub const SEGMENT_BYTES: u64 = 64 * 1024 * 1024;
+
+const KIND_ENTRY: u8 = 1;
+const KIND_HARD_STATE: u8 = 2;
+/// A snapshot was persisted at (index, term): entries up to index are no longer needed.
+const KIND_SNAPSHOT: u8 = 3;
+const HEADER: usize = 8;
+
+/// What is wrong with the WAL.
+#[derive(Debug, thiserror::Error)]
+pub enum WalError {
+    #[error("WAL I/O on {path}: {source}")]
+    Io { path: PathBuf, source: io::Error },
+    #[error(
+        "WAL corrupt: {path} at offset {offset}: {what}; the log after it cannot be trusted. Restore this member from a snapshot or remove it and add it back (etcdctl member remove/add)"
+    )]
+    Corrupt {
+        path: PathBuf,
+        offset: u64,
+        what: String,
+    },
+}
+
+fn io_err(path: &Path) -> impl FnOnce(io::Error) -> WalError + '_ {
+    move |source| WalError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// What recovery found.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Recovered {
+    pub hard_state: HardState,
+    /// The last snapshot marker: (index, term).
+    pub snapshot: (u64, u64),
+    /// Entries after the snapshot marker, contiguous.
+    pub entries: Vec<Entry>,
+    /// Bytes of a torn tail that were zeroed.
+    pub torn_bytes: u64,
+}
+
+/// An open WAL, positioned after the last valid record.
+#[derive(Debug)]
+pub struct Wal {
+    dir: PathBuf,
+    segment_bytes: u64,
+    file: File,
+    path: PathBuf,
+    offset: u64,
+    seq: u64,
+    /// (seq, first index, path) of every segment, oldest first.
+    segments: Vec<(u64, u64, PathBuf)>,
+    /// The latest hard state and snapshot marker written, repeated at each segment's start.
+    hard_state: HardState,
+    snapshot: (u64, u64),
+    /// Index after the last entry written.
+    next_index: u64,
+}
+
+fn segment_name(seq: u64, first_index: u64) -> String {
+    format!("{seq:016x}-{first_index:016x}.wal")
+}
+
+fn parse_segment_name(name: &str) -> Option<(u64, u64)> {
+    let stem = name.strip_suffix(".wal")?;
+    let (a, b) = stem.split_once('-')?;
+    Some((
+        u64::from_str_radix(a, 16).ok()?,
+        u64::from_str_radix(b, 16).ok()?,
+    ))
+}
+
+fn pad(len: usize) -> usize {
+    (HEADER + len).div_ceil(8) * 8
+}
+
+fn frame(buf: &mut Vec<u8>, kind: u8, payload: &[u8]) {
+    let len = payload.len() + 1;
+    let mut body = Vec::with_capacity(len);
+    body.push(kind);
+    body.extend_from_slice(payload);
+    buf.extend_from_slice(&(len as u32).to_le_bytes());
+    buf.extend_from_slice(&crc32c::crc32c(&body).to_le_bytes());
+    buf.extend_from_slice(&body);
+    buf.resize(buf.len() + pad(len) - HEADER - len, 0);
+}
+
+/// A valid record: its kind, payload, and the offset of the next record.
+type Record<'a> = (u8, &'a [u8], usize);
+
+/// The record at an offset: Ok(Some(record)), Ok(None) at the end, Err(why) when the bytes
+/// there are not a valid record.
+fn read_record(data: &[u8], at: usize) -> Result<Option<Record<'_>>, String> {
+    if at + HEADER > data.len() {
+        return Ok(None);
+    }
+    let len = u32::from_le_bytes(data[at..at + 4].try_into().expect("4 bytes")) as usize;
+    let crc = u32::from_le_bytes(data[at + 4..at + 8].try_into().expect("4 bytes"));
+    if len == 0 {
+        return if crc == 0 {
+            Ok(None)
+        } else {
+            Err("zero length with a checksum".into())
+        };
+    }
+    let end = at + pad(len);
+    if at + HEADER + len > data.len() || end > data.len() {
+        return Err(format!(
+            "record of {len} bytes runs past the end of the file"
+        ));
+    }
+    let body = &data[at + HEADER..at + HEADER + len];
+    if crc32c::crc32c(body) != crc {
+        return Err("checksum mismatch".into());
+    }
+    Ok(Some((body[0], &body[1..], end)))
+}
+
+/// Is there any valid record at an 8-byte aligned offset after `from`?
+fn valid_record_after(data: &[u8], from: usize) -> bool {
+    (from + 8..data.len())
+        .step_by(8)
+        .any(|at| matches!(read_record(data, at), Ok(Some(_))))
+}
+
+fn sync_dir(dir: &Path) -> Result<(), WalError> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(io_err(dir))
+}
+
+impl Wal {
+    /// Opens (creating if needed) the WAL in `dir` and recovers its contents.
+    pub fn open(dir: &Path, segment_bytes: u64) -> Result<(Wal, Recovered), WalError> {
+        fs::create_dir_all(dir).map_err(io_err(dir))?;
+        let mut segments: Vec<(u64, u64, PathBuf)> = fs::read_dir(dir)
+            .map_err(io_err(dir))?
+            .filter_map(|e| e.ok())
+            .filter_map(|e| {
+                let name = e.file_name().into_string().ok()?;
+                let (seq, first) = parse_segment_name(&name)?;
+                Some((seq, first, e.path()))
+            })
+            .collect();
+        segments.sort();
+        let mut rec = Recovered::default();
+        let mut tail: Option<(File, PathBuf, u64)> = None;
+        let count = segments.len();
+        for (i, (_, _, path)) in segments.iter().enumerate() {
+            let mut file = OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(path)
+                .map_err(io_err(path))?;
+            let mut data = Vec::new();
+            file.read_to_end(&mut data).map_err(io_err(path))?;
+            let mut at = 0;
+            loop {
+                match read_record(&data, at) {
+                    Ok(Some((kind, payload, next))) => {
+                        apply(&mut rec, kind, payload).map_err(|what| WalError::Corrupt {
+                            path: path.clone(),
+                            offset: at as u64,
+                            what,
+                        })?;
+                        at = next;
+                    }
+                    Ok(None) => break,
+                    Err(what) => {
+                        let last = i + 1 == count;
+                        if !last || valid_record_after(&data, at) {
+                            return Err(WalError::Corrupt {
+                                path: path.clone(),
+                                offset: at as u64,
+                                what,
+                            });
+                        }
+                        // A torn write: zero it and everything after it.
+                        let torn = data.len() - at;
+                        rec.torn_bytes = torn as u64;
+                        file.seek(SeekFrom::Start(at as u64))
+                            .map_err(io_err(path))?;
+                        file.write_all(&vec![0; torn]).map_err(io_err(path))?;
+                        file.sync_all().map_err(io_err(path))?;
+                        break;
+                    }
+                }
+            }
+            if i + 1 == count {
+                tail = Some((file, path.clone(), at as u64));
+            }
+        }
+        let next_index = rec
+            .entries
+            .last()
+            .map_or(rec.snapshot.0 + 1, |e| e.index + 1);
+        let (file, path, offset, seq) = match tail {
+            Some((file, path, offset)) => {
+                let seq = segments.last().expect("a tail segment").0;
+                (file, path, offset, seq)
+            }
+            None => {
+                let (file, path) = create_segment(dir, 0, next_index, segment_bytes)?;
+                segments.push((0, next_index, path.clone()));
+                (file, path, 0, 0)
+            }
+        };
+        let mut wal = Wal {
+            dir: dir.to_path_buf(),
+            segment_bytes,
+            file,
+            path,
+            offset,
+            seq,
+            segments,
+            hard_state: rec.hard_state,
+            snapshot: rec.snapshot,
+            next_index,
+        };
+        wal.file
+            .seek(SeekFrom::Start(wal.offset))
+            .map_err(io_err(&wal.path))?;
+        Ok((wal, rec))
+    }
+
+    /// Appends a hard state and entries as one batch and fsyncs once. Returns after the bytes
+    /// are durable.
+    pub fn save(
+        &mut self,
+        hard_state: Option<HardState>,
+        entries: &[Entry],
+    ) -> Result<(), WalError> {
+        if hard_state.is_none() && entries.is_empty() {
+            return Ok(());
+        }
+        let mut buf = Vec::new();
+        for e in entries {
+            frame(&mut buf, KIND_ENTRY, &encode(&PbEntry::from(e)));
+        }
+        if let Some(hs) = hard_state {
+            frame(&mut buf, KIND_HARD_STATE, &encode(&PbHardState::from(hs)));
+        }
+        let first = entries.first().map_or(self.next_index, |e| e.index);
+        self.write(&buf, first)?;
+        if let Some(last) = entries.last() {
+            self.next_index = last.index + 1;
+        }
+        if let Some(hs) = hard_state {
+            self.hard_state = hs;
+        }
+        Ok(())
+    }
+
+    /// Records that a snapshot at (index, term) is durable: recovery drops entries up to it, and
+    /// segments holding only such entries can be removed ([`Wal::release_to`]).
+    pub fn mark_snapshot(&mut self, index: u64, term: u64) -> Result<(), WalError> {
+        let mut buf = Vec::new();
+        frame_snapshot(&mut buf, (index, term));
+        self.write(&buf, self.next_index.max(index + 1))?;
+        self.snapshot = (index, term);
+        self.next_index = self.next_index.max(index + 1);
+        Ok(())
+    }
+
+    /// Writes `buf`, in a new segment (named with `first_index`) if it does not fit.
+    fn write(&mut self, buf: &[u8], first_index: u64) -> Result<(), WalError> {
+        let prologue = 2 * pad(64) as u64; // the repeated snapshot marker and hard state
+        if self.offset > 0 && self.offset + buf.len() as u64 + prologue > self.segment_bytes {
+            self.roll(first_index)?;
+        }
+        self.file.write_all(buf).map_err(io_err(&self.path))?;
+        self.offset += buf.len() as u64;
+        failpoint::hit("wal-before-fsync");
+        self.file.sync_data().map_err(io_err(&self.path))?;
+        failpoint::hit("wal-after-fsync");
+        Ok(())
+    }
+
+    /// Starts the next segment (the current one is complete and fsynced).
+    fn roll(&mut self, first_index: u64) -> Result<(), WalError> {
+        self.file.sync_all().map_err(io_err(&self.path))?;
+        let seq = self.seq + 1;
+        let (file, path) = create_segment(&self.dir, seq, first_index, self.segment_bytes)?;
+        self.segments.push((seq, first_index, path.clone()));
+        (self.file, self.path, self.offset, self.seq) = (file, path, 0, seq);
+        let mut prologue = Vec::new();
+        frame_snapshot(&mut prologue, self.snapshot);
+        frame(
+            &mut prologue,
+            KIND_HARD_STATE,
+            &encode(&PbHardState::from(self.hard_state)),
+        );
+        self.file.write_all(&prologue).map_err(io_err(&self.path))?;
+        self.offset = prologue.len() as u64;
+        Ok(())
+    }
+
+    /// Removes segments whose entries all lie at or below `index` (covered by a snapshot).
+    pub fn release_to(&mut self, index: u64) -> Result<(), WalError> {
+        while self.segments.len() > 1 {
+            if self.segments[1].1 > index + 1 {
+                break;
+            }
+            let (_, _, path) = self.segments.remove(0);
+            fs::remove_file(&path).map_err(io_err(&path))?;
+        }
+        sync_dir(&self.dir)
+    }
+
+    /// Segment files, oldest first.
+    pub fn segment_paths(&self) -> Vec<PathBuf> {
+        self.segments.iter().map(|(_, _, p)| p.clone()).collect()
+    }
+}
+
+fn frame_snapshot(buf: &mut Vec<u8>, (index, term): (u64, u64)) {
+    let mut payload = Vec::with_capacity(16);
+    payload.extend_from_slice(&index.to_le_bytes());
+    payload.extend_from_slice(&term.to_le_bytes());
+    frame(buf, KIND_SNAPSHOT, &payload);
+}
+
+fn create_segment(
+    dir: &Path,
+    seq: u64,
+    first_index: u64,
+    bytes: u64,
+) -> Result<(File, PathBuf), WalError> {
+    let path = dir.join(segment_name(seq, first_index));
+    let tmp = dir.join(format!("{}.tmp", segment_name(seq, first_index)));
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&tmp)
+        .map_err(io_err(&tmp))?;
+    file.set_len(bytes).map_err(io_err(&tmp))?;
+    file.sync_all().map_err(io_err(&tmp))?;
+    failpoint::hit("wal-segment-before-rename");
+    fs::rename(&tmp, &path).map_err(io_err(&path))?;
+    sync_dir(dir)?;
+    Ok((file, path))
+}
+
+/// Applies one recovered record.
+fn apply(rec: &mut Recovered, kind: u8, payload: &[u8]) -> Result<(), String> {
+    match kind {
+        KIND_ENTRY => {
+            let e: Entry = decode::<PbEntry>("entry", payload)
+                .map_err(|e| e.to_string())?
+                .try_into()
+                .map_err(|e: super::codec::Invalid| e.to_string())?;
+            if e.index <= rec.snapshot.0 {
+                return Ok(()); // covered by the snapshot
+            }
+            let Some(first) = rec.entries.first().map(|f| f.index) else {
+                // The first entry kept (older segments may have been released).
+                rec.entries.push(e);
+                return Ok(());
+            };
+            let next = rec.entries.last().map_or(first, |l| l.index + 1);
+            if e.index > next {
+                return Err(format!("entry {} leaves a gap after {}", e.index, next - 1));
+            }
+            if e.index < first {
+                return Err(format!("entry {} before the first entry {first}", e.index));
+            }
+            rec.entries.truncate((e.index - first) as usize);
+            rec.entries.push(e);
+        }
+        KIND_HARD_STATE => {
+            rec.hard_state = decode::<PbHardState>("hard state", payload)
+                .map_err(|e| e.to_string())?
+                .into();
+        }
+        KIND_SNAPSHOT => {
+            if payload.len() != 16 {
+                return Err("snapshot marker of the wrong size".into());
+            }
+            let index = u64::from_le_bytes(payload[..8].try_into().expect("8 bytes"));
+            let term = u64::from_le_bytes(payload[8..].try_into().expect("8 bytes"));
+            rec.entries.retain(|e| e.index > index);
+            rec.snapshot = rec.snapshot.max((index, term));
+        }
+        k => return Err(format!("unknown record kind {k}")),
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::raft::EntryData;
+
+    fn entry(index: u64, term: u64) -> Entry {
+        Entry {
+            term,
+            subterm: 0,
+            index,
+            data: EntryData::Normal(format!("e{index}t{term}").into_bytes()),
+        }
+    }
+
+    fn hs(term: u64, commit: u64) -> HardState {
+        HardState {
+            term,
+            vote: 1,
+            commit,
+        }
+    }
+
+    #[test]
+    fn batches_survive_reopen_and_later_entries_replace_a_suffix() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let (mut wal, rec) = Wal::open(dir.path(), 4096).unwrap();
+            assert_eq!(rec, Recovered::default());
+            wal.save(Some(hs(1, 0)), &[entry(1, 1), entry(2, 1), entry(3, 1)])
+                .unwrap();
+            wal.save(Some(hs(2, 2)), &[entry(3, 2)]).unwrap();
+        }
+        let (mut wal, rec) = Wal::open(dir.path(), 4096).unwrap();
+        assert_eq!(rec.hard_state, hs(2, 2));
+        assert_eq!(rec.entries, vec![entry(1, 1), entry(2, 1), entry(3, 2)]);
+        wal.save(None, &[entry(4, 2)]).unwrap();
+        drop(wal);
+        let (_, rec) = Wal::open(dir.path(), 4096).unwrap();
+        assert_eq!(rec.entries.len(), 4);
+    }
+
+    #[test]
+    fn segments_roll_and_are_released_behind_a_snapshot() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut wal, _) = Wal::open(dir.path(), 1024).unwrap();
+        for i in 1..=100 {
+            wal.save(Some(hs(1, i - 1)), &[entry(i, 1)]).unwrap();
+        }
+        let segments = wal.segment_paths().len();
+        assert!(segments > 3, "{segments} segments");
+        for p in wal.segment_paths() {
+            assert_eq!(fs::metadata(&p).unwrap().len(), 1024, "preallocated");
+        }
+        wal.mark_snapshot(60, 1).unwrap();
+        wal.release_to(60).unwrap();
+        assert!(wal.segment_paths().len() < segments);
+        drop(wal);
+        let (_, rec) = Wal::open(dir.path(), 1024).unwrap();
+        assert_eq!(rec.snapshot, (60, 1));
+        assert_eq!(rec.entries.first().map(|e| e.index), Some(61));
+        assert_eq!(rec.entries.len(), 40, "contiguous 61..=100");
+        assert_eq!(rec.entries.last().map(|e| e.index), Some(100));
+        assert_eq!(rec.hard_state, hs(1, 99));
+    }
+
+    fn only_segment(dir: &Path) -> PathBuf {
+        let mut files: Vec<PathBuf> = fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .collect();
+        assert_eq!(files.len(), 1);
+        files.pop().unwrap()
+    }
+
+    #[test]
+    fn a_torn_tail_is_truncated_and_the_rest_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut wal, _) = Wal::open(dir.path(), 4096).unwrap();
+        wal.save(Some(hs(1, 1)), &[entry(1, 1)]).unwrap();
+        let good = wal.offset;
+        wal.save(Some(hs(1, 2)), &[entry(2, 1)]).unwrap();
+        let end = wal.offset;
+        drop(wal);
+        // A crash in the middle of the second batch: half its bytes reached the disk.
+        let path = only_segment(dir.path());
+        let mut data = fs::read(&path).unwrap();
+        let half = (good + (end - good) / 2) as usize;
+        data[half..end as usize].fill(0);
+        fs::write(&path, &data).unwrap();
+        let (mut wal, rec) = Wal::open(dir.path(), 4096).unwrap();
+        assert_eq!(rec.entries, vec![entry(1, 1)]);
+        assert_eq!(rec.hard_state, hs(1, 1));
+        assert!(rec.torn_bytes > 0);
+        // Writing continues where the valid log ends.
+        wal.save(None, &[entry(2, 2)]).unwrap();
+        drop(wal);
+        let (_, rec) = Wal::open(dir.path(), 4096).unwrap();
+        assert_eq!(rec.entries, vec![entry(1, 1), entry(2, 2)]);
+        assert_eq!(rec.torn_bytes, 0);
+    }
+
+    #[test]
+    fn corruption_in_the_middle_is_reported_not_skipped() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut wal, _) = Wal::open(dir.path(), 4096).unwrap();
+        wal.save(None, &[entry(1, 1)]).unwrap();
+        let first_end = wal.offset as usize;
+        wal.save(None, &[entry(2, 1)]).unwrap();
+        wal.save(None, &[entry(3, 1)]).unwrap();
+        drop(wal);
+        let path = only_segment(dir.path());
+        let mut data = fs::read(&path).unwrap();
+        data[first_end + HEADER + 3] ^= 0x40; // a bit flip inside entry 2
+        fs::write(&path, &data).unwrap();
+        let err = Wal::open(dir.path(), 4096).unwrap_err().to_string();
+        assert!(
+            err.contains("corrupt") && err.contains(&format!("offset {first_end}")),
+            "{err}"
+        );
+        assert!(err.contains("checksum"), "{err}");
+        // Nothing was changed by the failed recovery.
+        assert_eq!(fs::read(&path).unwrap(), data);
+    }
+}
