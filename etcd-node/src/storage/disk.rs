@@ -318,7 +318,7 @@ mod tests {
                     .lines()
                     .filter_map(|l| l.strip_prefix("acked "))
                     .filter_map(|n| n.parse::<u64>().ok())
-                    .last()
+                    .next_back()
                 {
                     acked = last;
                 }
