@@ -220,6 +220,12 @@ impl Membership {
             if node == NONE {
                 return Err("member id 0 is reserved".into());
             }
+            let was_witness = self.voters.witness == Some(node);
+            if was_witness && matches!(kind, ChangeKind::AddVoter | ChangeKind::AddLearner) {
+                return Err(format!(
+                    "member {node:x} is the witness; a witness never becomes a regular member or learner (add the machine under a new member id)"
+                ));
+            }
             match kind {
                 ChangeKind::AddVoter => {
                     if voters.witness == Some(node) {
@@ -372,6 +378,10 @@ mod tests {
         let e = cluster
             .apply(&ConfChange::single(ChangeKind::AddLearner, 3))
             .unwrap_err();
+        assert!(e.contains("is the witness"), "{e}");
+        let e = cluster
+            .apply(&ConfChange::single(ChangeKind::AddLearner, 2))
+            .unwrap_err();
         assert!(e.contains("is a voter"), "{e}");
         let e = cluster
             .apply(&ConfChange::single(ChangeKind::Remove, 7))
@@ -391,6 +401,20 @@ mod tests {
         };
         let e = cluster.apply(&swap).unwrap_err();
         assert!(e.contains("two changes"), "{e}");
+        let promote_witness = ConfChange {
+            changes: vec![
+                Change {
+                    kind: ChangeKind::Remove,
+                    node: 3,
+                },
+                Change {
+                    kind: ChangeKind::AddVoter,
+                    node: 3,
+                },
+            ],
+        };
+        let e = cluster.apply(&promote_witness).unwrap_err();
+        assert!(e.contains("never becomes a regular member"), "{e}");
     }
 
     #[test]

@@ -1065,7 +1065,12 @@ impl Raft {
     }
 
     fn adjust_replication_set(&mut self) {
-        if self.membership.is_joint() || !self.membership.voters.regular.contains(&self.cfg.id) {
+        let transferring = self.lead.as_ref().is_some_and(|l| l.transfer.is_some());
+        if transferring
+            || self.membership.is_joint()
+            || !self.membership.voters.regular.contains(&self.cfg.id)
+        {
+            // During a transfer, a new subterm's entry would leave the target behind the log.
             return;
         }
         let (now, window, last) = (self.ticks, self.cfg.liveness_ticks(), self.last_index());
@@ -1268,6 +1273,7 @@ impl Raft {
                 self.poll();
             }
             WitnessResponse::ReadTerm {
+                witness,
                 term,
                 round,
                 witness_term,
@@ -1276,7 +1282,10 @@ impl Raft {
                     self.become_follower(witness_term, NONE);
                     return;
                 }
-                if self.role != Role::Leader || term != self.term {
+                if self.role != Role::Leader
+                    || term != self.term
+                    || Some(witness) != self.membership.witness()
+                {
                     return;
                 }
                 let lead = self.leading();
@@ -1287,6 +1296,9 @@ impl Raft {
                 self.serve_reads();
             }
             WitnessResponse::Failed { request } => {
+                if Some(request.witness_id()) != self.membership.witness() {
+                    return; // a failure of a witness no longer in the configuration
+                }
                 if let Some(lead) = self.lead.as_mut() {
                     match request {
                         WitnessRequest::Append(_) => lead.witness_inflight = None,
@@ -1307,7 +1319,16 @@ impl Raft {
         let Ok(next) = self.membership.apply(cc) else {
             return;
         };
+        let witness_changed = next.witness() != self.membership.witness();
         self.membership = next;
+        if witness_changed && let Some(lead) = self.lead.as_mut() {
+            // Nothing a previous witness acknowledged or confirmed counts for a new one.
+            lead.witness_match = 0;
+            lead.witness_subterm = None;
+            lead.witness_inflight = None;
+            lead.witness_read_ack = 0;
+            lead.witness_read_inflight = None;
+        }
         if self.role != Role::Leader {
             if !self.promotable() && self.role != Role::Follower {
                 let term = self.term;
@@ -1345,6 +1366,7 @@ impl Raft {
     /// A leader in a joint configuration leaves it once the change that entered it is applied.
     fn maybe_leave_joint(&mut self) {
         if self.role == Role::Leader
+            && self.lead.as_ref().is_some_and(|l| l.transfer.is_none())
             && self.membership.is_joint()
             && self.pending_conf_index <= self.applied
         {

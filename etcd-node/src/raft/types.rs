@@ -140,6 +140,17 @@ pub enum WitnessRequest {
     },
 }
 
+impl WitnessRequest {
+    /// The witness member the request is for (its storage is the one to step).
+    pub fn witness_id(&self) -> NodeId {
+        match self {
+            WitnessRequest::Append(r) => r.caller.witness_id,
+            WitnessRequest::Vote { request, .. } => request.caller.witness_id,
+            WitnessRequest::ReadTerm { caller, .. } => caller.witness_id,
+        }
+    }
+}
+
 /// The witness's answer, stepped back into the node by the host.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum WitnessResponse {
@@ -153,6 +164,8 @@ pub enum WitnessResponse {
         reply: VoteReply,
     },
     ReadTerm {
+        /// The witness member that was read.
+        witness: NodeId,
         /// The leader's term and read round the request carried.
         term: u64,
         round: u64,

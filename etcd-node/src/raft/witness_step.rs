@@ -55,6 +55,7 @@ pub fn apply_rule(
             round,
         } => Outcome {
             reply: WitnessResponse::ReadTerm {
+                witness: caller.witness_id,
                 term: *term,
                 round: *round,
                 witness_term: rules::read_term(state, *caller, location)?,

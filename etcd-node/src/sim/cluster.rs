@@ -416,11 +416,7 @@ impl Cluster {
     /// Executes a witness step on the register: the rule runs on the current state, atomically.
     fn witness_step(&mut self, node: NodeId, request: WitnessRequest) {
         self.stats.witness_steps += 1;
-        let id = match &request {
-            WitnessRequest::Append(r) => r.caller.witness_id,
-            WitnessRequest::Vote { request: r, .. } => r.caller.witness_id,
-            WitnessRequest::ReadTerm { caller, .. } => caller.witness_id,
-        };
+        let id = request.witness_id();
         let Some(register) = self.witnesses.get(&id) else {
             // No such witness storage (a request of a configuration without a witness).
             let response = WitnessResponse::Failed { request };
