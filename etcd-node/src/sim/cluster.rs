@@ -192,6 +192,40 @@ impl Cluster {
         self.checker.committed()
     }
 
+    /// A summary of every node and witness register, for failure reports.
+    pub fn describe(&self) -> String {
+        let mut out = String::new();
+        for (id, n) in &self.nodes {
+            match &n.raft {
+                Some(r) => out.push_str(&format!(
+                    "  node {id}: {:?} term {} leader {} commit {} applied {} log ({}, {}] last {:?} view {:?} membership {:?}\n",
+                    r.role(),
+                    r.term(),
+                    r.leader(),
+                    r.commit(),
+                    r.applied(),
+                    r.log().snapshot_index(),
+                    r.log().last_index(),
+                    r.log().last_position(),
+                    r.leader_view(),
+                    r.membership()
+                )),
+                None => out.push_str(&format!("  node {id}: down\n")),
+            }
+        }
+        for (id, w) in &self.witnesses {
+            out.push_str(&format!(
+                "  witness {id}: term {} voted {} position {:?} R {:?} R_out {:?}\n",
+                w.term,
+                w.voted_for,
+                w.last_log_position(),
+                w.replication_set,
+                w.replication_set_outgoing
+            ));
+        }
+        out
+    }
+
     /// The node that is leader in the highest term, if any.
     pub fn leader(&self) -> Option<NodeId> {
         self.nodes

@@ -186,7 +186,8 @@ pub fn run_seed(seed: u64, run: &RandomRun) -> Result<Stats, String> {
         c.tick().map_err(|v| fail(v.to_string()))?;
     }
     Err(fail(format!(
-        "liveness: no leader committed a new proposal within {} ticks after healing",
-        run.liveness_ticks
+        "liveness: no leader committed a new proposal within {} ticks after healing\n{}",
+        run.liveness_ticks,
+        c.describe()
     )))
 }
