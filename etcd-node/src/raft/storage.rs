@@ -68,6 +68,16 @@ impl MemStorage {
         }
     }
 
+    /// Storage holding exactly these parts (a durable store's in-memory view after recovery);
+    /// `entries` must follow `snapshot` contiguously.
+    pub fn from_parts(hard_state: HardState, snapshot: Snapshot, entries: Vec<Entry>) -> Self {
+        MemStorage {
+            hard_state,
+            snapshot,
+            entries,
+        }
+    }
+
     pub fn set_hard_state(&mut self, hs: HardState) {
         self.hard_state = hs;
     }

@@ -277,13 +277,22 @@ impl Cluster {
         request: impl FnOnce(&mut Raft) -> Result<T, Refused>,
     ) -> Result<T, Refused> {
         let leader = self.leader().ok_or(Refused::NotLeader { leader: 0 })?;
+        self.on_node(leader, request)
+    }
+
+    /// Runs `request` on live node `id` and processes its Ready.
+    fn on_node<T>(
+        &mut self,
+        id: NodeId,
+        request: impl FnOnce(&mut Raft) -> Result<T, Refused>,
+    ) -> Result<T, Refused> {
         let raft = self
             .nodes
-            .get_mut(&leader)
+            .get_mut(&id)
             .and_then(|n| n.raft.as_mut())
-            .expect("live leader");
+            .expect("a live node");
         let out = request(raft)?;
-        self.process(leader);
+        self.process(id);
         Ok(out)
     }
 
@@ -340,14 +349,7 @@ impl Cluster {
         self.reads += 1;
         let ctx = self.reads.to_le_bytes().to_vec();
         self.checker.read_started(self.reads, self.max_commit);
-        let raft = self
-            .nodes
-            .get_mut(&id)
-            .and_then(|n| n.raft.as_mut())
-            .expect("live");
-        raft.read_index(ctx)?;
-        self.process(id);
-        Ok(())
+        self.on_node(id, |r| r.read_index(ctx))
     }
 
     /// Node `id` snapshots its state machine and compacts its log.

@@ -12,7 +12,7 @@ use std::path::Path;
 
 use super::snap::SnapDir;
 use super::wal::{SEGMENT_BYTES, Wal};
-use crate::raft::{Entry, HardState, Membership, Ready, Snapshot, SnapshotMeta, Storage};
+use crate::raft::{Entry, HardState, MemStorage, Membership, Ready, Snapshot, Storage};
 
 /// Snapshot files kept after a compaction.
 const KEEP_SNAPSHOTS: usize = 5;
@@ -21,9 +21,8 @@ const KEEP_SNAPSHOTS: usize = 5;
 pub struct DiskStorage {
     wal: Wal,
     snaps: SnapDir,
-    hard_state: HardState,
-    snapshot: Snapshot,
-    entries: Vec<Entry>,
+    /// What is durable, in memory.
+    mem: MemStorage,
 }
 
 /// What opening found besides the state.
@@ -33,18 +32,6 @@ pub struct OpenReport {
     pub torn_bytes: u64,
     /// Snapshot files that failed their checks and were skipped.
     pub rejected_snapshots: Vec<String>,
-}
-
-fn empty_snapshot() -> Snapshot {
-    Snapshot {
-        meta: SnapshotMeta {
-            index: 0,
-            term: 0,
-            subterm: 0,
-            membership: Membership::empty(),
-        },
-        data: Vec::new(),
-    }
 }
 
 impl DiskStorage {
@@ -63,7 +50,9 @@ impl DiskStorage {
         let loaded = snaps.load()?;
         let (wal, rec) =
             Wal::open(&member_dir.join("wal"), segment_bytes).map_err(|e| e.to_string())?;
-        let snapshot = loaded.snapshot.unwrap_or_else(empty_snapshot);
+        let snapshot = loaded
+            .snapshot
+            .unwrap_or_else(|| MemStorage::joining().snapshot());
         let entries: Vec<Entry> = rec
             .entries
             .into_iter()
@@ -99,9 +88,7 @@ impl DiskStorage {
             DiskStorage {
                 wal,
                 snaps,
-                hard_state: rec.hard_state,
-                snapshot,
-                entries,
+                mem: MemStorage::from_parts(rec.hard_state, snapshot, entries),
             },
             report,
         ))
@@ -109,59 +96,46 @@ impl DiskStorage {
 
     /// True if nothing was ever persisted here (a new member).
     pub fn is_empty(&self) -> bool {
-        self.snapshot.meta.index == 0
-            && self.entries.is_empty()
-            && self.hard_state == HardState::default()
+        self.mem.snapshot().meta.index == 0
+            && self.mem.entries().is_empty()
+            && self.mem.hard_state() == HardState::default()
     }
 
     /// Makes a new member of a new cluster: the committed starting position every member shares
     /// (see [`crate::raft::MemStorage::bootstrap`]).
     pub fn bootstrap(&mut self, membership: Membership) -> Result<(), String> {
-        let boot = crate::raft::MemStorage::bootstrap(membership);
-        let snapshot = boot.snapshot();
-        self.persist_snapshot(&snapshot)?;
-        let hs = boot.hard_state();
-        self.wal.save(Some(hs), &[]).map_err(|e| e.to_string())?;
-        self.hard_state = hs;
+        let boot = MemStorage::bootstrap(membership);
+        self.write_snapshot(&boot.snapshot())?;
+        self.wal
+            .save(Some(boot.hard_state()), &[])
+            .map_err(|e| e.to_string())?;
+        self.mem = boot;
         Ok(())
     }
 
-    fn persist_snapshot(&mut self, snapshot: &Snapshot) -> Result<(), String> {
+    /// Makes `snapshot` durable: its file, then its marker in the WAL.
+    fn write_snapshot(&mut self, snapshot: &Snapshot) -> Result<(), String> {
         self.snaps
             .save(snapshot)
             .map_err(|e| format!("saving snapshot {}: {e}", snapshot.meta.index))?;
         self.wal
             .mark_snapshot(snapshot.meta.index, snapshot.meta.term)
-            .map_err(|e| e.to_string())?;
-        self.entries.retain(|e| e.index > snapshot.meta.index);
-        if self
-            .entries
-            .first()
-            .is_some_and(|e| e.index != snapshot.meta.index + 1)
-        {
-            self.entries.clear();
-        }
-        self.snapshot = snapshot.clone();
-        Ok(())
+            .map_err(|e| e.to_string())
     }
 
     /// Makes everything `ready` asks to persist durable: a received snapshot, then entries and
     /// hard state in one WAL batch (one fsync).
     pub fn persist(&mut self, ready: &Ready) -> Result<(), String> {
         if let Some(snapshot) = &ready.snapshot {
-            self.persist_snapshot(snapshot)?;
-            self.entries.clear();
+            self.write_snapshot(snapshot)?;
+            self.mem.install(snapshot.clone());
         }
         self.wal
             .save(ready.hard_state, &ready.entries)
             .map_err(|e| e.to_string())?;
-        if let Some(first) = ready.entries.first() {
-            let keep = first.index.saturating_sub(self.snapshot.meta.index + 1) as usize;
-            self.entries.truncate(keep);
-            self.entries.extend_from_slice(&ready.entries);
-        }
+        self.mem.append(&ready.entries);
         if let Some(hs) = ready.hard_state {
-            self.hard_state = hs;
+            self.mem.set_hard_state(hs);
         }
         Ok(())
     }
@@ -169,10 +143,11 @@ impl DiskStorage {
     /// Keeps `snapshot` (of this member's own state machine, from `Raft::compact`), drops the
     /// WAL segments and snapshot files it makes unnecessary.
     pub fn compact(&mut self, snapshot: &Snapshot) -> Result<(), String> {
-        if snapshot.meta.index <= self.snapshot.meta.index {
+        if snapshot.meta.index <= self.mem.snapshot().meta.index {
             return Ok(());
         }
-        self.persist_snapshot(snapshot)?;
+        self.write_snapshot(snapshot)?;
+        self.mem.compact(snapshot.clone());
         self.wal
             .release_to(snapshot.meta.index)
             .map_err(|e| e.to_string())?;
@@ -184,13 +159,13 @@ impl DiskStorage {
 
 impl Storage for DiskStorage {
     fn hard_state(&self) -> HardState {
-        self.hard_state
+        self.mem.hard_state()
     }
     fn snapshot(&self) -> Snapshot {
-        self.snapshot.clone()
+        self.mem.snapshot()
     }
     fn entries(&self) -> Vec<Entry> {
-        self.entries.clone()
+        self.mem.entries()
     }
 }
 
@@ -199,7 +174,7 @@ mod tests {
     use std::process::Command;
 
     use super::*;
-    use crate::raft::{Config, EntryData, Raft};
+    use crate::raft::{Config, EntryData, Raft, SnapshotMeta};
 
     fn entry(index: u64, term: u64) -> Entry {
         Entry {
