@@ -70,3 +70,12 @@ fn one_node_and_five_nodes() {
     run_many(1, false, seeds() / 5);
     run_many(5, false, seeds() / 5);
 }
+
+/// Seeds that once failed, with the shape they failed in; each stays a test.
+#[test]
+fn regressions() {
+    // A leader applied its own removal and stepped down before the others knew it was
+    // committed: no leader could emerge (docs/raft.md, "Leader transfer").
+    let removed_leader = RandomRun::new(3, true);
+    run_seed(104772, &removed_leader).unwrap_or_else(|e| panic!("{e}"));
+}

@@ -23,6 +23,7 @@
 //!   witness through a fresh read of its term), or at once when the witness is pinned to a
 //!   two-node leader.
 
+use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use rand::rngs::StdRng;
@@ -446,6 +447,9 @@ impl Raft {
         let lead = self.leading();
         if lead.transfer.is_some_and(|(_, t)| now - t >= limit) {
             lead.transfer = None; // the target did not take over in time: back to normal
+            if !self.promotable() {
+                self.hand_over(); // unless this leader was removed: try again
+            }
         }
         self.adjust_replication_set();
         if self.election_elapsed >= self.cfg.election_tick {
@@ -533,6 +537,12 @@ impl Raft {
         if !self.membership.voters.regular.contains(&to) {
             return Err(Refused::NotAVoter { id: to });
         }
+        self.start_transfer(to);
+        Ok(())
+    }
+
+    /// Tells regular voter `to` to campaign once it holds the whole log.
+    fn start_transfer(&mut self, to: NodeId) {
         let (now, last) = (self.ticks, self.last_index());
         let lead = self.leading();
         lead.transfer = Some((to, now));
@@ -542,7 +552,6 @@ impl Raft {
         } else {
             self.send_append(to);
         }
-        Ok(())
     }
 
     /// Asks for a linearizable read: a [`ReadState`] with `ctx` appears in a later `Ready` once
@@ -1157,6 +1166,7 @@ impl Raft {
         // Two regular voters and the witness pinned to us: no one else can win an election
         // while this subterm lasts, so our commit index is current without a round trip.
         let pinned_pair = !self.membership.is_joint()
+            && self.promotable()
             && self.membership.voters.regular.len() == 2
             && self.witness_pinned();
         if alone || pinned_pair || self.mutated(Mutation::ReadWithoutConfirmation) {
@@ -1336,11 +1346,6 @@ impl Raft {
             }
             return;
         }
-        if !self.promotable() {
-            let term = self.term;
-            self.become_follower(term, NONE);
-            return;
-        }
         let (next_index, now) = (self.last_index() + 1, self.ticks);
         let replicas: BTreeSet<NodeId> = self
             .membership
@@ -1361,6 +1366,32 @@ impl Raft {
         }
         // "A configuration change resets R to the regular voters and increments the subterm."
         self.new_subterm(voters);
+        if !self.promotable() {
+            self.hand_over();
+        }
+    }
+
+    /// This leader applied its own removal (an earlier leader proposed it). Stepping down at
+    /// once could strand the others: they may not know the change is committed, so their old
+    /// configuration still needs this node's vote. It keeps leading as a non-voter instead,
+    /// refusing proposals, replicating and heartbeating the commit index, and hands leadership
+    /// to the most up-to-date regular voter, again whenever a handover times out.
+    fn hand_over(&mut self) {
+        let lead = self.lead.as_ref().expect("leader");
+        let target = self
+            .membership
+            .voters
+            .regular
+            .iter()
+            .copied()
+            .max_by_key(|&v| (lead.progress.get(&v).map_or(0, |p| p.matched), Reverse(v)));
+        match target {
+            Some(to) => self.start_transfer(to),
+            None => {
+                let term = self.term;
+                self.become_follower(term, NONE);
+            }
+        }
     }
 
     /// A leader in a joint configuration leaves it once the change that entered it is applied.
