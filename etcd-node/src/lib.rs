@@ -18,6 +18,7 @@
 
 pub mod config;
 pub mod failpoint;
+pub mod mvcc;
 pub mod raft;
 pub mod sim;
 pub mod storage;

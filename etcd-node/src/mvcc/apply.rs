@@ -1,0 +1,388 @@
+//! Applying writes: Put, DeleteRange, Txn and Compaction, inside one redb write transaction.
+//! A write request that changes anything takes the next main revision; one that changes
+//! nothing (a delete of no key, a read-only Txn) leaves the revision alone, as in etcd.
+
+use etcd_client::proto::{
+    PbCompactionResponse, PbDeleteRequest, PbDeleteResponse, PbKeyValue, PbPutRequest,
+    PbPutResponse, PbRangeResponse, PbResponseHeader, PbResponseOp, PbTargetUnion, PbTxnOpRequest,
+    PbTxnOpResponse, PbTxnRequest, PbTxnRequestOp, PbTxnResponse,
+};
+use prost::Message;
+use redb::{ReadableTable, Table, WriteTransaction};
+
+use super::range::{self, scan_current};
+use super::request::{Op, Response};
+use super::{ApiError, CURRENT, HISTORY, META, decode_kv, meta_get};
+
+/// The result of applying one entry (None: applied before a restart, skipped).
+pub type Applied = Option<Result<Response, ApiError>>;
+
+pub(super) struct Writer<'t> {
+    history: Table<'t, (&'static [u8], u64), &'static [u8]>,
+    current: Table<'t, &'static [u8], &'static [u8]>,
+    meta: Table<'t, &'static str, u64>,
+    pub applied: u64,
+    revision: u64,
+    compacted: u64,
+}
+
+/// The revision a write request writes at, and whether it changed anything.
+struct Step {
+    rev: u64,
+    changed: bool,
+}
+
+fn header(revision: u64) -> Option<PbResponseHeader> {
+    Some(PbResponseHeader {
+        revision: revision as i64,
+        ..Default::default()
+    })
+}
+
+fn key_not_found() -> ApiError {
+    ApiError::invalid("etcdserver: key not found")
+}
+
+fn lease_not_found() -> ApiError {
+    ApiError::new(
+        tonic::Code::NotFound,
+        "etcdserver: requested lease not found",
+    )
+}
+
+impl<'t> Writer<'t> {
+    pub fn open(tx: &'t WriteTransaction) -> Result<Self, redb::Error> {
+        let meta = tx.open_table(META)?;
+        let (applied, revision, compacted) = (
+            meta_get(&meta, "applied")?,
+            meta_get(&meta, "revision")?.max(1),
+            meta_get(&meta, "compact")?,
+        );
+        Ok(Writer {
+            history: tx.open_table(HISTORY)?,
+            current: tx.open_table(CURRENT)?,
+            meta,
+            applied,
+            revision,
+            compacted,
+        })
+    }
+
+    /// Records the applied index and revisions (in the same transaction as the changes).
+    pub fn finish(mut self) -> Result<(), redb::Error> {
+        self.meta.insert("applied", self.applied)?;
+        self.meta.insert("revision", self.revision)?;
+        self.meta.insert("compact", self.compacted)?;
+        Ok(())
+    }
+
+    pub fn apply(&mut self, op: &Option<Op>) -> Result<Result<Response, ApiError>, redb::Error> {
+        let Some(op) = op else {
+            return Ok(Err(ApiError::invalid("etcdserver: empty request")));
+        };
+        let mut step = Step {
+            rev: self.revision + 1,
+            changed: false,
+        };
+        let out = match op {
+            Op::Compaction(c) => {
+                return self
+                    .compact(c.revision)
+                    .map(|r| r.map(Response::Compaction));
+            }
+            Op::Put(r) => match self.refuse_put(r)? {
+                Some(e) => Err(e),
+                None => Ok(Response::Put(self.put(&mut step, r)?)),
+            },
+            Op::DeleteRange(r) => Ok(Response::DeleteRange(self.delete(&mut step, r)?)),
+            Op::Txn(r) => {
+                let succeeded = self.compare_all(r)?;
+                let ops = if succeeded { &r.success } else { &r.failure };
+                match self.refuse_ops(ops)? {
+                    Some(e) => Err(e),
+                    None => Ok(Response::Txn(self.txn(&mut step, r)?)),
+                }
+            }
+        };
+        let out = match out {
+            Ok(r) => r,
+            Err(e) => return Ok(Err(e)),
+        };
+        if step.changed {
+            self.revision = step.rev;
+        }
+        Ok(Ok(with_revision(out, self.revision)))
+    }
+
+    fn get(&self, key: &[u8]) -> Result<Option<PbKeyValue>, redb::Error> {
+        Ok(match self.current.get(key)? {
+            Some(v) => Some(decode_kv(key, v.value())?),
+            None => None,
+        })
+    }
+
+    /// What etcd refuses only against the data: `ignore_value`/`ignore_lease` on a missing
+    /// key, an unknown lease (there are no leases yet: any lease is unknown).
+    fn refuse_put(&self, r: &PbPutRequest) -> Result<Option<ApiError>, redb::Error> {
+        if (r.ignore_value || r.ignore_lease) && self.get(&r.key)?.is_none() {
+            return Ok(Some(key_not_found()));
+        }
+        if r.lease != 0 {
+            return Ok(Some(lease_not_found()));
+        }
+        Ok(None)
+    }
+
+    /// Checks a Txn branch before any of it runs, so a refused Txn changes nothing. Its
+    /// puts cannot touch a key written earlier in the branch (checked before proposing), so
+    /// the data seen here is the data each put will see.
+    fn refuse_ops(&self, ops: &[PbTxnRequestOp]) -> Result<Option<ApiError>, redb::Error> {
+        for op in ops {
+            let refusal = match &op.request {
+                Some(PbTxnOpRequest::RequestPut(p)) => self.refuse_put(p)?,
+                Some(PbTxnOpRequest::RequestRange(q)) => {
+                    let asked = u64::try_from(q.revision).unwrap_or(0);
+                    if asked > self.revision {
+                        Some(ApiError::future_rev())
+                    } else if asked != 0 && asked < self.compacted {
+                        Some(ApiError::compacted())
+                    } else {
+                        None
+                    }
+                }
+                Some(PbTxnOpRequest::RequestTxn(t)) => {
+                    let ops = if self.compare_all(t)? {
+                        &t.success
+                    } else {
+                        &t.failure
+                    };
+                    self.refuse_ops(ops)?
+                }
+                Some(PbTxnOpRequest::RequestDeleteRange(_)) | None => None,
+            };
+            if refusal.is_some() {
+                return Ok(refusal);
+            }
+        }
+        Ok(None)
+    }
+
+    fn write(&mut self, key: &[u8], rev: u64, kv: &PbKeyValue) -> Result<(), redb::Error> {
+        let record = kv.encode_to_vec();
+        self.history.insert((key, rev), record.as_slice())?;
+        if kv.version == 0 {
+            self.current.remove(key)?;
+        } else {
+            self.current.insert(key, record.as_slice())?;
+        }
+        Ok(())
+    }
+
+    fn put(&mut self, s: &mut Step, r: &PbPutRequest) -> Result<PbPutResponse, redb::Error> {
+        let prev = self.get(&r.key)?;
+        let kv = PbKeyValue {
+            key: Vec::new(),
+            create_revision: prev.as_ref().map_or(s.rev as i64, |p| p.create_revision),
+            mod_revision: s.rev as i64,
+            version: prev.as_ref().map_or(1, |p| p.version + 1),
+            value: match (&prev, r.ignore_value) {
+                (Some(p), true) => p.value.clone(),
+                _ => r.value.clone(),
+            },
+            lease: match (&prev, r.ignore_lease) {
+                (Some(p), true) => p.lease,
+                _ => r.lease,
+            },
+        };
+        self.write(&r.key, s.rev, &kv)?;
+        s.changed = true;
+        Ok(PbPutResponse {
+            header: header(s.rev),
+            prev_kv: prev.filter(|_| r.prev_kv),
+        })
+    }
+
+    fn delete(
+        &mut self,
+        s: &mut Step,
+        r: &PbDeleteRequest,
+    ) -> Result<PbDeleteResponse, redb::Error> {
+        let mut doomed = Vec::new();
+        scan_current(&self.current, &r.key, &r.range_end, |k, record| {
+            doomed.push(decode_kv(k, record)?);
+            Ok(true)
+        })?;
+        let tombstone = PbKeyValue {
+            mod_revision: s.rev as i64,
+            ..Default::default()
+        };
+        for kv in &doomed {
+            self.write(&kv.key, s.rev, &tombstone)?;
+        }
+        s.changed |= !doomed.is_empty();
+        Ok(PbDeleteResponse {
+            header: header(s.rev),
+            deleted: doomed.len() as i64,
+            prev_kvs: if r.prev_kv { doomed } else { Vec::new() },
+        })
+    }
+
+    fn compare_all(&self, r: &PbTxnRequest) -> Result<bool, redb::Error> {
+        for c in &r.compare {
+            let mut kvs = Vec::new();
+            scan_current(&self.current, &c.key, &c.range_end, |k, record| {
+                kvs.push(decode_kv(k, record)?);
+                Ok(true)
+            })?;
+            let holds = if kvs.is_empty() {
+                // etcd compares a missing key as a zero KeyValue, except by value.
+                c.target != 3 && compare(c, &PbKeyValue::default())
+            } else {
+                kvs.iter().all(|kv| compare(c, kv))
+            };
+            if !holds {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
+    fn txn(&mut self, s: &mut Step, r: &PbTxnRequest) -> Result<PbTxnResponse, redb::Error> {
+        let succeeded = self.compare_all(r)?;
+        let ops = if succeeded { &r.success } else { &r.failure };
+        let mut responses = Vec::with_capacity(ops.len());
+        for op in ops {
+            let response = match &op.request {
+                Some(PbTxnOpRequest::RequestRange(q)) => {
+                    let out = range::range(
+                        &self.history,
+                        &self.current,
+                        self.revision,
+                        self.compacted,
+                        q,
+                    )?
+                    .unwrap_or_default(); // refusals were checked before the Txn ran
+                    PbTxnOpResponse::ResponseRange(PbRangeResponse {
+                        header: header(self.revision),
+                        kvs: out.kvs,
+                        more: out.more,
+                        count: out.count,
+                    })
+                }
+                Some(PbTxnOpRequest::RequestPut(p)) => {
+                    PbTxnOpResponse::ResponsePut(self.put(s, p)?)
+                }
+                Some(PbTxnOpRequest::RequestDeleteRange(d)) => {
+                    PbTxnOpResponse::ResponseDeleteRange(self.delete(s, d)?)
+                }
+                Some(PbTxnOpRequest::RequestTxn(t)) => {
+                    PbTxnOpResponse::ResponseTxn(self.txn(s, t)?)
+                }
+                None => continue,
+            };
+            responses.push(PbResponseOp {
+                response: Some(response),
+            });
+        }
+        Ok(PbTxnResponse {
+            header: header(s.rev),
+            succeeded,
+            responses,
+        })
+    }
+
+    fn compact(
+        &mut self,
+        revision: i64,
+    ) -> Result<Result<PbCompactionResponse, ApiError>, redb::Error> {
+        let rev = u64::try_from(revision).unwrap_or(0);
+        if rev > self.revision {
+            return Ok(Err(ApiError::future_rev()));
+        }
+        if rev <= self.compacted {
+            return Ok(Err(ApiError::compacted()));
+        }
+        // Per key, keep the newest row at or below `rev` unless it is a tombstone; drop the
+        // older ones.
+        let mut doomed: Vec<(Vec<u8>, u64)> = Vec::new();
+        let mut last: Option<(Vec<u8>, u64, bool)> = None;
+        let finish = |last: Option<(Vec<u8>, u64, bool)>, doomed: &mut Vec<(Vec<u8>, u64)>| {
+            if let Some((k, r, true)) = last {
+                doomed.push((k, r));
+            }
+        };
+        for row in self.history.iter()? {
+            let (k, v) = row?;
+            let (key, r) = k.value();
+            if r > rev {
+                continue;
+            }
+            let tombstone = decode_kv(key, v.value())?.version == 0;
+            match last.take() {
+                Some((lk, lr, _)) if lk.as_slice() == key => doomed.push((lk, lr)),
+                other => finish(other, &mut doomed),
+            }
+            last = Some((key.to_vec(), r, tombstone));
+        }
+        finish(last, &mut doomed);
+        for (k, r) in &doomed {
+            self.history.remove((k.as_slice(), *r))?;
+        }
+        self.compacted = rev;
+        Ok(Ok(PbCompactionResponse {
+            header: header(self.revision),
+        }))
+    }
+}
+
+/// Compares `kv` with the compare's target value (etcd's `compareKV`).
+fn compare(c: &etcd_client::proto::PbCompare, kv: &PbKeyValue) -> bool {
+    let ord = match (c.target, &c.target_union) {
+        (3, Some(PbTargetUnion::Value(v))) => kv.value.as_slice().cmp(v.as_slice()),
+        (3, _) => kv.value.as_slice().cmp(&[]),
+        (t, u) => {
+            let target = match u {
+                Some(
+                    PbTargetUnion::Version(n)
+                    | PbTargetUnion::CreateRevision(n)
+                    | PbTargetUnion::ModRevision(n)
+                    | PbTargetUnion::Lease(n),
+                ) => *n,
+                _ => 0,
+            };
+            let mine = match t {
+                0 => kv.version,
+                1 => kv.create_revision,
+                2 => kv.mod_revision,
+                _ => kv.lease,
+            };
+            mine.cmp(&target)
+        }
+    };
+    match c.result {
+        0 => ord.is_eq(),
+        1 => ord.is_gt(),
+        2 => ord.is_lt(),
+        _ => ord.is_ne(),
+    }
+}
+
+/// Sets the top-level header revision of a response.
+fn with_revision(r: Response, revision: u64) -> Response {
+    let h = header(revision);
+    match r {
+        Response::Put(mut p) => {
+            p.header = h;
+            Response::Put(p)
+        }
+        Response::DeleteRange(mut d) => {
+            d.header = h;
+            Response::DeleteRange(d)
+        }
+        Response::Txn(mut t) => {
+            t.header = h;
+            Response::Txn(t)
+        }
+        Response::Compaction(c) => Response::Compaction(c),
+    }
+}

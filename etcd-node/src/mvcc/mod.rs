@@ -1,0 +1,314 @@
+//! The MVCC key space, on redb: every change of a key is kept under (key, revision) until a
+//! compaction removes what no reader may ask for any more.
+//!
+//! Tables (`docs/formats.md`):
+//! - `history`: (key, main revision) -> the key's `KeyValue` at that revision (key field empty;
+//!   a tombstone has version 0);
+//! - `current`: key -> its live `KeyValue` (absent once deleted): reads at the newest revision
+//!   touch only live keys;
+//! - `meta`: `revision` (newest main revision), `compact` (compacted revision), `applied` (the
+//!   last Raft index applied, committed in the same transaction as its changes, so replaying
+//!   the log after a crash never applies an entry twice).
+//!
+//! Applying is deterministic: every node computes the same revisions, results and errors from
+//! the same entries. Requests are checked ([`check`]) before they are proposed; what can only
+//! be known against the data (a missing key for `ignore_value`, a compacted revision) is decided
+//! here and is the same on every node.
+
+mod apply;
+mod range;
+pub mod request;
+
+use std::path::Path;
+
+use etcd_client::proto::PbKeyValue;
+use prost::Message;
+use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinition};
+
+pub use apply::Applied;
+pub use range::RangeOutput;
+pub use request::{Op, Proposal, Response, check};
+
+const HISTORY: TableDefinition<(&[u8], u64), &[u8]> = TableDefinition::new("history");
+const CURRENT: TableDefinition<&[u8], &[u8]> = TableDefinition::new("current");
+const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
+
+/// An error an etcd client sees, with etcd's gRPC code and message.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct ApiError {
+    pub code: tonic::Code,
+    pub message: String,
+}
+
+impl ApiError {
+    pub fn new(code: tonic::Code, message: impl Into<String>) -> Self {
+        ApiError {
+            code,
+            message: message.into(),
+        }
+    }
+    pub fn compacted() -> Self {
+        Self::new(
+            tonic::Code::OutOfRange,
+            "etcdserver: mvcc: required revision has been compacted",
+        )
+    }
+    pub fn future_rev() -> Self {
+        Self::new(
+            tonic::Code::OutOfRange,
+            "etcdserver: mvcc: required revision is a future revision",
+        )
+    }
+    pub fn invalid(message: &str) -> Self {
+        Self::new(tonic::Code::InvalidArgument, message)
+    }
+}
+
+impl From<ApiError> for tonic::Status {
+    fn from(e: ApiError) -> Self {
+        tonic::Status::new(e.code, e.message)
+    }
+}
+
+/// A storage failure: the node cannot go on safely (the caller stops it).
+#[derive(Debug, thiserror::Error)]
+#[error("key-value store {path}: {message}")]
+pub struct StoreError {
+    pub path: String,
+    pub message: String,
+}
+
+/// The MVCC store of one member.
+#[derive(Debug)]
+pub struct Mvcc {
+    db: Database,
+    path: String,
+}
+
+/// Where the store stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Position {
+    /// The newest revision (1 in an empty store, as in etcd).
+    pub revision: u64,
+    pub compacted: u64,
+    /// The last Raft index applied.
+    pub applied: u64,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+struct PbDumpEntry {
+    #[prost(bytes = "vec", tag = "1")]
+    key: Vec<u8>,
+    #[prost(uint64, tag = "2")]
+    revision: u64,
+    #[prost(bytes = "vec", tag = "3")]
+    record: Vec<u8>,
+}
+
+/// The whole key space: the state-machine part of a Raft snapshot.
+#[derive(Clone, PartialEq, prost::Message)]
+struct PbDump {
+    #[prost(uint64, tag = "1")]
+    revision: u64,
+    #[prost(uint64, tag = "2")]
+    compacted: u64,
+    #[prost(message, repeated, tag = "3")]
+    history: Vec<PbDumpEntry>,
+}
+
+impl Mvcc {
+    /// Opens (creating) the store at `path`.
+    pub fn open(path: &Path) -> Result<Mvcc, StoreError> {
+        let name = path.display().to_string();
+        let err = |e: &dyn std::fmt::Display| StoreError {
+            path: name.clone(),
+            message: e.to_string(),
+        };
+        let db = Database::create(path).map_err(|e| err(&e))?;
+        let mvcc = Mvcc {
+            db,
+            path: name.clone(),
+        };
+        let tx = mvcc.db.begin_write().map_err(|e| err(&e))?;
+        {
+            tx.open_table(HISTORY).map_err(|e| err(&e))?;
+            tx.open_table(CURRENT).map_err(|e| err(&e))?;
+            let mut meta = tx.open_table(META).map_err(|e| err(&e))?;
+            if meta.get("revision").map_err(|e| err(&e))?.is_none() {
+                meta.insert("revision", 1).map_err(|e| err(&e))?;
+            }
+        }
+        tx.commit().map_err(|e| err(&e))?;
+        Ok(mvcc)
+    }
+
+    fn fail(&self, e: impl std::fmt::Display) -> StoreError {
+        StoreError {
+            path: self.path.clone(),
+            message: e.to_string(),
+        }
+    }
+
+    /// Revision, compacted revision and applied index.
+    pub fn position(&self) -> Result<Position, StoreError> {
+        let tx = self.db.begin_read().map_err(|e| self.fail(e))?;
+        let meta = tx.open_table(META).map_err(|e| self.fail(e))?;
+        let get = |k: &str| -> Result<u64, StoreError> {
+            Ok(meta
+                .get(k)
+                .map_err(|e| self.fail(e))?
+                .map_or(0, |v| v.value()))
+        };
+        Ok(Position {
+            revision: get("revision")?,
+            compacted: get("compact")?,
+            applied: get("applied")?,
+        })
+    }
+
+    /// Size of the database file in bytes.
+    pub fn db_size(&self) -> u64 {
+        std::fs::metadata(&self.path).map_or(0, |m| m.len())
+    }
+
+    /// Applies committed entries in one transaction; `durable` makes the commit fsync (it is
+    /// required before the Raft log behind `applied` is compacted). Entries at or below the
+    /// stored applied index were applied before a restart and are skipped (`None`).
+    pub fn apply(
+        &self,
+        entries: &[(u64, Option<Proposal>)],
+        durable: bool,
+    ) -> Result<Vec<Option<Result<Response, ApiError>>>, StoreError> {
+        let mut tx = self.db.begin_write().map_err(|e| self.fail(e))?;
+        let durability = if durable {
+            Durability::Immediate
+        } else {
+            Durability::None
+        };
+        tx.set_durability(durability).map_err(|e| self.fail(e))?;
+        let results = {
+            let mut w = apply::Writer::open(&tx).map_err(|e| self.fail(e))?;
+            let mut out = Vec::with_capacity(entries.len());
+            for (index, proposal) in entries {
+                if *index <= w.applied {
+                    out.push(None);
+                    continue;
+                }
+                let r = proposal
+                    .as_ref()
+                    .map(|p| w.apply(&p.op))
+                    .transpose()
+                    .map_err(|e| self.fail(e))?;
+                w.applied = *index;
+                out.push(r);
+            }
+            w.finish().map_err(|e| self.fail(e))?;
+            out
+        };
+        tx.commit().map_err(|e| self.fail(e))?;
+        Ok(results)
+    }
+
+    /// Makes everything applied so far durable (before the Raft log behind it is compacted).
+    pub fn sync(&self) -> Result<(), StoreError> {
+        self.apply(&[], true).map(|_| ())
+    }
+
+    /// Serves a Range at the newest revision or an older one.
+    pub fn range(
+        &self,
+        req: &etcd_client::proto::PbRangeRequest,
+    ) -> Result<Result<RangeOutput, ApiError>, StoreError> {
+        let tx = self.db.begin_read().map_err(|e| self.fail(e))?;
+        let read = || -> Result<Result<RangeOutput, ApiError>, redb::Error> {
+            let meta = tx.open_table(META)?;
+            range::range(
+                &tx.open_table(HISTORY)?,
+                &tx.open_table(CURRENT)?,
+                meta_get(&meta, "revision")?.max(1),
+                meta_get(&meta, "compact")?,
+                req,
+            )
+        };
+        read().map_err(|e| self.fail(e))
+    }
+
+    /// The whole key space as bytes (the data of a Raft snapshot).
+    pub fn dump(&self) -> Result<Vec<u8>, StoreError> {
+        let tx = self.db.begin_read().map_err(|e| self.fail(e))?;
+        let history = tx.open_table(HISTORY).map_err(|e| self.fail(e))?;
+        let pos = self.position()?;
+        let mut dump = PbDump {
+            revision: pos.revision,
+            compacted: pos.compacted,
+            history: Vec::new(),
+        };
+        for row in history.iter().map_err(|e| self.fail(e))? {
+            let (k, v) = row.map_err(|e| self.fail(e))?;
+            let (key, revision) = k.value();
+            dump.history.push(PbDumpEntry {
+                key: key.to_vec(),
+                revision,
+                record: v.value().to_vec(),
+            });
+        }
+        Ok(dump.encode_to_vec())
+    }
+
+    /// Replaces the key space with a dump taken at Raft index `applied`, durably.
+    pub fn restore(&self, data: &[u8], applied: u64) -> Result<(), StoreError> {
+        let dump = PbDump::decode(data).map_err(|e| self.fail(format!("snapshot data: {e}")))?;
+        let mut tx = self.db.begin_write().map_err(|e| self.fail(e))?;
+        tx.set_durability(Durability::Immediate)
+            .map_err(|e| self.fail(e))?;
+        tx.delete_table(HISTORY).map_err(|e| self.fail(e))?;
+        tx.delete_table(CURRENT).map_err(|e| self.fail(e))?;
+        {
+            let mut history = tx.open_table(HISTORY).map_err(|e| self.fail(e))?;
+            let mut current = tx.open_table(CURRENT).map_err(|e| self.fail(e))?;
+            let mut meta = tx.open_table(META).map_err(|e| self.fail(e))?;
+            for e in &dump.history {
+                history
+                    .insert((e.key.as_slice(), e.revision), e.record.as_slice())
+                    .map_err(|e| self.fail(e))?;
+                // Rows come in (key, revision) order: the last one of a key is its newest.
+                let kv = PbKeyValue::decode(e.record.as_slice())
+                    .map_err(|err| self.fail(format!("snapshot data: {err}")))?;
+                if kv.version == 0 {
+                    current.remove(e.key.as_slice()).map_err(|e| self.fail(e))?;
+                } else {
+                    current
+                        .insert(e.key.as_slice(), e.record.as_slice())
+                        .map_err(|e| self.fail(e))?;
+                }
+            }
+            meta.insert("revision", dump.revision.max(1))
+                .map_err(|e| self.fail(e))?;
+            meta.insert("compact", dump.compacted)
+                .map_err(|e| self.fail(e))?;
+            meta.insert("applied", applied).map_err(|e| self.fail(e))?;
+        }
+        tx.commit().map_err(|e| self.fail(e))?;
+        Ok(())
+    }
+}
+
+/// A stored record back into a `KeyValue` (the key is not stored in the record).
+fn decode_kv(key: &[u8], record: &[u8]) -> Result<PbKeyValue, redb::StorageError> {
+    let mut kv = PbKeyValue::decode(record)
+        .map_err(|e| redb::StorageError::Corrupted(format!("record of key {key:?}: {e}")))?;
+    kv.key = key.to_vec();
+    Ok(kv)
+}
+
+/// Reads a `meta` value (0 when unset).
+fn meta_get(
+    meta: &impl ReadableTable<&'static str, u64>,
+    key: &str,
+) -> Result<u64, redb::StorageError> {
+    Ok(meta.get(key)?.map_or(0, |v| v.value()))
+}
+
+#[cfg(test)]
+mod tests;

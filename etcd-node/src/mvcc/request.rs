@@ -1,0 +1,165 @@
+//! What goes through Raft for the key space (a [`Proposal`] in an entry's data) and the checks
+//! etcd makes before proposing, with etcd's messages.
+
+use std::collections::BTreeSet;
+
+use etcd_client::proto::{
+    PbCompactionRequest, PbCompactionResponse, PbDeleteRequest, PbDeleteResponse, PbPutRequest,
+    PbPutResponse, PbRangeRequest, PbTxnOpRequest, PbTxnRequest, PbTxnResponse,
+};
+
+use super::ApiError;
+
+/// etcd's default `--max-txn-ops`.
+pub const MAX_TXN_OPS: usize = 128;
+
+#[derive(Clone, PartialEq, prost::Oneof)]
+pub enum Op {
+    #[prost(message, tag = "2")]
+    Put(PbPutRequest),
+    #[prost(message, tag = "3")]
+    DeleteRange(PbDeleteRequest),
+    #[prost(message, tag = "4")]
+    Txn(PbTxnRequest),
+    #[prost(message, tag = "5")]
+    Compaction(PbCompactionRequest),
+}
+
+/// The data of a normal Raft entry. `id` lets the proposing node answer its client.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct Proposal {
+    #[prost(uint64, tag = "1")]
+    pub id: u64,
+    #[prost(oneof = "Op", tags = "2, 3, 4, 5")]
+    pub op: Option<Op>,
+}
+
+/// The result of applying an [`Op`]; headers carry only the revision (the server fills in the
+/// rest).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Response {
+    Put(PbPutResponse),
+    DeleteRange(PbDeleteResponse),
+    Txn(PbTxnResponse),
+    Compaction(PbCompactionResponse),
+}
+
+fn key_not_provided() -> ApiError {
+    ApiError::invalid("etcdserver: key is not provided")
+}
+
+pub(super) fn check_range(r: &PbRangeRequest) -> Result<(), ApiError> {
+    if r.key.is_empty() {
+        return Err(key_not_provided());
+    }
+    if !(0..=2).contains(&r.sort_order) || !(0..=4).contains(&r.sort_target) {
+        return Err(ApiError::invalid("etcdserver: invalid sort option"));
+    }
+    Ok(())
+}
+
+fn check_put(r: &PbPutRequest) -> Result<(), ApiError> {
+    if r.key.is_empty() {
+        return Err(key_not_provided());
+    }
+    if r.ignore_value && !r.value.is_empty() {
+        return Err(ApiError::invalid("etcdserver: value is provided"));
+    }
+    if r.ignore_lease && r.lease != 0 {
+        return Err(ApiError::invalid("etcdserver: lease is provided"));
+    }
+    Ok(())
+}
+
+fn check_txn(r: &PbTxnRequest) -> Result<(), ApiError> {
+    if r.compare.len() > MAX_TXN_OPS
+        || r.success.len() > MAX_TXN_OPS
+        || r.failure.len() > MAX_TXN_OPS
+    {
+        return Err(ApiError::invalid(
+            "etcdserver: too many operations in txn request",
+        ));
+    }
+    for c in &r.compare {
+        if c.key.is_empty() {
+            return Err(key_not_provided());
+        }
+    }
+    for op in r.success.iter().chain(&r.failure) {
+        match &op.request {
+            Some(PbTxnOpRequest::RequestRange(q)) => check_range(q)?,
+            Some(PbTxnOpRequest::RequestPut(q)) => check_put(q)?,
+            Some(PbTxnOpRequest::RequestDeleteRange(q)) if q.key.is_empty() => {
+                return Err(key_not_provided());
+            }
+            Some(PbTxnOpRequest::RequestTxn(q)) => check_txn(q)?,
+            Some(PbTxnOpRequest::RequestDeleteRange(_)) | None => {}
+        }
+    }
+    written_keys(&r.success)?;
+    written_keys(&r.failure)?;
+    Ok(())
+}
+
+/// Checks a request before it is proposed.
+pub fn check(op: &Op) -> Result<(), ApiError> {
+    match op {
+        Op::Put(r) => check_put(r),
+        Op::DeleteRange(r) if r.key.is_empty() => Err(key_not_provided()),
+        Op::Txn(r) => check_txn(r),
+        Op::DeleteRange(_) | Op::Compaction(_) => Ok(()),
+    }
+}
+
+/// Does `[start, end)` in etcd's spelling (empty end: one key; end "\0": every key from
+/// start) contain `key`?
+pub(super) fn in_range(key: &[u8], start: &[u8], end: &[u8]) -> bool {
+    match end {
+        [] => key == start,
+        [0] => key >= start,
+        _ => key >= start && key < end,
+    }
+}
+
+/// The keys a branch puts and the ranges it deletes, refusing (as etcd does) a key put twice
+/// or put inside a range the same branch deletes. The two branches of a nested transaction
+/// each count: at most one of them runs, but either one may.
+fn written_keys(ops: &[etcd_client::proto::PbTxnRequestOp]) -> Result<Writes, ApiError> {
+    let duplicate = || ApiError::invalid("etcdserver: duplicate key given in txn request");
+    let mut w = Writes::default();
+    for op in ops {
+        match &op.request {
+            Some(PbTxnOpRequest::RequestPut(p)) => {
+                if !w.puts.insert(p.key.clone()) {
+                    return Err(duplicate());
+                }
+            }
+            Some(PbTxnOpRequest::RequestDeleteRange(d)) => {
+                w.deletes.push((d.key.clone(), d.range_end.clone()));
+            }
+            Some(PbTxnOpRequest::RequestTxn(t)) => {
+                let (s, f) = (written_keys(&t.success)?, written_keys(&t.failure)?);
+                for k in s.puts.union(&f.puts) {
+                    if w.puts.contains(k) {
+                        return Err(duplicate());
+                    }
+                }
+                w.puts.extend(s.puts.into_iter().chain(f.puts));
+                w.deletes.extend(s.deletes.into_iter().chain(f.deletes));
+            }
+            Some(PbTxnOpRequest::RequestRange(_)) | None => {}
+        }
+    }
+    for k in &w.puts {
+        if w.deletes.iter().any(|(s, e)| in_range(k, s, e)) {
+            return Err(duplicate());
+        }
+    }
+    Ok(w)
+}
+
+#[derive(Default)]
+struct Writes {
+    puts: BTreeSet<Vec<u8>>,
+    deletes: Vec<(Vec<u8>, Vec<u8>)>,
+}

@@ -1,0 +1,398 @@
+use etcd_client::proto::{
+    PbCompactionRequest, PbCompare, PbDeleteRequest, PbPutRequest, PbRangeRequest, PbTargetUnion,
+    PbTxnOpRequest, PbTxnOpResponse, PbTxnRequest, PbTxnRequestOp,
+};
+
+use super::*;
+
+struct Fixture {
+    _dir: tempfile::TempDir,
+    mvcc: Mvcc,
+    index: u64,
+}
+
+fn fixture() -> Fixture {
+    let dir = tempfile::tempdir().unwrap();
+    let mvcc = Mvcc::open(&dir.path().join("kv.redb")).unwrap();
+    Fixture {
+        _dir: dir,
+        mvcc,
+        index: 0,
+    }
+}
+
+fn put(k: &str, v: &str) -> Op {
+    Op::Put(PbPutRequest {
+        key: k.into(),
+        value: v.into(),
+        ..Default::default()
+    })
+}
+
+fn del(k: &str, end: &str) -> Op {
+    Op::DeleteRange(PbDeleteRequest {
+        key: k.into(),
+        range_end: end.into(),
+        prev_kv: true,
+    })
+}
+
+fn get(k: &str, end: &str) -> PbRangeRequest {
+    PbRangeRequest {
+        key: k.into(),
+        range_end: end.into(),
+        ..Default::default()
+    }
+}
+
+fn value_cmp(k: &str, v: &str) -> PbCompare {
+    PbCompare {
+        key: k.into(),
+        target: 3,
+        result: 0,
+        target_union: Some(PbTargetUnion::Value(v.into())),
+        ..Default::default()
+    }
+}
+
+fn op(o: Op) -> PbTxnRequestOp {
+    PbTxnRequestOp {
+        request: Some(match o {
+            Op::Put(p) => PbTxnOpRequest::RequestPut(p),
+            Op::DeleteRange(d) => PbTxnOpRequest::RequestDeleteRange(d),
+            Op::Txn(t) => PbTxnOpRequest::RequestTxn(t),
+            Op::Compaction(_) => panic!("not a txn op"),
+        }),
+    }
+}
+
+impl Fixture {
+    fn apply(&mut self, o: Op) -> Result<Response, ApiError> {
+        self.index += 1;
+        let p = Proposal {
+            id: self.index,
+            op: Some(o),
+        };
+        self.mvcc.apply(&[(self.index, Some(p))], false).unwrap()[0]
+            .clone()
+            .expect("applied")
+    }
+    fn range(&self, r: &PbRangeRequest) -> Result<RangeOutput, ApiError> {
+        self.mvcc.range(r).unwrap()
+    }
+    fn values(&self, r: &PbRangeRequest) -> Vec<(String, String)> {
+        self.range(r)
+            .unwrap()
+            .kvs
+            .into_iter()
+            .map(|kv| {
+                (
+                    String::from_utf8(kv.key).unwrap(),
+                    String::from_utf8(kv.value).unwrap(),
+                )
+            })
+            .collect()
+    }
+    fn revision(&self) -> u64 {
+        self.mvcc.position().unwrap().revision
+    }
+}
+
+fn pairs(v: &[(&str, &str)]) -> Vec<(String, String)> {
+    v.iter()
+        .map(|(a, b)| (a.to_string(), b.to_string()))
+        .collect()
+}
+
+#[test]
+fn revisions_versions_and_history() {
+    let mut f = fixture();
+    assert_eq!(f.revision(), 1, "an empty store is at revision 1, as etcd");
+    f.apply(put("a", "1")).unwrap();
+    f.apply(put("a", "2")).unwrap();
+    f.apply(put("b", "x")).unwrap();
+    assert_eq!(f.revision(), 4);
+    let a = &f.range(&get("a", "")).unwrap().kvs[0];
+    assert_eq!(
+        (
+            a.create_revision,
+            a.mod_revision,
+            a.version,
+            a.value.as_slice()
+        ),
+        (2, 3, 2, b"2".as_slice())
+    );
+    let old = PbRangeRequest {
+        revision: 2,
+        ..get("a", "\0")
+    };
+    assert_eq!(f.values(&old), pairs(&[("a", "1")]), "b did not exist yet");
+    let future = PbRangeRequest {
+        revision: 9,
+        ..get("a", "")
+    };
+    assert_eq!(f.range(&future), Err(ApiError::future_rev()));
+}
+
+#[test]
+fn delete_writes_tombstones_and_only_changes_bump_the_revision() {
+    let mut f = fixture();
+    for k in ["a", "ab", "b"] {
+        f.apply(put(k, k)).unwrap();
+    }
+    let Response::DeleteRange(d) = f.apply(del("a", "b")).unwrap() else {
+        panic!()
+    };
+    assert_eq!(d.deleted, 2);
+    assert_eq!(d.prev_kvs.len(), 2);
+    assert_eq!(f.revision(), 5);
+    f.apply(del("zz", "")).unwrap();
+    assert_eq!(f.revision(), 5, "deleting nothing is not a change");
+    assert_eq!(f.values(&get("\0", "\0")), pairs(&[("b", "b")]));
+    f.apply(put("a", "again")).unwrap();
+    let a = &f.range(&get("a", "")).unwrap().kvs[0];
+    assert_eq!((a.create_revision, a.version), (6, 1), "a new generation");
+    let before = PbRangeRequest {
+        revision: 4,
+        ..get("\0", "\0")
+    };
+    assert_eq!(
+        f.values(&before),
+        pairs(&[("a", "a"), ("ab", "ab"), ("b", "b")])
+    );
+}
+
+#[test]
+fn txn_branches_nesting_and_refusals() {
+    let mut f = fixture();
+    f.apply(put("k", "v")).unwrap();
+    let txn = |cmp: PbCompare| {
+        Op::Txn(PbTxnRequest {
+            compare: vec![cmp],
+            success: vec![
+                op(put("then", "1")),
+                op(Op::Txn(PbTxnRequest {
+                    compare: vec![value_cmp("then", "1")],
+                    success: vec![op(put("nested", "seen"))],
+                    failure: vec![],
+                })),
+            ],
+            failure: vec![op(put("else", "1"))],
+        })
+    };
+    let Response::Txn(t) = f.apply(txn(value_cmp("k", "v"))).unwrap() else {
+        panic!()
+    };
+    assert!(t.succeeded);
+    assert_eq!(f.revision(), 3, "one revision for the whole Txn");
+    assert_eq!(
+        f.values(&get("\0", "\0")),
+        pairs(&[("k", "v"), ("nested", "seen"), ("then", "1")]),
+        "a nested Txn sees the writes before it"
+    );
+    let Some(PbTxnOpResponse::ResponseTxn(inner)) = &t.responses[1].response else {
+        panic!()
+    };
+    assert!(inner.succeeded);
+    let Response::Txn(t) = f.apply(txn(value_cmp("missing", ""))).unwrap() else {
+        panic!()
+    };
+    assert!(!t.succeeded, "a missing key never equals by value");
+    assert_eq!(f.values(&get("else", "")), pairs(&[("else", "1")]));
+
+    // A refused branch changes nothing.
+    let refused = Op::Txn(PbTxnRequest {
+        compare: vec![],
+        success: vec![
+            op(put("first", "1")),
+            op(Op::Put(PbPutRequest {
+                key: "absent".into(),
+                ignore_value: true,
+                ..Default::default()
+            })),
+        ],
+        failure: vec![],
+    });
+    let rev = f.revision();
+    assert_eq!(
+        f.apply(refused).unwrap_err().message,
+        "etcdserver: key not found"
+    );
+    assert_eq!(f.revision(), rev);
+    assert!(f.values(&get("first", "")).is_empty());
+}
+
+#[test]
+fn requests_are_checked_before_proposing() {
+    let dup = Op::Txn(PbTxnRequest {
+        success: vec![op(put("a", "1")), op(put("a", "2"))],
+        ..Default::default()
+    });
+    assert_eq!(
+        check(&dup).unwrap_err().message,
+        "etcdserver: duplicate key given in txn request"
+    );
+    let put_in_deleted = Op::Txn(PbTxnRequest {
+        success: vec![op(del("a", "c")), op(put("b", "2"))],
+        ..Default::default()
+    });
+    assert!(check(&put_in_deleted).is_err());
+    let nested_both_branches = Op::Txn(PbTxnRequest {
+        success: vec![op(Op::Txn(PbTxnRequest {
+            success: vec![op(put("a", "1"))],
+            failure: vec![op(put("a", "2"))],
+            ..Default::default()
+        }))],
+        ..Default::default()
+    });
+    assert_eq!(check(&nested_both_branches), Ok(()));
+    assert_eq!(
+        check(&put("", "x")).unwrap_err().message,
+        "etcdserver: key is not provided"
+    );
+    let too_many = Op::Txn(PbTxnRequest {
+        success: (0..129).map(|i| op(put(&format!("k{i}"), "v"))).collect(),
+        ..Default::default()
+    });
+    assert_eq!(
+        check(&too_many).unwrap_err().message,
+        "etcdserver: too many operations in txn request"
+    );
+}
+
+#[test]
+fn range_limit_sort_filters_and_counts() {
+    let mut f = fixture();
+    for (k, v) in [("p/a", "3"), ("p/b", "1"), ("p/c", "2"), ("q", "0")] {
+        f.apply(put(k, v)).unwrap();
+    }
+    f.apply(put("p/a", "4")).unwrap();
+    let prefix = get("p/", "p0");
+    let limited = f
+        .range(&PbRangeRequest {
+            limit: 2,
+            ..prefix.clone()
+        })
+        .unwrap();
+    assert_eq!(
+        (limited.kvs.len(), limited.more, limited.count),
+        (2, true, 3)
+    );
+    let by_value = PbRangeRequest {
+        sort_target: 4,
+        sort_order: 2,
+        ..prefix.clone()
+    };
+    assert_eq!(
+        f.values(&by_value),
+        pairs(&[("p/a", "4"), ("p/c", "2"), ("p/b", "1")])
+    );
+    let counted = f
+        .range(&PbRangeRequest {
+            count_only: true,
+            ..prefix.clone()
+        })
+        .unwrap();
+    assert_eq!((counted.kvs.len(), counted.count), (0, 3));
+    let keys_only = f
+        .range(&PbRangeRequest {
+            keys_only: true,
+            ..prefix.clone()
+        })
+        .unwrap();
+    assert!(keys_only.kvs.iter().all(|kv| kv.value.is_empty()));
+    let recent = PbRangeRequest {
+        min_mod_revision: 4,
+        ..prefix.clone()
+    };
+    assert_eq!(
+        f.values(&recent),
+        pairs(&[("p/a", "4"), ("p/c", "2")]),
+        "p/b was last modified at revision 3"
+    );
+    let empty = PbRangeRequest {
+        key: "".into(),
+        ..Default::default()
+    };
+    assert_eq!(
+        f.range(&empty).unwrap_err().message,
+        "etcdserver: key is not provided"
+    );
+}
+
+#[test]
+fn compaction_drops_old_revisions_and_refuses_reads_below_it() {
+    let mut f = fixture();
+    f.apply(put("a", "1")).unwrap(); // 2
+    f.apply(put("a", "2")).unwrap(); // 3
+    f.apply(put("b", "1")).unwrap(); // 4
+    f.apply(del("b", "")).unwrap(); // 5
+    f.apply(put("c", "1")).unwrap(); // 6
+    let compact = |r| {
+        Op::Compaction(PbCompactionRequest {
+            revision: r,
+            physical: true,
+        })
+    };
+    f.apply(compact(5)).unwrap();
+    assert_eq!(f.apply(compact(5)).unwrap_err(), ApiError::compacted());
+    assert_eq!(f.apply(compact(99)).unwrap_err(), ApiError::future_rev());
+    let at = |r| PbRangeRequest {
+        revision: r,
+        ..get("\0", "\0")
+    };
+    assert_eq!(f.range(&at(4)).unwrap_err(), ApiError::compacted());
+    assert_eq!(f.values(&at(5)), pairs(&[("a", "2")]));
+    assert_eq!(f.values(&at(6)), pairs(&[("a", "2"), ("c", "1")]));
+    // What is left: a@3 (newest at or below 5) and c@6; a@2 and b's rows are gone.
+    let dump = PbDump::decode(f.mvcc.dump().unwrap().as_slice()).unwrap();
+    let rows: Vec<_> = dump
+        .history
+        .iter()
+        .map(|e| (String::from_utf8(e.key.clone()).unwrap(), e.revision))
+        .collect();
+    assert_eq!(rows, [("a".to_string(), 3), ("c".to_string(), 6)]);
+}
+
+#[test]
+fn replay_after_restart_skips_applied_entries_and_restore_replaces_everything() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("kv.redb");
+    let entry = |i: u64, o: Op| (i, Some(Proposal { id: i, op: Some(o) }));
+    {
+        let m = Mvcc::open(&path).unwrap();
+        m.apply(&[entry(5, put("a", "1")), entry(6, put("a", "2"))], true)
+            .unwrap();
+    }
+    let m = Mvcc::open(&path).unwrap();
+    let again = m
+        .apply(&[entry(6, put("a", "2")), entry(7, put("b", "1"))], true)
+        .unwrap();
+    assert!(again[0].is_none(), "index 6 was applied before the restart");
+    assert!(again[1].is_some());
+    assert_eq!(
+        m.position().unwrap(),
+        Position {
+            revision: 4,
+            compacted: 0,
+            applied: 7
+        }
+    );
+    let dump = m.dump().unwrap();
+    let other = Mvcc::open(&dir.path().join("other.redb")).unwrap();
+    other.apply(&[entry(1, put("stale", "x"))], false).unwrap();
+    other.restore(&dump, 7).unwrap();
+    assert_eq!(other.position().unwrap(), m.position().unwrap());
+    assert_eq!(other.dump().unwrap(), dump);
+    assert_eq!(
+        other.range(&get("\0", "\0")).unwrap(),
+        m.range(&get("\0", "\0")).unwrap()
+    );
+    assert!(
+        Mvcc::open(&dir.path().join("bad.redb"))
+            .unwrap()
+            .restore(b"\xff\xff", 1)
+            .is_err(),
+        "a corrupt snapshot is an error, not a panic"
+    );
+}
