@@ -16,6 +16,8 @@ pub struct RangeOutput {
     pub more: bool,
     /// Keys in the range at the revision, before limit and filters.
     pub count: i64,
+    /// The store's newest revision when the range was read (the response header's).
+    pub revision: u64,
 }
 
 pub(super) trait HistoryTable: ReadableTable<(&'static [u8], u64), &'static [u8]> {}
@@ -155,7 +157,10 @@ pub(super) fn range(
     } else {
         limit + 1
     };
-    let mut out = RangeOutput::default();
+    let mut out = RangeOutput {
+        revision,
+        ..Default::default()
+    };
     scan(
         history,
         current,

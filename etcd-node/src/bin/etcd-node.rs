@@ -1,0 +1,68 @@
+//! etcd-node: an etcd-compatible member whose Raft uses a witness on shared storage. Takes
+//! etcd's flags (`etcd-node --help`), `ETCD_*` environment variables, or `--config-file`.
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use etcd_node::config::{Flags, ServerConfig};
+
+fn main() -> ExitCode {
+    let flags = Flags::parse();
+    let cfg = match &flags.config_file {
+        Some(path) => ServerConfig::from_file(path),
+        None => ServerConfig::validate(flags),
+    };
+    let cfg = match cfg {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("etcd-node: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let level = match cfg.log_level.as_str() {
+        "panic" | "fatal" => "error",
+        l => l,
+    };
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level)),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("etcd-node: starting the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(etcd_node::server::run(cfg, shutdown_signal()));
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("etcd-node: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Ctrl-C or SIGTERM.
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(_) => return ctrl_c.await.unwrap_or(()),
+            };
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
+}

@@ -1,0 +1,357 @@
+//! The etcd v3 client API (gRPC, etcd-client's server types): KV, Cluster.MemberList and
+//! Maintenance.Status/Alarm; plus `/health` and `/metrics`. Writes go through Raft; linearizable
+//! reads wait for a ReadIndex round, serializable ones read this member's key space at once.
+
+use std::sync::Arc;
+use std::sync::mpsc::Sender;
+use std::time::Duration;
+
+use etcd_client::proto::*;
+use tokio::sync::{oneshot, watch};
+use tonic::{Request, Response, Status};
+
+use super::metrics::Metrics;
+use super::node::{ClientUrls, Input, Status as NodeStatus, no_leader};
+use crate::mvcc::{ApiError, Mvcc, Op, Proposal, Response as Applied, check};
+use crate::raft::NodeId;
+
+/// etcd's default `--max-request-bytes`.
+pub const MAX_REQUEST_BYTES: usize = 1536 * 1024;
+/// The version reported by Status: etcd clients check it (this API matches etcd 3.5's).
+pub const VERSION: &str = "3.5.17";
+
+/// A member as MemberList shows it.
+#[derive(Debug, Clone)]
+pub struct MemberInfo {
+    pub id: NodeId,
+    pub name: String,
+    pub peer_urls: Vec<String>,
+    pub is_witness: bool,
+}
+
+/// What every API handler shares.
+#[derive(Debug, Clone)]
+pub struct Api {
+    pub inputs: Sender<Input>,
+    pub status: watch::Receiver<NodeStatus>,
+    pub mvcc: Arc<Mvcc>,
+    pub cluster_id: u64,
+    pub member_id: NodeId,
+    pub members: Arc<Vec<MemberInfo>>,
+    pub client_urls: ClientUrls,
+    pub own_client_urls: Vec<String>,
+    pub metrics: Arc<Metrics>,
+    pub request_timeout: Duration,
+}
+
+fn internal(e: impl std::fmt::Display) -> Status {
+    Status::internal(e.to_string())
+}
+
+fn timed_out() -> Status {
+    Status::unavailable("etcdserver: request timed out")
+}
+
+impl Api {
+    fn header(&self, revision: i64) -> Option<PbResponseHeader> {
+        Some(PbResponseHeader {
+            cluster_id: self.cluster_id,
+            member_id: self.member_id,
+            revision,
+            raft_term: self.status.borrow().term,
+        })
+    }
+
+    fn revision_of(h: &Option<PbResponseHeader>) -> i64 {
+        h.as_ref().map_or(0, |h| h.revision)
+    }
+
+    /// Fails at once when there is no leader (etcd's "no leader", not a hang).
+    fn require_leader(&self) -> Result<(), Status> {
+        if self.status.borrow().leader == 0 {
+            return Err(no_leader().into());
+        }
+        Ok(())
+    }
+
+    async fn propose(&self, op: Op) -> Result<Applied, Status> {
+        check(&op)?;
+        self.require_leader()?;
+        let proposal = Proposal { id: 0, op: Some(op) };
+        if prost::Message::encoded_len(&proposal) > MAX_REQUEST_BYTES {
+            return Err(ApiError::invalid("etcdserver: request is too large").into());
+        }
+        let (reply, rx) = oneshot::channel();
+        self.inputs
+            .send(Input::Propose { proposal, reply })
+            .map_err(|_| Status::unavailable("etcdserver: server stopped"))?;
+        match tokio::time::timeout(self.request_timeout, rx).await {
+            Ok(Ok(r)) => r.map_err(Status::from),
+            Ok(Err(_)) | Err(_) => Err(timed_out()),
+        }
+    }
+
+    /// Waits until this member has applied everything committed before the call: after it,
+    /// a local read is linearizable.
+    pub async fn barrier(&self) -> Result<(), Status> {
+        self.require_leader()?;
+        let (reply, rx) = oneshot::channel();
+        self.inputs
+            .send(Input::Read { reply })
+            .map_err(|_| Status::unavailable("etcdserver: server stopped"))?;
+        let wait = async {
+            let index = rx.await.map_err(|_| timed_out())??;
+            let mut status = self.status.clone();
+            status
+                .wait_for(|s| s.applied >= index)
+                .await
+                .map_err(|_| Status::unavailable("etcdserver: server stopped"))?;
+            Ok::<_, Status>(())
+        };
+        tokio::time::timeout(self.request_timeout, wait)
+            .await
+            .map_err(|_| timed_out())?
+    }
+
+    /// `/health`: healthy when there is a leader and a linearizable read succeeds.
+    pub async fn health(&self) -> (bool, String) {
+        match self.barrier().await {
+            Ok(()) => (true, String::new()),
+            Err(s) if s.message() == "etcdserver: no leader" => (false, "RAFT NO LEADER".into()),
+            Err(s) => (false, s.message().to_string()),
+        }
+    }
+
+    pub fn metrics_text(&self) -> String {
+        self.metrics
+            .render(&self.status.borrow(), self.mvcc.db_size())
+    }
+}
+
+#[tonic::async_trait]
+impl PbKvService for Api {
+    async fn range(
+        &self,
+        request: Request<PbRangeRequest>,
+    ) -> Result<Response<PbRangeResponse>, Status> {
+        let req = request.into_inner();
+        if !req.serializable {
+            self.barrier().await?;
+        }
+        let out = self.mvcc.range(&req).map_err(internal)??;
+        Ok(Response::new(PbRangeResponse {
+            header: self.header(out.revision as i64),
+            kvs: out.kvs,
+            more: out.more,
+            count: out.count,
+        }))
+    }
+
+    async fn put(&self, request: Request<PbPutRequest>) -> Result<Response<PbPutResponse>, Status> {
+        match self.propose(Op::Put(request.into_inner())).await? {
+            Applied::Put(mut r) => {
+                r.header = self.header(Self::revision_of(&r.header));
+                Ok(Response::new(r))
+            }
+            other => Err(internal(format!("unexpected result {other:?}"))),
+        }
+    }
+
+    async fn delete_range(
+        &self,
+        request: Request<PbDeleteRequest>,
+    ) -> Result<Response<PbDeleteResponse>, Status> {
+        match self.propose(Op::DeleteRange(request.into_inner())).await? {
+            Applied::DeleteRange(mut r) => {
+                r.header = self.header(Self::revision_of(&r.header));
+                Ok(Response::new(r))
+            }
+            other => Err(internal(format!("unexpected result {other:?}"))),
+        }
+    }
+
+    async fn txn(&self, request: Request<PbTxnRequest>) -> Result<Response<PbTxnResponse>, Status> {
+        match self.propose(Op::Txn(request.into_inner())).await? {
+            Applied::Txn(mut r) => {
+                r.header = self.header(Self::revision_of(&r.header));
+                Ok(Response::new(r))
+            }
+            other => Err(internal(format!("unexpected result {other:?}"))),
+        }
+    }
+
+    type RangeStreamStream =
+        tokio_stream::wrappers::ReceiverStream<Result<PbRangeStreamResponse, Status>>;
+
+    /// Added after etcd 3.5 (which answers it as unimplemented, as this does).
+    async fn range_stream(
+        &self,
+        _: Request<PbRangeRequest>,
+    ) -> Result<Response<Self::RangeStreamStream>, Status> {
+        Err(not_yet("RangeStream"))
+    }
+
+    async fn compact(
+        &self,
+        request: Request<PbCompactionRequest>,
+    ) -> Result<Response<PbCompactionResponse>, Status> {
+        match self.propose(Op::Compaction(request.into_inner())).await? {
+            Applied::Compaction(mut r) => {
+                r.header = self.header(Self::revision_of(&r.header));
+                Ok(Response::new(r))
+            }
+            other => Err(internal(format!("unexpected result {other:?}"))),
+        }
+    }
+}
+
+fn not_yet(what: &str) -> Status {
+    Status::unimplemented(format!(
+        "etcd-node does not support {what} yet (docs/operations.md lists what is supported)"
+    ))
+}
+
+#[tonic::async_trait]
+impl PbClusterService for Api {
+    async fn member_add(
+        &self,
+        _: Request<PbMemberAddRequest>,
+    ) -> Result<Response<PbMemberAddResponse>, Status> {
+        Err(not_yet("MemberAdd"))
+    }
+    async fn member_remove(
+        &self,
+        _: Request<PbMemberRemoveRequest>,
+    ) -> Result<Response<PbMemberRemoveResponse>, Status> {
+        Err(not_yet("MemberRemove"))
+    }
+    async fn member_update(
+        &self,
+        _: Request<PbMemberUpdateRequest>,
+    ) -> Result<Response<PbMemberUpdateResponse>, Status> {
+        Err(not_yet("MemberUpdate"))
+    }
+    async fn member_promote(
+        &self,
+        _: Request<PbMemberPromoteRequest>,
+    ) -> Result<Response<PbMemberPromoteResponse>, Status> {
+        Err(not_yet("MemberPromote"))
+    }
+    async fn member_list(
+        &self,
+        request: Request<PbMemberListRequest>,
+    ) -> Result<Response<PbMemberListResponse>, Status> {
+        if request.get_ref().linearizable {
+            self.barrier().await?;
+        }
+        let learned = self
+            .client_urls
+            .lock()
+            .map(|m| m.clone())
+            .unwrap_or_default();
+        let members = self
+            .members
+            .iter()
+            .map(|m| PbMember {
+                id: m.id,
+                name: m.name.clone(),
+                peer_ur_ls: m.peer_urls.clone(),
+                client_ur_ls: if m.is_witness {
+                    Vec::new()
+                } else if m.id == self.member_id {
+                    self.own_client_urls.clone()
+                } else {
+                    learned.get(&m.id).cloned().unwrap_or_default()
+                },
+                is_learner: false,
+            })
+            .collect();
+        let revision = self.mvcc.position().map_err(internal)?.revision as i64;
+        Ok(Response::new(PbMemberListResponse {
+            header: self.header(revision),
+            members,
+        }))
+    }
+}
+
+#[tonic::async_trait]
+impl PbMaintenanceService for Api {
+    async fn alarm(
+        &self,
+        request: Request<PbAlarmRequest>,
+    ) -> Result<Response<PbAlarmResponse>, Status> {
+        // No alarm is ever raised yet (no quota enforcement): GET answers the truth, an empty
+        // list; activating or deactivating one is not supported.
+        if request.get_ref().action != 0 {
+            return Err(not_yet("raising or disarming alarms"));
+        }
+        let revision = self.mvcc.position().map_err(internal)?.revision as i64;
+        Ok(Response::new(PbAlarmResponse {
+            header: self.header(revision),
+            alarms: Vec::new(),
+        }))
+    }
+
+    async fn status(
+        &self,
+        _: Request<PbStatusRequest>,
+    ) -> Result<Response<PbStatusResponse>, Status> {
+        let s = *self.status.borrow();
+        let pos = self.mvcc.position().map_err(internal)?;
+        let size = self.mvcc.db_size() as i64;
+        Ok(Response::new(PbStatusResponse {
+            header: self.header(pos.revision as i64),
+            version: VERSION.into(),
+            db_size: size,
+            leader: s.leader,
+            raft_index: s.commit,
+            raft_term: s.term,
+            raft_applied_index: s.applied,
+            errors: if s.leader == 0 {
+                vec!["etcdserver: no leader".into()]
+            } else {
+                Vec::new()
+            },
+            db_size_in_use: size,
+            is_learner: false,
+            ..Default::default()
+        }))
+    }
+
+    async fn defragment(
+        &self,
+        _: Request<PbDefragmentRequest>,
+    ) -> Result<Response<PbDefragmentResponse>, Status> {
+        Err(not_yet("Defragment"))
+    }
+    async fn hash(&self, _: Request<PbHashRequest>) -> Result<Response<PbHashResponse>, Status> {
+        Err(not_yet("Hash"))
+    }
+    async fn hash_kv(
+        &self,
+        _: Request<PbHashKvRequest>,
+    ) -> Result<Response<PbHashKvResponse>, Status> {
+        Err(not_yet("HashKV"))
+    }
+
+    type SnapshotStream = tokio_stream::wrappers::ReceiverStream<Result<PbSnapshotResponse, Status>>;
+
+    async fn snapshot(
+        &self,
+        _: Request<PbSnapshotRequest>,
+    ) -> Result<Response<Self::SnapshotStream>, Status> {
+        Err(not_yet("Snapshot"))
+    }
+    async fn move_leader(
+        &self,
+        _: Request<PbMoveLeaderRequest>,
+    ) -> Result<Response<PbMoveLeaderResponse>, Status> {
+        Err(not_yet("MoveLeader"))
+    }
+    async fn downgrade(
+        &self,
+        _: Request<PbDowngradeRequest>,
+    ) -> Result<Response<PbDowngradeResponse>, Status> {
+        Err(not_yet("Downgrade"))
+    }
+}

@@ -1,0 +1,193 @@
+//! Prometheus metrics (text format 0.0.4), served at `/metrics`. Names follow etcd's where
+//! etcd has the metric; witness metrics are ours (`etcd_witness_*`, docs/operations.md).
+
+use std::fmt::Write as _;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::time::Duration;
+
+use witness_core::client::Stepped;
+
+use super::node::Status;
+use crate::raft::WitnessResponse;
+
+const STEPS: [&str; 4] = ["append", "vote", "pre-vote", "read-term"];
+
+#[derive(Debug, Default)]
+struct Sum {
+    count: AtomicU64,
+    micros: AtomicU64,
+}
+
+impl Sum {
+    fn add(&self, d: Duration) {
+        self.count.fetch_add(1, Relaxed);
+        self.micros.fetch_add(d.as_micros() as u64, Relaxed);
+    }
+}
+
+/// Counters and gauges of one member.
+#[derive(Debug, Default)]
+pub struct Metrics {
+    wal_fsync: Sum,
+    applied: AtomicU64,
+    witness_steps: [AtomicU64; 4],
+    witness_latency: [Sum; 4],
+    witness_writes: AtomicU64,
+    witness_conflicts: AtomicU64,
+    witness_failures: AtomicU64,
+    /// (subterm, witness in the replication set) while leading.
+    leader_view: Mutex<Option<(u64, bool)>>,
+}
+
+impl Metrics {
+    pub fn wal_fsync(&self, d: Duration) {
+        self.wal_fsync.add(d);
+    }
+    pub fn applied(&self, n: u64) {
+        self.applied.fetch_add(n, Relaxed);
+    }
+    pub fn witness_step(
+        &self,
+        name: &str,
+        d: Duration,
+        result: &witness_core::Result<Stepped<WitnessResponse>>,
+    ) {
+        let i = STEPS.iter().position(|s| *s == name).unwrap_or(0);
+        self.witness_steps[i].fetch_add(1, Relaxed);
+        self.witness_latency[i].add(d);
+        match result {
+            Ok(s) => {
+                self.witness_writes.fetch_add(u64::from(s.wrote), Relaxed);
+                self.witness_conflicts
+                    .fetch_add(u64::from(s.conflicts), Relaxed);
+            }
+            Err(_) => {
+                self.witness_failures.fetch_add(1, Relaxed);
+            }
+        }
+    }
+    pub fn set_leader_view(&self, view: Option<(u64, bool)>) {
+        if let Ok(mut v) = self.leader_view.lock() {
+            *v = view;
+        }
+    }
+
+    /// The text exposition.
+    pub fn render(&self, status: &Status, db_size: u64) -> String {
+        let mut out = String::new();
+        let mut gauge = |name: &str, help: &str, value: u64| {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}");
+        };
+        gauge(
+            "etcd_server_has_leader",
+            "Whether a leader exists (1) or not (0).",
+            u64::from(status.leader != 0),
+        );
+        gauge(
+            "etcd_server_is_leader",
+            "Whether this member is the leader.",
+            u64::from(status.is_leader),
+        );
+        gauge("etcd_server_term", "The Raft term.", status.term);
+        gauge(
+            "etcd_server_committed_index",
+            "The Raft commit index.",
+            status.commit,
+        );
+        gauge(
+            "etcd_server_applied_index",
+            "The Raft applied index.",
+            status.applied,
+        );
+        gauge(
+            "etcd_mvcc_db_total_size_in_bytes",
+            "Size of the key-value database file.",
+            db_size,
+        );
+        let view = self.leader_view.lock().ok().and_then(|v| *v);
+        gauge(
+            "etcd_witness_subterm",
+            "The leader's current subterm (0 on followers).",
+            view.map_or(0, |v| v.0),
+        );
+        gauge(
+            "etcd_witness_in_replication_set",
+            "1 when the leader's replication set holds the witness (a regular member is down).",
+            u64::from(view.is_some_and(|v| v.1)),
+        );
+        let _ = writeln!(
+            out,
+            "# HELP etcd_server_proposals_applied_total Entries applied.\n\
+             # TYPE etcd_server_proposals_applied_total counter\n\
+             etcd_server_proposals_applied_total {}",
+            self.applied.load(Relaxed)
+        );
+        let sum = |out: &mut String, name: &str, help: &str, labels: &str, s: &Sum| {
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} summary\n\
+                 {name}_sum{labels} {}\n{name}_count{labels} {}",
+                s.micros.load(Relaxed) as f64 / 1e6,
+                s.count.load(Relaxed)
+            );
+        };
+        sum(
+            &mut out,
+            "etcd_disk_wal_fsync_duration_seconds",
+            "WAL batch write and fsync latency.",
+            "",
+            &self.wal_fsync,
+        );
+        let _ = writeln!(
+            out,
+            "# HELP etcd_witness_steps_total Witness steps by kind.\n# TYPE etcd_witness_steps_total counter"
+        );
+        for (i, step) in STEPS.iter().enumerate() {
+            let _ = writeln!(
+                out,
+                "etcd_witness_steps_total{{step=\"{step}\"}} {}",
+                self.witness_steps[i].load(Relaxed)
+            );
+        }
+        let _ = writeln!(
+            out,
+            "# HELP etcd_witness_step_duration_seconds Witness step latency by kind.\n\
+             # TYPE etcd_witness_step_duration_seconds summary"
+        );
+        for (i, step) in STEPS.iter().enumerate() {
+            let s = &self.witness_latency[i];
+            let _ = writeln!(
+                out,
+                "etcd_witness_step_duration_seconds_sum{{step=\"{step}\"}} {}\n\
+                 etcd_witness_step_duration_seconds_count{{step=\"{step}\"}} {}",
+                s.micros.load(Relaxed) as f64 / 1e6,
+                s.count.load(Relaxed)
+            );
+        }
+        for (name, help, v) in [
+            (
+                "etcd_witness_writes_total",
+                "Witness steps that stored a new state.",
+                &self.witness_writes,
+            ),
+            (
+                "etcd_witness_cas_conflicts_total",
+                "Compare-and-swap races lost (and retried).",
+                &self.witness_conflicts,
+            ),
+            (
+                "etcd_witness_step_failures_total",
+                "Witness steps that failed (storage unreachable, corrupt, ...).",
+                &self.witness_failures,
+            ),
+        ] {
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}",
+                v.load(Relaxed)
+            );
+        }
+        out
+    }
+}

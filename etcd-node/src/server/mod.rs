@@ -1,0 +1,293 @@
+//! The etcd-node server: opens the member's storage (WAL, snapshots, key space), starts the
+//! Raft loop thread, the peer transport, and the client API on the client URLs (gRPC plus
+//! `/health` and `/metrics`), and stops them on shutdown. The witness member is served here,
+//! locally: witness steps run against the storage its `witness:` URL names.
+
+pub mod api;
+pub mod metrics;
+pub mod node;
+pub mod peer;
+pub mod wire;
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use axum::routing::get;
+use etcd_client::proto::{PbClusterServer, PbKvServer, PbMaintenanceServer};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio_stream::wrappers::TcpListenerStream;
+use tonic::service::Routes;
+use witness_core::Witness;
+
+use crate::config::{ClusterState, HttpUrl, PeerUrls, ServerConfig};
+use crate::mvcc::Mvcc;
+use crate::raft::{self, Membership, Raft, Storage};
+use crate::storage::disk::DiskStorage;
+use crate::witness::open_store;
+use api::{Api, MAX_REQUEST_BYTES, MemberInfo};
+use metrics::Metrics;
+use node::{RaftLoop, Status};
+use peer::{Identity, MAX_FRAME_BYTES, PeerService, Peers};
+
+/// Binds every address of every URL of `flag`.
+async fn bind(flag: &str, urls: &[HttpUrl]) -> anyhow::Result<Vec<TcpListener>> {
+    let mut listeners = Vec::new();
+    for url in urls {
+        let addrs: Vec<SocketAddr> = url.socket_addrs().map_err(anyhow::Error::msg)?;
+        for addr in addrs {
+            let l = TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("{flag} {}: cannot listen on {addr}", url.text))?;
+            listeners.push(l);
+        }
+    }
+    Ok(listeners)
+}
+
+/// The member's storage, opened (and bootstrapped for a new cluster).
+fn open_storage(cfg: &ServerConfig) -> anyhow::Result<(DiskStorage, Arc<Mvcc>)> {
+    let member_dir = cfg.data_dir.join("member");
+    std::fs::create_dir_all(&member_dir)
+        .with_context(|| format!("--data-dir: cannot create {}", member_dir.display()))?;
+    let (mut disk, report) = DiskStorage::open(&member_dir).map_err(anyhow::Error::msg)?;
+    if report.torn_bytes > 0 {
+        tracing::warn!(
+            bytes = report.torn_bytes,
+            "discarded a torn WAL tail (a batch never acknowledged)"
+        );
+    }
+    for s in &report.rejected_snapshots {
+        tracing::warn!(snapshot = %s, "skipped a snapshot file that failed its checks");
+    }
+    if disk.is_empty() {
+        match cfg.initial_cluster_state {
+            ClusterState::New => {
+                let regular = cfg
+                    .initial_cluster
+                    .iter()
+                    .filter(|m| matches!(m.peer, PeerUrls::Regular(_)))
+                    .map(|m| m.id);
+                let witness = cfg.witness().map(|(m, _)| m.id);
+                let membership = Membership::new(regular, witness)
+                    .map_err(|e| anyhow::anyhow!("--initial-cluster: {e}"))?;
+                disk.bootstrap(membership).map_err(anyhow::Error::msg)?;
+                tracing::info!(members = cfg.initial_cluster.len(), "bootstrapped a new cluster");
+            }
+            ClusterState::Existing => bail!(
+                "--initial-cluster-state existing with an empty --data-dir {}: joining a running \
+                 cluster (member add) is not supported yet; start every member of a new cluster \
+                 with --initial-cluster-state new",
+                cfg.data_dir.display()
+            ),
+        }
+    }
+    let mvcc = Arc::new(Mvcc::open(&member_dir.join("kv.redb"))?);
+    let snapshot = disk.snapshot();
+    if mvcc.position()?.applied < snapshot.meta.index && !snapshot.data.is_empty() {
+        // A crash between saving a received snapshot and restoring the key space from it.
+        mvcc.restore(&snapshot.data, snapshot.meta.index)?;
+    }
+    Ok((disk, mvcc))
+}
+
+/// Runs the member until `shutdown` completes or the Raft loop stops on a storage failure.
+pub async fn run(
+    cfg: ServerConfig,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> anyhow::Result<()> {
+    let (disk, mvcc) = open_storage(&cfg)?;
+    let tick = cfg.heartbeat_interval;
+    let mut rc = raft::Config::new(cfg.member_id);
+    rc.cluster_id = cfg.cluster_id;
+    rc.heartbeat_tick = 1;
+    rc.election_tick = (cfg.election_timeout.as_millis() / tick.as_millis().max(1)) as u64;
+    rc.seed = rand::random();
+    let raft = Raft::new(rc, &disk).map_err(anyhow::Error::msg)?;
+
+    let witness = match cfg.witness() {
+        Some((m, url)) => {
+            let store = open_store(url).with_context(|| {
+                format!("--initial-cluster: witness {} ({url})", m.name)
+            })?;
+            Some((m.id, Arc::new(Witness::new(store))))
+        }
+        None => None,
+    };
+    let own_client_urls: Vec<String> = cfg
+        .advertise_client_urls
+        .iter()
+        .map(|u| u.text.clone())
+        .collect();
+    let me = Identity {
+        cluster_id: cfg.cluster_id,
+        member_id: cfg.member_id,
+        client_urls: own_client_urls.clone(),
+    };
+    let peer_list: Vec<(u64, String)> = cfg
+        .initial_cluster
+        .iter()
+        .filter(|m| m.id != cfg.member_id)
+        .filter_map(|m| match &m.peer {
+            PeerUrls::Regular(urls) => urls.first().map(|u| (m.id, u.text.clone())),
+            PeerUrls::Witness(_) => None,
+        })
+        .collect();
+    let runtime = tokio::runtime::Handle::current();
+    let peers = Peers::start(&me, &peer_list, &runtime);
+    let (inputs_tx, inputs_rx) = std::sync::mpsc::channel();
+    let (status_tx, status_rx) = watch::channel(Status::default());
+    let metrics = Arc::new(Metrics::default());
+    let client_urls = Arc::new(Mutex::new(Default::default()));
+
+    let raft_loop = RaftLoop {
+        raft,
+        disk,
+        mvcc: mvcc.clone(),
+        peers,
+        witness,
+        runtime: runtime.clone(),
+        inputs: inputs_rx,
+        feedback: inputs_tx.clone(),
+        status: status_tx,
+        tick,
+        snapshot_count: cfg.snapshot_count.max(1),
+        metrics: metrics.clone(),
+    };
+    let (done_tx, done_rx) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new()
+        .name("raft".into())
+        .spawn(move || {
+            let _ = done_tx.send(raft_loop.run());
+        })
+        .context("starting the Raft thread")?;
+
+    let api = Api {
+        inputs: inputs_tx.clone(),
+        status: status_rx,
+        mvcc,
+        cluster_id: cfg.cluster_id,
+        member_id: cfg.member_id,
+        members: Arc::new(
+            cfg.initial_cluster
+                .iter()
+                .map(|m| MemberInfo {
+                    id: m.id,
+                    name: m.name.clone(),
+                    peer_urls: m.peer_texts.clone(),
+                    is_witness: matches!(m.peer, PeerUrls::Witness(_)),
+                })
+                .collect(),
+        ),
+        client_urls: client_urls.clone(),
+        own_client_urls,
+        metrics,
+        request_timeout: Duration::from_secs(5) + 2 * cfg.election_timeout,
+    };
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let stopped = move || {
+        let mut rx = stop_rx.clone();
+        async move {
+            let _ = rx.wait_for(|s| *s).await;
+        }
+    };
+    let mut servers = tokio::task::JoinSet::new();
+    for l in bind("--listen-peer-urls", &cfg.listen_peer_urls).await? {
+        let svc = peer::pb::peer_server::PeerServer::new(PeerService {
+            me: me.clone(),
+            inputs: inputs_tx.clone(),
+            client_urls: client_urls.clone(),
+        })
+        .max_decoding_message_size(MAX_FRAME_BYTES);
+        let stop = stopped();
+        servers.spawn(async move {
+            tonic::transport::Server::builder()
+                .add_service(svc)
+                .serve_with_incoming_shutdown(TcpListenerStream::new(l), stop)
+                .await
+        });
+    }
+    let client_routes = || {
+        let grpc = Routes::new(
+            PbKvServer::new(api.clone()).max_decoding_message_size(MAX_REQUEST_BYTES + 512 * 1024),
+        )
+        .add_service(PbClusterServer::new(api.clone()))
+        .add_service(PbMaintenanceServer::new(api.clone()));
+        with_http(grpc.into_axum_router(), &api)
+    };
+    for l in bind("--listen-client-urls", &cfg.listen_client_urls).await? {
+        servers.spawn(serve(l, client_routes(), stopped()));
+    }
+    let metrics_routes = || with_http(axum::Router::new(), &api);
+    for l in bind("--listen-metrics-urls", &cfg.listen_metrics_urls).await? {
+        servers.spawn(serve(l, metrics_routes(), stopped()));
+    }
+    tracing::info!(
+        name = %cfg.name,
+        member = format!("{:x}", cfg.member_id),
+        cluster = format!("{:x}", cfg.cluster_id),
+        "serving"
+    );
+
+    let result = tokio::select! {
+        () = shutdown => Ok(()),
+        r = done_rx => match r {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(anyhow::anyhow!("storage failure, stopping: {e}")),
+            Err(_) => Err(anyhow::anyhow!("the Raft thread stopped unexpectedly")),
+        },
+    };
+    let _ = stop_tx.send(true);
+    let _ = inputs_tx.send(node::Input::Stop);
+    while let Some(r) = servers.join_next().await {
+        if let Ok(Err(e)) = r {
+            tracing::warn!(error = %e, "a listener stopped with an error");
+        }
+    }
+    result
+}
+
+/// Adds `/health` and `/metrics` to a router.
+fn with_http(router: axum::Router, api: &Api) -> Routes {
+    let (a, b) = (api.clone(), api.clone());
+    Routes::from(
+        router
+            .route(
+                "/health",
+                get(move || {
+                    let api = a.clone();
+                    async move {
+                        let (healthy, reason) = api.health().await;
+                        let code = if healthy {
+                            axum::http::StatusCode::OK
+                        } else {
+                            axum::http::StatusCode::SERVICE_UNAVAILABLE
+                        };
+                        let body = format!(r#"{{"health":"{healthy}","reason":"{reason}"}}"#);
+                        (code, body)
+                    }
+                }),
+            )
+            .route(
+                "/metrics",
+                get(move || {
+                    let api = b.clone();
+                    async move { api.metrics_text() }
+                }),
+            ),
+    )
+}
+
+async fn serve(
+    listener: TcpListener,
+    routes: Routes,
+    stop: impl std::future::Future<Output = ()>,
+) -> Result<(), tonic::transport::Error> {
+    tonic::transport::Server::builder()
+        .accept_http1(true)
+        .add_routes(routes)
+        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), stop)
+        .await
+}

@@ -1,0 +1,409 @@
+//! The Raft loop: one thread that owns the Raft core, the durable log and the key space's
+//! writer. It ticks, takes inputs (client proposals and reads, peer envelopes, witness
+//! answers), and processes each `Ready` in the order the core asks: persist (one fsync per
+//! batch), send, run witness steps, apply, answer. Witness steps run on the async runtime
+//! against the witness's storage, right here in this process: no witness server exists.
+
+use std::collections::HashMap;
+use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use prost::Message as _;
+use tokio::sync::{oneshot, watch};
+use witness_core::{Witness, WitnessStore};
+
+use super::metrics::Metrics;
+use super::peer::Peers;
+use super::wire::Envelope;
+use crate::mvcc::{ApiError, Mvcc, Proposal, Response};
+use crate::raft::{
+    EntryData, NONE, NodeId, Raft, Ready, Refused, Role, Storage, WitnessRequest,
+    WitnessResponse, apply_rule,
+};
+use crate::storage::disk::DiskStorage;
+
+/// Something for the Raft loop to do.
+#[derive(Debug)]
+pub enum Input {
+    /// Replicate and apply a write; the answer comes once it is applied here.
+    Propose {
+        proposal: Proposal,
+        reply: oneshot::Sender<Result<Response, ApiError>>,
+    },
+    /// A linearizable read: answers with the index the key space must reach before reading.
+    Read {
+        reply: oneshot::Sender<Result<u64, ApiError>>,
+    },
+    Peer {
+        from: NodeId,
+        envelope: Envelope,
+    },
+    Witness(WitnessResponse),
+    Stop,
+}
+
+/// What the API sees of the node, updated after every batch.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Status {
+    pub leader: NodeId,
+    pub term: u64,
+    pub commit: u64,
+    pub applied: u64,
+    pub is_leader: bool,
+}
+
+pub fn no_leader() -> ApiError {
+    ApiError::new(tonic::Code::Unavailable, "etcdserver: no leader")
+}
+
+pub fn leader_changed() -> ApiError {
+    ApiError::new(tonic::Code::Unavailable, "etcdserver: leader changed")
+}
+
+fn refused(r: &Refused) -> ApiError {
+    match r {
+        Refused::NotLeader { leader: NONE } => no_leader(),
+        Refused::NotLeader { .. } | Refused::Transferring { .. } => leader_changed(),
+        other => ApiError::new(tonic::Code::Unavailable, format!("etcdserver: {other}")),
+    }
+}
+
+/// Everything the loop owns.
+#[derive(Debug)]
+pub struct RaftLoop {
+    pub raft: Raft,
+    pub disk: DiskStorage,
+    pub mvcc: Arc<Mvcc>,
+    pub peers: Peers,
+    pub witness: Option<(NodeId, Arc<Witness<Arc<dyn WitnessStore>>>)>,
+    pub runtime: tokio::runtime::Handle,
+    pub inputs: Receiver<Input>,
+    /// Where witness answers come back.
+    pub feedback: Sender<Input>,
+    pub status: watch::Sender<Status>,
+    pub tick: Duration,
+    pub snapshot_count: u64,
+    pub metrics: Arc<Metrics>,
+}
+
+/// A read-index round this node started: who waits for it.
+enum ReadWaiter {
+    Local(Vec<oneshot::Sender<Result<u64, ApiError>>>),
+    Remote { member: NodeId, ctx: u64 },
+}
+
+struct State {
+    waiters: HashMap<u64, oneshot::Sender<Result<Response, ApiError>>>,
+    next_id: u64,
+    /// Local reads not yet handed to Raft (batched: one round per loop turn).
+    reads: Vec<oneshot::Sender<Result<u64, ApiError>>>,
+    /// Rounds started on the leader, by context.
+    rounds: HashMap<u64, ReadWaiter>,
+    /// Rounds forwarded to the leader, by context.
+    forwarded: HashMap<u64, Vec<oneshot::Sender<Result<u64, ApiError>>>>,
+    next_ctx: u64,
+    last_snapshot: u64,
+    unsynced: u64,
+}
+
+/// Applied entries between two durable commits of the key space (bounds replay after a crash).
+const SYNC_EVERY: u64 = 10_000;
+
+impl RaftLoop {
+    /// Runs until [`Input::Stop`] or a storage failure (returned: the node must stop).
+    pub fn run(mut self) -> Result<(), String> {
+        let mut st = State {
+            waiters: HashMap::new(),
+            next_id: rand::random::<u64>() >> 1,
+            reads: Vec::new(),
+            rounds: HashMap::new(),
+            forwarded: HashMap::new(),
+            next_ctx: 1,
+            last_snapshot: self.disk.snapshot().meta.index,
+            unsynced: 0,
+        };
+        let mut next_tick = Instant::now() + self.tick;
+        loop {
+            let now = Instant::now();
+            if now >= next_tick {
+                self.raft.tick();
+                next_tick = now + self.tick;
+                st.waiters.retain(|_, w| !w.is_closed());
+            }
+            match self.inputs.recv_timeout(next_tick.saturating_duration_since(now)) {
+                Ok(Input::Stop) => return Ok(()),
+                Ok(input) => {
+                    self.handle(&mut st, input);
+                    // Take everything already queued: one fsync for the lot.
+                    while let Ok(input) = self.inputs.try_recv() {
+                        if matches!(input, Input::Stop) {
+                            return Ok(());
+                        }
+                        self.handle(&mut st, input);
+                    }
+                }
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => return Ok(()),
+            }
+            self.start_reads(&mut st);
+            while self.raft.has_ready() {
+                self.process_ready(&mut st)?;
+            }
+            self.maybe_snapshot(&mut st)?;
+            self.publish_status();
+        }
+    }
+
+    fn publish_status(&self) {
+        let s = Status {
+            leader: self.raft.leader(),
+            term: self.raft.term(),
+            commit: self.raft.commit(),
+            applied: self.raft.applied(),
+            is_leader: self.raft.role() == Role::Leader,
+        };
+        let witness = self.raft.membership().witness();
+        self.metrics.set_leader_view(
+            self.raft
+                .leader_view()
+                .map(|(subterm, rset)| (subterm, witness.is_some_and(|w| rset.contains(&w)))),
+        );
+        self.status.send_if_modified(|old| {
+            let changed = *old != s;
+            *old = s;
+            changed
+        });
+    }
+
+    fn handle(&mut self, st: &mut State, input: Input) {
+        match input {
+            Input::Propose {
+                mut proposal,
+                reply,
+            } => {
+                st.next_id = st.next_id.wrapping_add(1);
+                proposal.id = st.next_id;
+                let data = proposal.encode_to_vec();
+                if self.raft.role() == Role::Leader {
+                    if let Err(r) = self.raft.propose(data) {
+                        let _ = reply.send(Err(refused(&r)));
+                        return;
+                    }
+                } else if self.raft.leader() != NONE {
+                    self.peers
+                        .send(self.raft.leader(), Envelope::Forward(data));
+                } else {
+                    let _ = reply.send(Err(no_leader()));
+                    return;
+                }
+                st.waiters.insert(proposal.id, reply);
+            }
+            Input::Read { reply } => st.reads.push(reply),
+            Input::Peer { from, envelope } => match envelope {
+                Envelope::Raft(m) => self.raft.step(m),
+                Envelope::Forward(data) => {
+                    // Refused (no longer the leader): the follower's client times out and retries.
+                    let _ = self.raft.propose(data);
+                }
+                Envelope::ReadIndex { ctx } => {
+                    let round = st.next_ctx;
+                    st.next_ctx += 1;
+                    match self.raft.read_index(round.to_be_bytes().to_vec()) {
+                        Ok(()) => {
+                            st.rounds
+                                .insert(round, ReadWaiter::Remote { member: from, ctx });
+                        }
+                        Err(_) => self
+                            .peers
+                            .send(from, Envelope::ReadIndexResp { ctx, index: 0 }),
+                    }
+                }
+                Envelope::ReadIndexResp { ctx, index } => {
+                    for w in st.forwarded.remove(&ctx).unwrap_or_default() {
+                        let _ = w.send(if index == 0 {
+                            Err(leader_changed())
+                        } else {
+                            Ok(index)
+                        });
+                    }
+                }
+            },
+            Input::Witness(r) => self.raft.step_witness(r),
+            Input::Stop => {}
+        }
+    }
+
+    /// Starts one read round for every local read that arrived this turn.
+    fn start_reads(&mut self, st: &mut State) {
+        if st.reads.is_empty() {
+            return;
+        }
+        let batch = std::mem::take(&mut st.reads);
+        let round = st.next_ctx;
+        st.next_ctx += 1;
+        if self.raft.role() == Role::Leader {
+            match self.raft.read_index(round.to_be_bytes().to_vec()) {
+                Ok(()) => {
+                    st.rounds.insert(round, ReadWaiter::Local(batch));
+                }
+                Err(r) => batch.into_iter().for_each(|w| {
+                    let _ = w.send(Err(refused(&r)));
+                }),
+            }
+        } else if self.raft.leader() != NONE {
+            self.peers
+                .send(self.raft.leader(), Envelope::ReadIndex { ctx: round });
+            st.forwarded.insert(round, batch);
+        } else {
+            for w in batch {
+                let _ = w.send(Err(no_leader()));
+            }
+        }
+    }
+
+    fn process_ready(&mut self, st: &mut State) -> Result<(), String> {
+        let ready: Ready = self.raft.ready();
+        let started = Instant::now();
+        self.disk.persist(&ready)?;
+        if !ready.entries.is_empty() || ready.hard_state.is_some() {
+            self.metrics.wal_fsync(started.elapsed());
+        }
+        for m in &ready.messages {
+            self.peers.send(m.to, Envelope::Raft(m.clone()));
+        }
+        for r in &ready.witness_requests {
+            self.run_witness_step(r.clone());
+        }
+        if let Some(snapshot) = &ready.snapshot
+            && !snapshot.data.is_empty()
+        {
+            self.mvcc
+                .restore(&snapshot.data, snapshot.meta.index)
+                .map_err(|e| e.to_string())?;
+            st.last_snapshot = snapshot.meta.index;
+        }
+        self.apply(st, &ready)?;
+        for rs in &ready.read_states {
+            let Ok(bytes) = <[u8; 8]>::try_from(rs.ctx.as_slice()) else {
+                continue;
+            };
+            match st.rounds.remove(&u64::from_be_bytes(bytes)) {
+                Some(ReadWaiter::Local(ws)) => ws.into_iter().for_each(|w| {
+                    let _ = w.send(Ok(rs.index));
+                }),
+                Some(ReadWaiter::Remote { member, ctx }) => self.peers.send(
+                    member,
+                    Envelope::ReadIndexResp {
+                        ctx,
+                        index: rs.index,
+                    },
+                ),
+                None => {}
+            }
+        }
+        self.raft.advance(&ready);
+        if self.raft.role() != Role::Leader && !st.rounds.is_empty() {
+            // Rounds of a lost leadership never complete: fail them now.
+            for (_, w) in st.rounds.drain() {
+                match w {
+                    ReadWaiter::Local(ws) => ws.into_iter().for_each(|w| {
+                        let _ = w.send(Err(leader_changed()));
+                    }),
+                    ReadWaiter::Remote { member, ctx } => self
+                        .peers
+                        .send(member, Envelope::ReadIndexResp { ctx, index: 0 }),
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn apply(&mut self, st: &mut State, ready: &Ready) -> Result<(), String> {
+        if ready.committed.is_empty() {
+            return Ok(());
+        }
+        let batch: Vec<(u64, Option<Proposal>)> = ready
+            .committed
+            .iter()
+            .map(|e| {
+                let p = match &e.data {
+                    // Data that does not decode was refused by every member alike: a no-op.
+                    EntryData::Normal(d) => Proposal::decode(d.as_slice()).ok(),
+                    EntryData::Empty | EntryData::ConfChange(_) => None,
+                };
+                (e.index, p)
+            })
+            .collect();
+        st.unsynced += batch.len() as u64;
+        let durable = st.unsynced >= SYNC_EVERY;
+        if durable {
+            st.unsynced = 0;
+        }
+        let results = self
+            .mvcc
+            .apply(&batch, durable)
+            .map_err(|e| e.to_string())?;
+        for ((_, p), r) in batch.iter().zip(results) {
+            if let (Some(p), Some(r)) = (p, r)
+                && let Some(w) = st.waiters.remove(&p.id)
+            {
+                let _ = w.send(r);
+            }
+        }
+        self.metrics.applied(batch.len() as u64);
+        Ok(())
+    }
+
+    /// Every `--snapshot-count` applied entries: make the key space durable, snapshot it and
+    /// compact the log behind it.
+    fn maybe_snapshot(&mut self, st: &mut State) -> Result<(), String> {
+        let applied = self.raft.applied();
+        if applied < st.last_snapshot + self.snapshot_count {
+            return Ok(());
+        }
+        self.mvcc.sync().map_err(|e| e.to_string())?;
+        st.unsynced = 0;
+        let data = self.mvcc.dump().map_err(|e| e.to_string())?;
+        let snapshot = self.raft.compact(data);
+        self.disk.compact(&snapshot)?;
+        st.last_snapshot = snapshot.meta.index;
+        tracing::info!(index = snapshot.meta.index, "saved snapshot, compacted the log");
+        Ok(())
+    }
+
+    /// Runs a witness step against this node's witness storage; the answer comes back as input.
+    fn run_witness_step(&self, request: WitnessRequest) {
+        let feedback = self.feedback.clone();
+        let Some((id, witness)) = self.witness.clone().filter(|(id, _)| *id == request.witness_id())
+        else {
+            let _ = feedback.send(Input::Witness(WitnessResponse::Failed { request }));
+            return;
+        };
+        let metrics = self.metrics.clone();
+        self.runtime.spawn(async move {
+            let name = match &request {
+                WitnessRequest::Append(_) => "append",
+                WitnessRequest::Vote { pre: true, .. } => "pre-vote",
+                WitnessRequest::Vote { pre: false, .. } => "vote",
+                WitnessRequest::ReadTerm { .. } => "read-term",
+            };
+            let started = Instant::now();
+            let stepped = witness
+                .step(name, |state, location| apply_rule(state, &request, location))
+                .await;
+            metrics.witness_step(name, started.elapsed(), &stepped);
+            let response = match stepped {
+                Ok(s) => s.reply,
+                Err(e) => {
+                    tracing::warn!(witness = format!("{id:x}"), step = name, error = %e, "witness step failed");
+                    WitnessResponse::Failed { request }
+                }
+            };
+            let _ = feedback.send(Input::Witness(response));
+        });
+    }
+}
+
+/// Member attributes learned at run time (client URLs of the others come with their frames).
+pub type ClientUrls = Arc<Mutex<HashMap<NodeId, Vec<String>>>>;

@@ -1,0 +1,301 @@
+//! What regular members send each other (`docs/formats.md`, "Peer messages"): Raft messages,
+//! proposals forwarded to the leader, and ReadIndex requests and answers. Decoding validates;
+//! a malformed envelope is an error naming what is wrong, never a panic.
+
+use prost::Message as _;
+
+use crate::raft::{Body, Entry, Message, Snapshot, SnapshotMeta};
+use crate::storage::codec::{Invalid, PbEntry, PbSnapshotMeta};
+
+#[derive(Clone, PartialEq, prost::Message)]
+struct PbMessage {
+    #[prost(uint64, tag = "1")]
+    from: u64,
+    #[prost(uint64, tag = "2")]
+    to: u64,
+    #[prost(uint64, tag = "3")]
+    term: u64,
+    /// 1 append, 2 append response, 3 heartbeat, 4 heartbeat response, 5 snapshot,
+    /// 6 timeout-now, 7 vote, 8 vote response.
+    #[prost(uint32, tag = "4")]
+    kind: u32,
+    /// Append: previous index; append response: index; vote: last index.
+    #[prost(uint64, tag = "5")]
+    index: u64,
+    /// Append: previous term; vote: last term.
+    #[prost(uint64, tag = "6")]
+    log_term: u64,
+    #[prost(message, repeated, tag = "7")]
+    entries: Vec<PbEntry>,
+    #[prost(uint64, tag = "8")]
+    commit: u64,
+    /// Append response: reject; vote: pre; vote response: pre.
+    #[prost(bool, tag = "9")]
+    flag: bool,
+    /// Vote: transfer; vote response: granted.
+    #[prost(bool, tag = "10")]
+    flag2: bool,
+    /// Heartbeat (response): read round.
+    #[prost(uint64, tag = "11")]
+    read: u64,
+    #[prost(message, optional, tag = "12")]
+    snapshot_meta: Option<PbSnapshotMeta>,
+    #[prost(bytes = "vec", tag = "13")]
+    snapshot_data: Vec<u8>,
+}
+
+/// One thing a member sends another.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Envelope {
+    Raft(Message),
+    /// A proposal (encoded `mvcc::Proposal`) for the leader to append.
+    Forward(Vec<u8>),
+    /// A follower asks the leader for a read index; `ctx` comes back in the answer.
+    ReadIndex { ctx: u64 },
+    /// The leader's answer: reads started after the request may be served at `index`
+    /// (0: refused, ask again).
+    ReadIndexResp { ctx: u64, index: u64 },
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+struct PbEnvelope {
+    #[prost(message, optional, tag = "1")]
+    raft: Option<PbMessage>,
+    #[prost(bytes = "vec", tag = "2")]
+    forward: Vec<u8>,
+    /// 0 raft, 1 forward, 2 read index, 3 read index response.
+    #[prost(uint32, tag = "3")]
+    kind: u32,
+    #[prost(uint64, tag = "4")]
+    ctx: u64,
+    #[prost(uint64, tag = "5")]
+    index: u64,
+}
+
+fn message_to_pb(m: &Message) -> PbMessage {
+    let mut p = PbMessage {
+        from: m.from,
+        to: m.to,
+        term: m.term,
+        ..Default::default()
+    };
+    match &m.body {
+        Body::Append {
+            prev_index,
+            prev_term,
+            entries,
+            commit,
+        } => {
+            p.kind = 1;
+            p.index = *prev_index;
+            p.log_term = *prev_term;
+            p.entries = entries.iter().map(PbEntry::from).collect();
+            p.commit = *commit;
+        }
+        Body::AppendResp { index, reject } => {
+            p.kind = 2;
+            p.index = *index;
+            p.flag = *reject;
+        }
+        Body::Heartbeat { commit, read } => {
+            p.kind = 3;
+            p.commit = *commit;
+            p.read = *read;
+        }
+        Body::HeartbeatResp { read } => {
+            p.kind = 4;
+            p.read = *read;
+        }
+        Body::Snapshot { snapshot } => {
+            p.kind = 5;
+            p.snapshot_meta = Some(PbSnapshotMeta::from(&snapshot.meta));
+            p.snapshot_data = snapshot.data.clone();
+        }
+        Body::TimeoutNow => p.kind = 6,
+        Body::Vote {
+            pre,
+            last_index,
+            last_term,
+            transfer,
+        } => {
+            p.kind = 7;
+            p.index = *last_index;
+            p.log_term = *last_term;
+            p.flag = *pre;
+            p.flag2 = *transfer;
+        }
+        Body::VoteResp { pre, granted } => {
+            p.kind = 8;
+            p.flag = *pre;
+            p.flag2 = *granted;
+        }
+    }
+    p
+}
+
+fn message_from_pb(p: PbMessage) -> Result<Message, Invalid> {
+    let body = match p.kind {
+        1 => Body::Append {
+            prev_index: p.index,
+            prev_term: p.log_term,
+            entries: p
+                .entries
+                .into_iter()
+                .map(Entry::try_from)
+                .collect::<Result<_, _>>()?,
+            commit: p.commit,
+        },
+        2 => Body::AppendResp {
+            index: p.index,
+            reject: p.flag,
+        },
+        3 => Body::Heartbeat {
+            commit: p.commit,
+            read: p.read,
+        },
+        4 => Body::HeartbeatResp { read: p.read },
+        5 => {
+            let meta = p
+                .snapshot_meta
+                .ok_or_else(|| Invalid("snapshot message without metadata".into()))?;
+            Body::Snapshot {
+                snapshot: Snapshot {
+                    meta: SnapshotMeta::try_from(meta)?,
+                    data: p.snapshot_data,
+                },
+            }
+        }
+        6 => Body::TimeoutNow,
+        7 => Body::Vote {
+            pre: p.flag,
+            last_index: p.index,
+            last_term: p.log_term,
+            transfer: p.flag2,
+        },
+        8 => Body::VoteResp {
+            pre: p.flag,
+            granted: p.flag2,
+        },
+        k => return Err(Invalid(format!("unknown Raft message kind {k}"))),
+    };
+    Ok(Message {
+        from: p.from,
+        to: p.to,
+        term: p.term,
+        body,
+    })
+}
+
+impl Envelope {
+    pub fn encode(&self) -> Vec<u8> {
+        let p = match self {
+            Envelope::Raft(m) => PbEnvelope {
+                raft: Some(message_to_pb(m)),
+                ..Default::default()
+            },
+            Envelope::Forward(data) => PbEnvelope {
+                kind: 1,
+                forward: data.clone(),
+                ..Default::default()
+            },
+            Envelope::ReadIndex { ctx } => PbEnvelope {
+                kind: 2,
+                ctx: *ctx,
+                ..Default::default()
+            },
+            Envelope::ReadIndexResp { ctx, index } => PbEnvelope {
+                kind: 3,
+                ctx: *ctx,
+                index: *index,
+                ..Default::default()
+            },
+        };
+        p.encode_to_vec()
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<Envelope, Invalid> {
+        let p = PbEnvelope::decode(bytes).map_err(|e| Invalid(format!("peer envelope: {e}")))?;
+        Ok(match p.kind {
+            0 => Envelope::Raft(message_from_pb(
+                p.raft
+                    .ok_or_else(|| Invalid("peer envelope without its Raft message".into()))?,
+            )?),
+            1 => Envelope::Forward(p.forward),
+            2 => Envelope::ReadIndex { ctx: p.ctx },
+            3 => Envelope::ReadIndexResp {
+                ctx: p.ctx,
+                index: p.index,
+            },
+            k => return Err(Invalid(format!("unknown peer envelope kind {k}"))),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::raft::{EntryData, Membership};
+
+    #[test]
+    fn every_envelope_round_trips_and_garbage_is_an_error() {
+        let msg = |body| {
+            Envelope::Raft(Message {
+                from: 1,
+                to: 2,
+                term: 7,
+                body,
+            })
+        };
+        let entry = Entry {
+            term: 7,
+            subterm: 2,
+            index: 10,
+            data: EntryData::Normal(b"x".to_vec()),
+        };
+        let all = [
+            msg(Body::Append {
+                prev_index: 9,
+                prev_term: 6,
+                entries: vec![entry],
+                commit: 8,
+            }),
+            msg(Body::AppendResp {
+                index: 10,
+                reject: true,
+            }),
+            msg(Body::Heartbeat { commit: 3, read: 4 }),
+            msg(Body::HeartbeatResp { read: 4 }),
+            msg(Body::Snapshot {
+                snapshot: Snapshot {
+                    meta: SnapshotMeta {
+                        index: 5,
+                        term: 2,
+                        subterm: 1,
+                        membership: Membership::new([1, 2], Some(3)).unwrap(),
+                    },
+                    data: b"data".to_vec(),
+                },
+            }),
+            msg(Body::TimeoutNow),
+            msg(Body::Vote {
+                pre: true,
+                last_index: 4,
+                last_term: 3,
+                transfer: true,
+            }),
+            msg(Body::VoteResp {
+                pre: false,
+                granted: true,
+            }),
+            Envelope::Forward(b"proposal".to_vec()),
+            Envelope::ReadIndex { ctx: 9 },
+            Envelope::ReadIndexResp { ctx: 9, index: 12 },
+        ];
+        for e in all {
+            assert_eq!(Envelope::decode(&e.encode()).unwrap(), e);
+        }
+        assert!(Envelope::decode(b"\x18\x09").is_err(), "unknown kind");
+        assert!(Envelope::decode(b"\xff\xff\xff").is_err());
+        assert!(Envelope::decode(&[]).is_err(), "a Raft envelope needs its message");
+    }
+}
