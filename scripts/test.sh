@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite, from a fresh machine: installs what the tests need, then runs
-# formatting, lints and every test. Tests start and stop their own servers (Azurite, a
+# formatting, lints and every test (end-to-end ones run etcd-node processes against Debian's
+# etcdctl). Tests start and stop their own servers (Azurite, a
 # loopback sshd for sshfs mounts). Run as root: some tests mount tmpfs and sshfs file systems.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -10,6 +11,10 @@ command -v npm >/dev/null 2>&1 || need_apt+=(nodejs npm)
 command -v setpriv >/dev/null 2>&1 || need_apt+=(util-linux)
 [ -x /usr/bin/sshfs ] || need_apt+=(sshfs)
 [ -x /usr/sbin/sshd ] || need_apt+=(openssh-server)
+command -v protoc >/dev/null 2>&1 || need_apt+=(protobuf-compiler)
+command -v etcdctl >/dev/null 2>&1 || need_apt+=(etcd-client)
+command -v etcd >/dev/null 2>&1 || need_apt+=(etcd-server)
+command -v curl >/dev/null 2>&1 || need_apt+=(curl)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "==> installing Debian packages: ${need_apt[*]}"
   apt-get update -qq

@@ -6,6 +6,7 @@
 //! that says how to install it, never a silent skip.
 
 pub mod azurite;
+pub mod cluster;
 pub mod sshfs;
 
 use std::path::PathBuf;

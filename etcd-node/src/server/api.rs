@@ -77,7 +77,10 @@ impl Api {
     async fn propose(&self, op: Op) -> Result<Applied, Status> {
         check(&op)?;
         self.require_leader()?;
-        let proposal = Proposal { id: 0, op: Some(op) };
+        let proposal = Proposal {
+            id: 0,
+            op: Some(op),
+        };
         if prost::Message::encoded_len(&proposal) > MAX_REQUEST_BYTES {
             return Err(ApiError::invalid("etcdserver: request is too large").into());
         }
@@ -334,7 +337,8 @@ impl PbMaintenanceService for Api {
         Err(not_yet("HashKV"))
     }
 
-    type SnapshotStream = tokio_stream::wrappers::ReceiverStream<Result<PbSnapshotResponse, Status>>;
+    type SnapshotStream =
+        tokio_stream::wrappers::ReceiverStream<Result<PbSnapshotResponse, Status>>;
 
     async fn snapshot(
         &self,

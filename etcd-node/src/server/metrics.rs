@@ -77,7 +77,10 @@ impl Metrics {
     pub fn render(&self, status: &Status, db_size: u64) -> String {
         let mut out = String::new();
         let mut gauge = |name: &str, help: &str, value: u64| {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}");
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}"
+            );
         };
         gauge(
             "etcd_server_has_leader",

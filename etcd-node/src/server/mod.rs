@@ -74,7 +74,10 @@ fn open_storage(cfg: &ServerConfig) -> anyhow::Result<(DiskStorage, Arc<Mvcc>)> 
                 let membership = Membership::new(regular, witness)
                     .map_err(|e| anyhow::anyhow!("--initial-cluster: {e}"))?;
                 disk.bootstrap(membership).map_err(anyhow::Error::msg)?;
-                tracing::info!(members = cfg.initial_cluster.len(), "bootstrapped a new cluster");
+                tracing::info!(
+                    members = cfg.initial_cluster.len(),
+                    "bootstrapped a new cluster"
+                );
             }
             ClusterState::Existing => bail!(
                 "--initial-cluster-state existing with an empty --data-dir {}: joining a running \
@@ -109,9 +112,8 @@ pub async fn run(
 
     let witness = match cfg.witness() {
         Some((m, url)) => {
-            let store = open_store(url).with_context(|| {
-                format!("--initial-cluster: witness {} ({url})", m.name)
-            })?;
+            let store = open_store(url)
+                .with_context(|| format!("--initial-cluster: witness {} ({url})", m.name))?;
             Some((m.id, Arc::new(Witness::new(store))))
         }
         None => None,

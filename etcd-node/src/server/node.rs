@@ -18,8 +18,8 @@ use super::peer::Peers;
 use super::wire::Envelope;
 use crate::mvcc::{ApiError, Mvcc, Proposal, Response};
 use crate::raft::{
-    EntryData, NONE, NodeId, Raft, Ready, Refused, Role, Storage, WitnessRequest,
-    WitnessResponse, apply_rule,
+    EntryData, NONE, NodeId, Raft, Ready, Refused, Role, Storage, WitnessRequest, WitnessResponse,
+    apply_rule,
 };
 use crate::storage::disk::DiskStorage;
 
@@ -69,6 +69,9 @@ fn refused(r: &Refused) -> ApiError {
     }
 }
 
+/// A witness-core client of the witness's storage, shared by concurrent steps.
+pub type SharedWitness = Arc<Witness<Arc<dyn WitnessStore>>>;
+
 /// Everything the loop owns.
 #[derive(Debug)]
 pub struct RaftLoop {
@@ -76,7 +79,8 @@ pub struct RaftLoop {
     pub disk: DiskStorage,
     pub mvcc: Arc<Mvcc>,
     pub peers: Peers,
-    pub witness: Option<(NodeId, Arc<Witness<Arc<dyn WitnessStore>>>)>,
+    /// The witness member's id and the client of its storage.
+    pub witness: Option<(NodeId, SharedWitness)>,
     pub runtime: tokio::runtime::Handle,
     pub inputs: Receiver<Input>,
     /// Where witness answers come back.
@@ -131,7 +135,10 @@ impl RaftLoop {
                 next_tick = now + self.tick;
                 st.waiters.retain(|_, w| !w.is_closed());
             }
-            match self.inputs.recv_timeout(next_tick.saturating_duration_since(now)) {
+            match self
+                .inputs
+                .recv_timeout(next_tick.saturating_duration_since(now))
+            {
                 Ok(Input::Stop) => return Ok(()),
                 Ok(input) => {
                     self.handle(&mut st, input);
@@ -191,8 +198,7 @@ impl RaftLoop {
                         return;
                     }
                 } else if self.raft.leader() != NONE {
-                    self.peers
-                        .send(self.raft.leader(), Envelope::Forward(data));
+                    self.peers.send(self.raft.leader(), Envelope::Forward(data));
                 } else {
                     let _ = reply.send(Err(no_leader()));
                     return;
@@ -368,14 +374,20 @@ impl RaftLoop {
         let snapshot = self.raft.compact(data);
         self.disk.compact(&snapshot)?;
         st.last_snapshot = snapshot.meta.index;
-        tracing::info!(index = snapshot.meta.index, "saved snapshot, compacted the log");
+        tracing::info!(
+            index = snapshot.meta.index,
+            "saved snapshot, compacted the log"
+        );
         Ok(())
     }
 
     /// Runs a witness step against this node's witness storage; the answer comes back as input.
     fn run_witness_step(&self, request: WitnessRequest) {
         let feedback = self.feedback.clone();
-        let Some((id, witness)) = self.witness.clone().filter(|(id, _)| *id == request.witness_id())
+        let Some((id, witness)) = self
+            .witness
+            .clone()
+            .filter(|(id, _)| *id == request.witness_id())
         else {
             let _ = feedback.send(Input::Witness(WitnessResponse::Failed { request }));
             return;

@@ -51,10 +51,15 @@ pub enum Envelope {
     /// A proposal (encoded `mvcc::Proposal`) for the leader to append.
     Forward(Vec<u8>),
     /// A follower asks the leader for a read index; `ctx` comes back in the answer.
-    ReadIndex { ctx: u64 },
+    ReadIndex {
+        ctx: u64,
+    },
     /// The leader's answer: reads started after the request may be served at `index`
     /// (0: refused, ask again).
-    ReadIndexResp { ctx: u64, index: u64 },
+    ReadIndexResp {
+        ctx: u64,
+        index: u64,
+    },
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
@@ -216,10 +221,11 @@ impl Envelope {
     pub fn decode(bytes: &[u8]) -> Result<Envelope, Invalid> {
         let p = PbEnvelope::decode(bytes).map_err(|e| Invalid(format!("peer envelope: {e}")))?;
         Ok(match p.kind {
-            0 => Envelope::Raft(message_from_pb(
-                p.raft
-                    .ok_or_else(|| Invalid("peer envelope without its Raft message".into()))?,
-            )?),
+            0 => {
+                Envelope::Raft(message_from_pb(p.raft.ok_or_else(|| {
+                    Invalid("peer envelope without its Raft message".into())
+                })?)?)
+            }
             1 => Envelope::Forward(p.forward),
             2 => Envelope::ReadIndex { ctx: p.ctx },
             3 => Envelope::ReadIndexResp {
@@ -296,6 +302,9 @@ mod tests {
         }
         assert!(Envelope::decode(b"\x18\x09").is_err(), "unknown kind");
         assert!(Envelope::decode(b"\xff\xff\xff").is_err());
-        assert!(Envelope::decode(&[]).is_err(), "a Raft envelope needs its message");
+        assert!(
+            Envelope::decode(&[]).is_err(),
+            "a Raft envelope needs its message"
+        );
     }
 }

@@ -1,0 +1,244 @@
+//! A local etcd-node cluster of real processes for end-to-end tests: two regular members on
+//! 127.0.0.1 plus a witness (a directory, or any `witness:` URL such as an Azurite blob),
+//! initialised with the real `etcdutl witness init`. Members can be killed (SIGKILL), stopped
+//! (SIGTERM) and restarted on the same data directory. Every process is stopped on drop.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+
+use crate::free_port;
+
+/// One regular member.
+#[derive(Debug)]
+pub struct Member {
+    pub name: String,
+    pub client_port: u16,
+    pub peer_port: u16,
+    child: Option<Child>,
+}
+
+impl Member {
+    pub fn endpoint(&self) -> String {
+        format!("127.0.0.1:{}", self.client_port)
+    }
+    pub fn url(&self) -> String {
+        format!("http://{}", self.endpoint())
+    }
+    pub fn is_running(&self) -> bool {
+        self.child.is_some()
+    }
+}
+
+/// Two etcd-node members and a witness.
+#[derive(Debug)]
+pub struct Cluster {
+    pub dir: tempfile::TempDir,
+    node_bin: PathBuf,
+    pub witness_url: String,
+    pub members: Vec<Member>,
+    initial_cluster: String,
+}
+
+/// Runs `etcdutl witness init` for `url`; panics with its output on failure.
+pub fn init_witness(etcdutl: &Path, name: &str, url: &str) {
+    let out = Command::new(etcdutl)
+        .args([
+            "witness",
+            "init",
+            "--name",
+            name,
+            "--advertise-peer-url",
+            url,
+        ])
+        .output()
+        .expect("run etcdutl");
+    assert!(
+        out.status.success(),
+        "etcdutl witness init failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+impl Cluster {
+    /// Two members and a witness in a local directory, started.
+    pub fn start(node_bin: &Path, etcdutl: &Path) -> Cluster {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let witness_dir = dir.path().join("witness");
+        std::fs::create_dir_all(&witness_dir).expect("witness dir");
+        let url = format!(
+            "witness:mount?path={}",
+            percent_encoding::utf8_percent_encode(
+                witness_dir.to_str().expect("utf-8 temp path"),
+                percent_encoding::NON_ALPHANUMERIC
+            )
+        );
+        Self::start_with(dir, node_bin, etcdutl, url)
+    }
+
+    /// Two members and the witness at `witness_url` (initialised here), started.
+    pub fn start_with(
+        dir: tempfile::TempDir,
+        node_bin: &Path,
+        etcdutl: &Path,
+        witness_url: String,
+    ) -> Cluster {
+        init_witness(etcdutl, "w", &witness_url);
+        let members: Vec<Member> = ["n1", "n2"]
+            .iter()
+            .map(|n| Member {
+                name: n.to_string(),
+                client_port: free_port(),
+                peer_port: free_port(),
+                child: None,
+            })
+            .collect();
+        let initial_cluster = members
+            .iter()
+            .map(|m| format!("{}=http://127.0.0.1:{}", m.name, m.peer_port))
+            .chain([format!("w={witness_url}")])
+            .collect::<Vec<_>>()
+            .join(",");
+        let mut c = Cluster {
+            dir,
+            node_bin: node_bin.to_path_buf(),
+            witness_url,
+            members,
+            initial_cluster,
+        };
+        for i in 0..c.members.len() {
+            c.start_member(i);
+        }
+        c
+    }
+
+    pub fn endpoints(&self) -> Vec<String> {
+        self.members.iter().map(Member::url).collect()
+    }
+
+    /// Starts member `i` (again) on its data directory.
+    pub fn start_member(&mut self, i: usize) {
+        let m = &self.members[i];
+        assert!(m.child.is_none(), "{} is already running", m.name);
+        let log = File::options()
+            .create(true)
+            .append(true)
+            .open(self.dir.path().join(format!("{}.log", m.name)))
+            .expect("log file");
+        let peer = format!("http://127.0.0.1:{}", m.peer_port);
+        let child = Command::new(&self.node_bin)
+            .args(["--name", &m.name])
+            .arg("--data-dir")
+            .arg(self.dir.path().join(format!("{}.etcd", m.name)))
+            .args(["--listen-client-urls", &m.url()])
+            .args(["--advertise-client-urls", &m.url()])
+            .args(["--listen-peer-urls", &peer])
+            .args(["--initial-advertise-peer-urls", &peer])
+            .args(["--initial-cluster", &self.initial_cluster])
+            .args(["--initial-cluster-state", "new"])
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("start etcd-node");
+        self.members[i].child = Some(child);
+    }
+
+    fn signal(&mut self, i: usize, sig: Signal) {
+        if let Some(mut child) = self.members[i].child.take() {
+            let _ = kill(Pid::from_raw(child.id() as i32), sig);
+            let _ = child.wait();
+        }
+    }
+
+    /// SIGKILL: the member loses whatever it had not made durable.
+    pub fn kill(&mut self, i: usize) {
+        self.signal(i, Signal::SIGKILL);
+    }
+
+    /// SIGTERM: a clean stop.
+    pub fn stop(&mut self, i: usize) {
+        self.signal(i, Signal::SIGTERM);
+    }
+
+    /// The member's log so far (for failure messages).
+    pub fn log(&self, i: usize) -> String {
+        std::fs::read_to_string(
+            self.dir
+                .path()
+                .join(format!("{}.log", self.members[i].name)),
+        )
+        .unwrap_or_default()
+    }
+
+    /// GET `path` on member `i`'s client URL.
+    pub fn http_get(&self, i: usize, path: &str) -> Option<(u16, String)> {
+        let r = reqwest::blocking::Client::new()
+            .get(format!("{}{path}", self.members[i].url()))
+            .timeout(Duration::from_secs(10))
+            .send()
+            .ok()?;
+        let code = r.status().as_u16();
+        Some((code, r.text().ok()?))
+    }
+
+    /// A metric's value on member `i` (the first sample whose line starts with `name`).
+    pub fn metric(&self, i: usize, name: &str) -> Option<f64> {
+        let (_, text) = self.http_get(i, "/metrics")?;
+        text.lines()
+            .find(|l| l.starts_with(name) && !l.starts_with('#'))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+    }
+
+    /// The index of the member that reports itself leader, waiting up to `limit`.
+    pub fn wait_leader(&self, limit: Duration) -> usize {
+        let started = Instant::now();
+        loop {
+            for (i, m) in self.members.iter().enumerate() {
+                if m.is_running() && self.metric(i, "etcd_server_is_leader") == Some(1.0) {
+                    return i;
+                }
+            }
+            assert!(
+                started.elapsed() < limit,
+                "no leader within {limit:?}; logs:\n{}\n{}",
+                self.log(0),
+                self.log(1)
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for i in 0..self.members.len() {
+            self.stop(i);
+        }
+    }
+}
+
+/// Runs the real `etcdctl` (Debian's `etcd-client`) against `endpoints`.
+pub fn etcdctl(endpoints: &[String], args: &[&str], stdin: Option<&str>) -> Output {
+    use std::io::Write;
+    let mut child = Command::new("etcdctl")
+        .env("ETCDCTL_API", "3")
+        .arg(format!("--endpoints={}", endpoints.join(",")))
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("etcdctl not found: install Debian's etcd-client (scripts/test.sh does)");
+    if let Some(input) = stdin
+        && let Some(mut s) = child.stdin.take()
+    {
+        s.write_all(input.as_bytes()).expect("etcdctl stdin");
+    }
+    child.wait_with_output().expect("etcdctl output")
+}
