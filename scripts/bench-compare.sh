@@ -1,0 +1,111 @@
+#!/usr/bin/env bash
+# Side by side on this machine, same tool (etcd-bench), same run: etcd-node as two members plus
+# a witness in a local directory, and Debian's etcd 3.4 as a three-member cluster. Both with
+# etcd's default timeouts (heartbeat 100 ms, election 1000 ms), data in the same directory tree.
+# Prints RESULT lines and a markdown table (docs/benchmarks.md has the last one).
+#
+#   bash scripts/bench-compare.sh            # full run (a few minutes)
+#   QUICK=1 bash scripts/bench-compare.sh    # fewer requests
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+command -v etcd >/dev/null || { echo "needs Debian's etcd-server (apt-get install etcd-server)"; exit 1; }
+cargo build --release --locked -p etcd-node --bin etcd-node --bin etcdutl --bin etcd-bench
+bin=$PWD/target/release
+work=$(mktemp -d "${BENCH_DIR:-/var/tmp}/bench-compare.XXXXXX")
+pids=()
+cleanup() { kill -9 "${pids[@]}" 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$work"; }
+trap cleanup EXIT
+
+scale=${QUICK:+1}
+n_small=$(( ${scale:-10} * 200 ))   # 1 client
+n_big=$(( ${scale:-10} * 2000 ))    # 16 and 64 clients
+
+rss_kb() { local t=0; for p in "$@"; do t=$(( t + $(awk '/VmRSS/{print $2}' "/proc/$p/status" 2>/dev/null || echo 0) )); done; echo $t; }
+
+start_ours() {
+  mkdir -p "$work/ours/witness"
+  local url="witness:mount?path=$(python3 -c 'import sys,urllib.parse;print(urllib.parse.quote(sys.argv[1],safe=""))' "$work/ours/witness")"
+  "$bin/etcdutl" witness init --name w --advertise-peer-url "$url" >/dev/null 2>&1
+  local ic="n1=http://127.0.0.1:41380,n2=http://127.0.0.1:42380,w=$url"
+  ours=()
+  for i in 1 2; do
+    "$bin/etcd-node" --name n$i --data-dir "$work/ours/n$i" \
+      --listen-client-urls http://127.0.0.1:4${i}379 --advertise-client-urls http://127.0.0.1:4${i}379 \
+      --listen-peer-urls http://127.0.0.1:4${i}380 --initial-advertise-peer-urls http://127.0.0.1:4${i}380 \
+      --initial-cluster "$ic" 2>"$work/ours/n$i.log" &
+    ours+=($!); pids+=($!)
+  done
+  ours_eps=127.0.0.1:41379,127.0.0.1:42379
+  ours_ports=(41379 42379)
+}
+
+start_etcd() {
+  local ic="e1=http://127.0.0.1:51380,e2=http://127.0.0.1:52380,e3=http://127.0.0.1:53380"
+  theirs=()
+  for i in 1 2 3; do
+    etcd --name e$i --data-dir "$work/etcd/e$i" \
+      --listen-client-urls http://127.0.0.1:5${i}379 --advertise-client-urls http://127.0.0.1:5${i}379 \
+      --listen-peer-urls http://127.0.0.1:5${i}380 --initial-advertise-peer-urls http://127.0.0.1:5${i}380 \
+      --initial-cluster "$ic" --initial-cluster-state new --log-level error 2>"$work/etcd-e$i.log" &
+    theirs+=($!); pids+=($!)
+  done
+  theirs_eps=127.0.0.1:51379,127.0.0.1:52379,127.0.0.1:53379
+  theirs_ports=(51379 52379 53379)
+}
+
+wait_healthy() { for _ in $(seq 1 150); do curl -fs "http://127.0.0.1:$1/health" >/dev/null 2>&1 && return; sleep 0.2; done; echo "no leader on $1"; exit 1; }
+
+# The index (in the ports array) of the member that leads.
+leader_of() {
+  local i=0
+  for p in "$@"; do
+    if curl -fs "http://127.0.0.1:$p/metrics" | grep -q '^etcd_server_is_leader 1'; then echo $i; return; fi
+    i=$((i + 1))
+  done
+  echo -1
+}
+
+bench() { # label eps pids... -- args
+  local label=$1 eps=$2; shift 2
+  local ps=(); while [ "$1" != "--" ]; do ps+=("$1"); shift; done; shift
+  "$bin/etcd-bench" --endpoints "$eps" "$@" > "$work/out" 2>&1 &
+  local b=$! peak=0 r
+  while kill -0 $b 2>/dev/null; do r=$(rss_kb "${ps[@]}"); [ "$r" -gt "$peak" ] && peak=$r; sleep 0.2; done
+  wait $b || { cat "$work/out"; exit 1; }
+  echo "$(grep '^RESULT' "$work/out") cluster=$label peak_rss_kb=$peak" | tee -a "$work/results"
+}
+
+run_suite() { # label eps pids...
+  local label=$1 eps=$2; shift 2
+  echo "RESULT op=idle cluster=$label rss_kb=$(rss_kb "$@")" | tee -a "$work/results"
+  bench "$label" "$eps" "$@" -- --clients 1 --conns 1 put --total $n_small --key-size 8 --val-size 256 --key-space-size 100000
+  bench "$label" "$eps" "$@" -- --clients 16 --conns 4 put --total $n_big --key-size 8 --val-size 256 --key-space-size 100000
+  bench "$label" "$eps" "$@" -- --clients 64 --conns 8 put --total $n_big --key-size 8 --val-size 256 --key-space-size 100000
+  "$bin/etcd-bench" --endpoints "$eps" put --total 1 --key-size 3 >/dev/null
+  bench "$label" "$eps" "$@" -- --clients 16 --conns 4 range 000 --consistency l --total $n_big
+  bench "$label" "$eps" "$@" -- --clients 16 --conns 4 range 000 --consistency s --total $n_big
+  bench "$label" "$eps" "$@" -- --clients 64 --conns 8 range 000 --consistency l --total $n_big
+}
+
+echo "==> etcd-node: two members + witness"
+start_ours; wait_healthy 41379; sleep 1
+run_suite etcd-node "$ours_eps" "${ours[@]}"
+failover_ours() {
+  "$bin/etcd-bench" --endpoints "$ours_eps" failover --duration 12 > "$work/fo" 2>&1 & local b=$!
+  sleep 4; local l; l=$(leader_of "${ours_ports[@]}"); kill -9 "${ours[$l]}"; wait $b
+  echo "$(grep '^RESULT' "$work/fo") cluster=etcd-node" | tee -a "$work/results"
+}
+failover_ours
+kill -9 "${ours[@]}" 2>/dev/null || true
+
+echo "==> etcd $(etcd --version | head -1 | awk '{print $3}'): three members"
+start_etcd; wait_healthy 51379; sleep 1
+run_suite etcd-3.4 "$theirs_eps" "${theirs[@]}"
+"$bin/etcd-bench" --endpoints "$theirs_eps" failover --duration 12 > "$work/fo" 2>&1 & b=$!
+sleep 4; l=$(leader_of "${theirs_ports[@]}"); kill -9 "${theirs[$l]}"; wait $b
+echo "$(grep '^RESULT' "$work/fo") cluster=etcd-3.4" | tee -a "$work/results"
+
+echo
+echo "==> all results"
+cat "$work/results"
