@@ -863,6 +863,23 @@ impl Raft {
         self.send(to, term, body);
     }
 
+    /// Tells the followers holding newly committed entries about them at once (otherwise they
+    /// learn it with the next append or heartbeat, up to a heartbeat later: a follower that
+    /// forwarded a client's proposal would answer that much later).
+    fn broadcast_commit(&mut self, before: u64) {
+        let (term, commit) = (self.term, self.commit);
+        let targets: Vec<(NodeId, u64)> = self
+            .leading()
+            .progress
+            .iter()
+            .map(|(&p, pr)| (p, commit.min(pr.matched)))
+            .filter(|&(_, c)| c > before)
+            .collect();
+        for (p, c) in targets {
+            self.send(p, term, Body::Heartbeat { commit: c, read: 0 });
+        }
+    }
+
     fn broadcast_heartbeat(&mut self, read: u64) {
         let (term, commit) = (self.term, self.commit);
         let targets: Vec<(NodeId, u64)> = self
@@ -1010,7 +1027,9 @@ impl Raft {
             }
         });
         if candidate > self.commit && self.term_at(candidate) == Some(self.term) {
+            let before = self.commit;
             self.commit_to(candidate);
+            self.broadcast_commit(before);
             let waiting = std::mem::take(&mut self.leading().reads_waiting);
             self.start_reads(waiting);
         }
