@@ -60,7 +60,8 @@ wait_healthy() { for _ in $(seq 1 150); do curl -fs "http://127.0.0.1:$1/health"
 leader_of() {
   local i=0
   for p in "$@"; do
-    if curl -fs "http://127.0.0.1:$p/metrics" | grep -q '^etcd_server_is_leader 1'; then echo $i; return; fi
+    # (not curl | grep -q: with pipefail, grep's early exit fails curl on a long page)
+    if grep -q '^etcd_server_is_leader 1' <<<"$(curl -fs "http://127.0.0.1:$p/metrics")"; then echo $i; return; fi
     i=$((i + 1))
   done
   echo -1
@@ -93,7 +94,8 @@ start_ours; wait_healthy 41379; sleep 1
 run_suite etcd-node "$ours_eps" "${ours[@]}"
 failover_ours() {
   "$bin/etcd-bench" --endpoints "$ours_eps" failover --duration 12 > "$work/fo" 2>&1 & local b=$!
-  sleep 4; local l; l=$(leader_of "${ours_ports[@]}"); kill -9 "${ours[$l]}"; wait $b
+  sleep 4; local l; l=$(leader_of "${ours_ports[@]}"); [ "$l" -ge 0 ] || { echo "no leader found"; exit 1; }
+  echo "killing the leader on port ${ours_ports[$l]}"; kill -9 "${ours[$l]}"; wait $b
   echo "$(grep '^RESULT' "$work/fo") cluster=etcd-node" | tee -a "$work/results"
 }
 failover_ours
@@ -103,7 +105,8 @@ echo "==> etcd $(etcd --version | head -1 | awk '{print $3}'): three members"
 start_etcd; wait_healthy 51379; sleep 1
 run_suite etcd-3.4 "$theirs_eps" "${theirs[@]}"
 "$bin/etcd-bench" --endpoints "$theirs_eps" failover --duration 12 > "$work/fo" 2>&1 & b=$!
-sleep 4; l=$(leader_of "${theirs_ports[@]}"); kill -9 "${theirs[$l]}"; wait $b
+sleep 4; l=$(leader_of "${theirs_ports[@]}"); [ "$l" -ge 0 ] || { echo "no leader found"; exit 1; }
+echo "killing the leader on port ${theirs_ports[$l]}"; kill -9 "${theirs[$l]}"; wait $b
 echo "$(grep '^RESULT' "$work/fo") cluster=etcd-3.4" | tee -a "$work/results"
 
 echo
