@@ -284,12 +284,22 @@ impl Raft {
         self.leader = self.cfg.id;
         let next = self.last_index() + 1;
         let now = self.ticks;
+        let silent_since = now.saturating_sub(self.cfg.liveness_ticks() + 1);
         let progress = self
             .membership
             .replicas()
             .into_iter()
             .filter(|&p| p != self.cfg.id)
-            .map(|p| (p, Progress::new(next, now)))
+            .map(|p| {
+                let mut pr = Progress::new(next, now);
+                if !self.votes.contains_key(&p) {
+                    // Silent through the election: the first adjustment of R may replace it
+                    // at once (a leader elected with the witness's vote while the other
+                    // member is down commits a tick later, not a liveness window later).
+                    pr.last_heard = silent_since;
+                }
+                (p, pr)
+            })
             .collect();
         self.lead = Some(Leading {
             progress,
