@@ -122,6 +122,11 @@ impl Cluster {
 
     /// Starts member `i` (again) on its data directory.
     pub fn start_member(&mut self, i: usize) {
+        self.start_member_with(i, &[], &[]);
+    }
+
+    /// As [`Cluster::start_member`] with extra flags and environment variables.
+    pub fn start_member_with(&mut self, i: usize, extra: &[&str], env: &[(&str, &str)]) {
         let m = &self.members[i];
         assert!(m.child.is_none(), "{} is already running", m.name);
         let log = File::options()
@@ -140,6 +145,8 @@ impl Cluster {
             .args(["--initial-advertise-peer-urls", &peer])
             .args(["--initial-cluster", &self.initial_cluster])
             .args(["--initial-cluster-state", "new"])
+            .args(extra)
+            .envs(env.iter().copied())
             .env("RUST_LOG", "info")
             .stdout(Stdio::null())
             .stderr(log)
@@ -153,6 +160,14 @@ impl Cluster {
             let _ = kill(Pid::from_raw(child.id() as i32), sig);
             let _ = child.wait();
         }
+    }
+
+    /// Has member `i`'s process ended by itself (a failpoint aborted it)?
+    pub fn exited(&mut self, i: usize) -> bool {
+        self.members[i]
+            .child
+            .as_mut()
+            .is_some_and(|c| matches!(c.try_wait(), Ok(Some(_))))
     }
 
     /// SIGKILL: the member loses whatever it had not made durable.

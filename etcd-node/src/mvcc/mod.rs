@@ -206,7 +206,9 @@ impl Mvcc {
             w.finish().map_err(|e| self.fail(e))?;
             out
         };
+        crate::failpoint::hit("apply-before-commit");
         tx.commit().map_err(|e| self.fail(e))?;
+        crate::failpoint::hit("apply-after-commit");
         Ok(results)
     }
 

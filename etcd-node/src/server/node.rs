@@ -372,6 +372,7 @@ impl RaftLoop {
         st.unsynced = 0;
         let data = self.mvcc.dump().map_err(|e| e.to_string())?;
         let snapshot = self.raft.compact(data);
+        crate::failpoint::hit("snapshot-before-save");
         self.disk.compact(&snapshot)?;
         st.last_snapshot = snapshot.meta.index;
         tracing::info!(
