@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use clap::{Parser, Subcommand};
+use clap::{Args, Parser, Subcommand};
 use etcd_client::{Client, ConnectOptions, GetOptions, Txn, TxnOp};
 use hdrhistogram::Histogram;
 use rand::rngs::StdRng;
@@ -35,22 +35,50 @@ struct Cli {
     op: Op,
 }
 
+/// What the writing benchmarks write.
+#[derive(Args, Debug)]
+struct Writes {
+    #[arg(long, default_value_t = 10_000)]
+    total: u64,
+    #[arg(long, default_value_t = 8)]
+    key_size: usize,
+    #[arg(long, default_value_t = 8)]
+    val_size: usize,
+    /// Distinct keys written (1: every put hits the same key, as etcd's default).
+    #[arg(long, default_value_t = 1)]
+    key_space_size: u64,
+    /// Keys in order (0, 1, 2, ... modulo the key space) instead of at random.
+    #[arg(long)]
+    sequential_keys: bool,
+}
+
+impl Writes {
+    /// The key number of request `i`.
+    fn key_number(&self, i: u64, rng: &mut StdRng) -> u64 {
+        let space = self.key_space_size.max(1);
+        if self.sequential_keys {
+            i % space
+        } else {
+            rng.random_range(0..space)
+        }
+    }
+    fn key(&self, n: u64) -> Vec<u8> {
+        let size = self.key_size;
+        let mut k = format!("{n:0size$}").into_bytes();
+        k.truncate(size.max(1));
+        k
+    }
+    fn value(&self) -> Vec<u8> {
+        vec![b'v'; self.val_size]
+    }
+}
+
 #[derive(Subcommand, Debug)]
 enum Op {
     /// Puts keys.
     Put {
-        #[arg(long, default_value_t = 10_000)]
-        total: u64,
-        #[arg(long, default_value_t = 8)]
-        key_size: usize,
-        #[arg(long, default_value_t = 8)]
-        val_size: usize,
-        /// Distinct keys written (1: every put hits the same key, as etcd's default).
-        #[arg(long, default_value_t = 1)]
-        key_space_size: u64,
-        /// Keys in order (0, 1, 2, ... modulo the key space) instead of at random.
-        #[arg(long)]
-        sequential_keys: bool,
+        #[command(flatten)]
+        writes: Writes,
     },
     /// Reads KEY (or [KEY, END)).
     Range {
@@ -64,16 +92,10 @@ enum Op {
     },
     /// Txns of --txn-ops puts each.
     TxnPut {
-        #[arg(long, default_value_t = 10_000)]
-        total: u64,
-        #[arg(long, default_value_t = 8)]
-        key_size: usize,
-        #[arg(long, default_value_t = 8)]
-        val_size: usize,
+        #[command(flatten)]
+        writes: Writes,
         #[arg(long, default_value_t = 1)]
         txn_ops: usize,
-        #[arg(long, default_value_t = 1)]
-        key_space_size: u64,
     },
     /// Puts without pause for --duration seconds (each with a short timeout, retried on any
     /// endpoint) and reports the longest time between two acknowledged writes.
@@ -81,12 +103,6 @@ enum Op {
         #[arg(long, default_value_t = 20)]
         duration: u64,
     },
-}
-
-fn key(i: u64, size: usize) -> Vec<u8> {
-    let mut k = format!("{i:0size$}").into_bytes();
-    k.truncate(size.max(1));
-    k
 }
 
 fn main() -> ExitCode {
@@ -120,9 +136,9 @@ async fn connect(endpoints: &[String], timeout: Duration) -> anyhow::Result<Clie
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
     let (total, name) = match &cli.op {
-        Op::Put { total, .. } => (*total, "put"),
+        Op::Put { writes } => (writes.total, "put"),
         Op::Range { total, .. } => (*total, "range"),
-        Op::TxnPut { total, .. } => (*total, "txn-put"),
+        Op::TxnPut { writes, .. } => (writes.total, "txn-put"),
         Op::Failover { duration } => {
             return failover(&cli.endpoints, Duration::from_secs(*duration)).await;
         }
@@ -149,20 +165,12 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 }
                 let t = Instant::now();
                 let ok = match &*op {
-                    Op::Put {
-                        key_size,
-                        val_size,
-                        key_space_size,
-                        sequential_keys,
-                        ..
-                    } => {
-                        let k = if *sequential_keys {
-                            i % key_space_size.max(&1)
-                        } else {
-                            rng.random_range(0..*key_space_size.max(&1))
-                        };
-                        let v = vec![b'v'; *val_size];
-                        client.put(key(k, *key_size), v, None).await.is_ok()
+                    Op::Put { writes } => {
+                        let k = writes.key_number(i, &mut rng);
+                        client
+                            .put(writes.key(k), writes.value(), None)
+                            .await
+                            .is_ok()
                     }
                     Op::Range {
                         key,
@@ -179,18 +187,10 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                         }
                         client.get(key.as_bytes(), Some(o)).await.is_ok()
                     }
-                    Op::TxnPut {
-                        key_size,
-                        val_size,
-                        txn_ops,
-                        key_space_size,
-                        ..
-                    } => {
-                        let base = rng.random_range(0..*key_space_size.max(&1));
+                    Op::TxnPut { writes, txn_ops } => {
+                        let base = writes.key_number(i, &mut rng);
                         let ops: Vec<TxnOp> = (0..*txn_ops as u64)
-                            .map(|j| {
-                                TxnOp::put(key(base + j, *key_size), vec![b'v'; *val_size], None)
-                            })
+                            .map(|j| TxnOp::put(writes.key(base + j), writes.value(), None))
                             .collect();
                         client.txn(Txn::new().and_then(ops)).await.is_ok()
                     }

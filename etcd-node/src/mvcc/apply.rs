@@ -104,14 +104,15 @@ impl<'t> Writer<'t> {
                 }
             }
         };
-        let out = match out {
+        let mut out = match out {
             Ok(r) => r,
             Err(e) => return Ok(Err(e)),
         };
         if step.changed {
             self.revision = step.rev;
         }
-        Ok(Ok(with_revision(out, self.revision)))
+        *out.header_mut() = header(self.revision);
+        Ok(Ok(out))
     }
 
     fn get(&self, key: &[u8]) -> Result<Option<PbKeyValue>, redb::Error> {
@@ -364,25 +365,5 @@ fn compare(c: &etcd_client::proto::PbCompare, kv: &PbKeyValue) -> bool {
         1 => ord.is_gt(),
         2 => ord.is_lt(),
         _ => ord.is_ne(),
-    }
-}
-
-/// Sets the top-level header revision of a response.
-fn with_revision(r: Response, revision: u64) -> Response {
-    let h = header(revision);
-    match r {
-        Response::Put(mut p) => {
-            p.header = h;
-            Response::Put(p)
-        }
-        Response::DeleteRange(mut d) => {
-            d.header = h;
-            Response::DeleteRange(d)
-        }
-        Response::Txn(mut t) => {
-            t.header = h;
-            Response::Txn(t)
-        }
-        Response::Compaction(c) => Response::Compaction(c),
     }
 }

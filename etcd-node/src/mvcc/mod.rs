@@ -240,10 +240,11 @@ impl Mvcc {
     pub fn dump(&self) -> Result<Vec<u8>, StoreError> {
         let tx = self.db.begin_read().map_err(|e| self.fail(e))?;
         let history = tx.open_table(HISTORY).map_err(|e| self.fail(e))?;
-        let pos = self.position()?;
+        let meta = tx.open_table(META).map_err(|e| self.fail(e))?;
+        let get = |k| meta_get(&meta, k).map_err(|e| self.fail(e));
         let mut dump = PbDump {
-            revision: pos.revision,
-            compacted: pos.compacted,
+            revision: get("revision")?,
+            compacted: get("compact")?,
             history: Vec::new(),
         };
         for row in history.iter().map_err(|e| self.fail(e))? {

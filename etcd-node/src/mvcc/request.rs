@@ -44,6 +44,18 @@ pub enum Response {
     Compaction(PbCompactionResponse),
 }
 
+impl Response {
+    /// The response's top-level header.
+    pub fn header_mut(&mut self) -> &mut Option<etcd_client::proto::PbResponseHeader> {
+        match self {
+            Response::Put(r) => &mut r.header,
+            Response::DeleteRange(r) => &mut r.header,
+            Response::Txn(r) => &mut r.header,
+            Response::Compaction(r) => &mut r.header,
+        }
+    }
+}
+
 fn key_not_provided() -> ApiError {
     ApiError::invalid("etcdserver: key is not provided")
 }

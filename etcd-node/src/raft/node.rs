@@ -447,7 +447,7 @@ impl Raft {
             } else {
                 lead.read_round
             };
-            self.broadcast_heartbeat(round);
+            self.broadcast_heartbeat(round, None);
             if !self.regular_quorum_reachable() {
                 self.maybe_read_witness();
             }
@@ -873,40 +873,22 @@ impl Raft {
         self.send(to, term, body);
     }
 
-    /// Tells the followers holding newly committed entries about them at once (otherwise they
-    /// learn it with the next append or heartbeat, up to a heartbeat later: a follower that
-    /// forwarded a client's proposal would answer that much later).
-    fn broadcast_commit(&mut self, before: u64) {
+    /// Sends each follower a heartbeat with the commit index it can apply and read round
+    /// `read`. With `newer_than`, only to the followers that hold entries committed after it:
+    /// a new commit is told at once (otherwise followers learn it with the next append or
+    /// heartbeat, up to a heartbeat later: a follower that forwarded a client's proposal would
+    /// answer that much later).
+    fn broadcast_heartbeat(&mut self, read: u64, newer_than: Option<u64>) {
         let (term, commit) = (self.term, self.commit);
         let targets: Vec<(NodeId, u64)> = self
             .leading()
             .progress
             .iter()
             .map(|(&p, pr)| (p, commit.min(pr.matched)))
-            .filter(|&(_, c)| c > before)
+            .filter(|&(_, c)| newer_than.is_none_or(|before| c > before))
             .collect();
-        for (p, c) in targets {
-            self.send(p, term, Body::Heartbeat { commit: c, read: 0 });
-        }
-    }
-
-    fn broadcast_heartbeat(&mut self, read: u64) {
-        let (term, commit) = (self.term, self.commit);
-        let targets: Vec<(NodeId, u64)> = self
-            .leading()
-            .progress
-            .iter()
-            .map(|(&p, pr)| (p, pr.matched))
-            .collect();
-        for (p, matched) in targets {
-            self.send(
-                p,
-                term,
-                Body::Heartbeat {
-                    commit: commit.min(matched),
-                    read,
-                },
-            );
+        for (p, commit) in targets {
+            self.send(p, term, Body::Heartbeat { commit, read });
         }
     }
 
@@ -1039,7 +1021,7 @@ impl Raft {
         if candidate > self.commit && self.term_at(candidate) == Some(self.term) {
             let before = self.commit;
             self.commit_to(candidate);
-            self.broadcast_commit(before);
+            self.broadcast_heartbeat(0, Some(before));
             let waiting = std::mem::take(&mut self.leading().reads_waiting);
             self.start_reads(waiting);
         }
@@ -1210,7 +1192,7 @@ impl Raft {
             ctxs.into_iter()
                 .map(|ctx| PendingRead { round, index, ctx }),
         );
-        self.broadcast_heartbeat(round);
+        self.broadcast_heartbeat(round, None);
         if !self.regular_quorum_reachable() {
             self.maybe_read_witness();
         }

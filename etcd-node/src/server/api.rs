@@ -62,10 +62,6 @@ impl Api {
         })
     }
 
-    fn revision_of(h: &Option<PbResponseHeader>) -> i64 {
-        h.as_ref().map_or(0, |h| h.revision)
-    }
-
     /// Fails at once when there is no leader (etcd's "no leader", not a hang).
     fn require_leader(&self) -> Result<(), Status> {
         if self.status.borrow().leader == 0 {
@@ -88,10 +84,13 @@ impl Api {
         self.inputs
             .send(Input::Propose { proposal, reply })
             .map_err(|_| Status::unavailable("etcdserver: server stopped"))?;
-        match tokio::time::timeout(self.request_timeout, rx).await {
-            Ok(Ok(r)) => r.map_err(Status::from),
-            Ok(Err(_)) | Err(_) => Err(timed_out()),
-        }
+        let mut applied = match tokio::time::timeout(self.request_timeout, rx).await {
+            Ok(Ok(r)) => r?,
+            Ok(Err(_)) | Err(_) => return Err(timed_out()),
+        };
+        let h = applied.header_mut();
+        *h = self.header(h.as_ref().map_or(0, |h| h.revision));
+        Ok(applied)
     }
 
     /// Waits until this member has applied everything committed before the call: after it,
@@ -118,9 +117,11 @@ impl Api {
 
     /// `/health`: healthy when there is a leader and a linearizable read succeeds.
     pub async fn health(&self) -> (bool, String) {
+        if self.status.borrow().leader == 0 {
+            return (false, "RAFT NO LEADER".into());
+        }
         match self.barrier().await {
             Ok(()) => (true, String::new()),
-            Err(s) if s.message() == "etcdserver: no leader" => (false, "RAFT NO LEADER".into()),
             Err(s) => (false, s.message().to_string()),
         }
     }
@@ -152,10 +153,7 @@ impl PbKvService for Api {
 
     async fn put(&self, request: Request<PbPutRequest>) -> Result<Response<PbPutResponse>, Status> {
         match self.propose(Op::Put(request.into_inner())).await? {
-            Applied::Put(mut r) => {
-                r.header = self.header(Self::revision_of(&r.header));
-                Ok(Response::new(r))
-            }
+            Applied::Put(r) => Ok(Response::new(r)),
             other => Err(internal(format!("unexpected result {other:?}"))),
         }
     }
@@ -165,20 +163,14 @@ impl PbKvService for Api {
         request: Request<PbDeleteRequest>,
     ) -> Result<Response<PbDeleteResponse>, Status> {
         match self.propose(Op::DeleteRange(request.into_inner())).await? {
-            Applied::DeleteRange(mut r) => {
-                r.header = self.header(Self::revision_of(&r.header));
-                Ok(Response::new(r))
-            }
+            Applied::DeleteRange(r) => Ok(Response::new(r)),
             other => Err(internal(format!("unexpected result {other:?}"))),
         }
     }
 
     async fn txn(&self, request: Request<PbTxnRequest>) -> Result<Response<PbTxnResponse>, Status> {
         match self.propose(Op::Txn(request.into_inner())).await? {
-            Applied::Txn(mut r) => {
-                r.header = self.header(Self::revision_of(&r.header));
-                Ok(Response::new(r))
-            }
+            Applied::Txn(r) => Ok(Response::new(r)),
             other => Err(internal(format!("unexpected result {other:?}"))),
         }
     }
@@ -199,10 +191,7 @@ impl PbKvService for Api {
         request: Request<PbCompactionRequest>,
     ) -> Result<Response<PbCompactionResponse>, Status> {
         match self.propose(Op::Compaction(request.into_inner())).await? {
-            Applied::Compaction(mut r) => {
-                r.header = self.header(Self::revision_of(&r.header));
-                Ok(Response::new(r))
-            }
+            Applied::Compaction(r) => Ok(Response::new(r)),
             other => Err(internal(format!("unexpected result {other:?}"))),
         }
     }
