@@ -21,7 +21,7 @@ fn bins() -> (&'static Path, &'static Path) {
 
 fn cluster() -> Cluster {
     let (node, etcdutl) = bins();
-    Cluster::start(node, etcdutl)
+    Cluster::start(node, etcdutl, &[])
 }
 
 fn ok(out: Output) -> String {
@@ -187,18 +187,33 @@ fn leader_killed_under_load_loses_no_acknowledged_write() {
     leader_kill(cluster());
 }
 
+/// Two members whose witness is a blob on `azurite`.
+fn azurite_cluster(azurite: &Azurite) -> Cluster {
+    let url = azurite.witness_url("witness", "cluster-1");
+    let (node, etcdutl) = bins();
+    Cluster::start_with(tempfile::tempdir().unwrap(), node, etcdutl, url, &[])
+}
+
 #[test]
 fn leader_killed_with_the_witness_on_azurite() {
     let azurite = Azurite::start();
-    let url = azurite.witness_url("witness", "cluster-1");
-    let (node, etcdutl) = bins();
-    let c = Cluster::start_with(tempfile::tempdir().unwrap(), node, etcdutl, url);
-    leader_kill(c);
+    leader_kill(azurite_cluster(&azurite));
 }
 
 #[test]
 fn follower_killed_costs_exactly_one_witness_write() {
-    let mut c = cluster();
+    follower_kill(cluster());
+}
+
+#[test]
+fn follower_killed_with_the_witness_on_azurite() {
+    let azurite = Azurite::start();
+    follower_kill(azurite_cluster(&azurite));
+}
+
+/// Kill -9 the follower: the leader writes the witness exactly once (to take it into R), then
+/// commits without it; once the follower is back and caught up the witness leaves R.
+fn follower_kill(mut c: Cluster) {
     let rt = tokio::runtime::Runtime::new().unwrap();
     let leader = c.wait_leader(LEADER_WAIT);
     let follower = 1 - leader;
@@ -262,7 +277,18 @@ fn follower_killed_costs_exactly_one_witness_write() {
 
 #[test]
 fn both_members_killed_and_restarted_keep_their_data() {
-    let mut c = cluster();
+    both_restart(cluster());
+}
+
+#[test]
+fn both_members_restarted_with_the_witness_on_azurite() {
+    let azurite = Azurite::start();
+    both_restart(azurite_cluster(&azurite));
+}
+
+/// Kill -9 both members and start them again: every acknowledged write is there and the pair
+/// elects a leader and takes writes again.
+fn both_restart(mut c: Cluster) {
     let rt = tokio::runtime::Runtime::new().unwrap();
     let leader = c.wait_leader(LEADER_WAIT);
     let ep = c.members[leader].url();
@@ -381,4 +407,64 @@ fn crash_at_apply_after_commit() {
 #[test]
 fn crash_at_snapshot_before_save() {
     crash_at("snapshot-before-save", 1, "100");
+}
+
+/// A follower that is down while the leader snapshots and compacts its log (every 50 entries)
+/// comes back behind the log: it receives the key space as a snapshot, then the entries after
+/// it, and ends with records identical to the leader's.
+#[test]
+fn lagging_follower_catches_up_from_a_snapshot() {
+    let (node, etcdutl) = bins();
+    let mut c = Cluster::start(node, etcdutl, &["--snapshot-count", "50"]);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let leader = c.wait_leader(LEADER_WAIT);
+    let follower = 1 - leader;
+    let ep = c.members[leader].url();
+    let mut acked = Vec::new();
+    let put = |acked: &mut Vec<(String, String)>, i: usize, round: usize| {
+        let (k, v) = (format!("s{:03}", i), format!("v{i}-{round}"));
+        assert!(rt.block_on(put_until(&ep, &k, &v, Duration::from_secs(10))));
+        acked.retain(|(key, _)| *key != k);
+        acked.push((k, v));
+    };
+    for i in 0..20 {
+        put(&mut acked, i, 0);
+    }
+    c.kill(follower);
+    // Overwrites and deletes too, so the snapshot carries versions and tombstones.
+    for round in 1..4 {
+        for i in 0..100 {
+            put(&mut acked, i, round);
+        }
+    }
+    let mut client = rt.block_on(Client::connect([ep.as_str()], None)).unwrap();
+    rt.block_on(client.delete("s05", Some(etcd_client::DeleteOptions::new().with_prefix())))
+        .unwrap();
+    acked.retain(|(k, _)| !k.starts_with("s05"));
+    acked.sort();
+    let sent = c
+        .metric(leader, "etcd_network_snapshot_send_success")
+        .unwrap();
+    c.start_member(follower);
+    rt.block_on(wait_caught_up(&c.members[follower].url(), "s", &acked));
+    assert!(
+        c.metric(leader, "etcd_network_snapshot_send_success")
+            .unwrap()
+            > sent,
+        "the leader sent no snapshot"
+    );
+    assert!(
+        c.metric(follower, "etcd_network_snapshot_receive_success")
+            .unwrap()
+            >= 1.0,
+        "the follower installed no snapshot; its log:\n{}",
+        c.log(follower)
+    );
+    // Entries after the snapshot replicate as usual.
+    put(&mut acked, 500, 0);
+    acked.sort();
+    rt.block_on(wait_caught_up(&c.members[follower].url(), "s", &acked));
+    let a = rt.block_on(local_records(&c.members[leader].url(), "s"));
+    let b = rt.block_on(local_records(&c.members[follower].url(), "s"));
+    assert_eq!(a, b, "records (key, value, version, create, mod) differ");
 }

@@ -42,6 +42,8 @@ pub struct Cluster {
     pub witness_url: String,
     pub members: Vec<Member>,
     initial_cluster: String,
+    /// Extra flags every start of a member gets.
+    flags: Vec<String>,
 }
 
 /// Runs `etcdutl witness init` for `url`; panics with its output on failure.
@@ -65,8 +67,8 @@ pub fn init_witness(etcdutl: &Path, name: &str, url: &str) {
 }
 
 impl Cluster {
-    /// Two members and a witness in a local directory, started.
-    pub fn start(node_bin: &Path, etcdutl: &Path) -> Cluster {
+    /// Two members and a witness in a local directory, started with `flags` (on every start).
+    pub fn start(node_bin: &Path, etcdutl: &Path, flags: &[&str]) -> Cluster {
         let dir = tempfile::tempdir().expect("temp dir");
         let witness_dir = dir.path().join("witness");
         std::fs::create_dir_all(&witness_dir).expect("witness dir");
@@ -77,15 +79,16 @@ impl Cluster {
                 percent_encoding::NON_ALPHANUMERIC
             )
         );
-        Self::start_with(dir, node_bin, etcdutl, url)
+        Self::start_with(dir, node_bin, etcdutl, url, flags)
     }
 
-    /// Two members and the witness at `witness_url` (initialised here), started.
+    /// Two members and the witness at `witness_url` (initialised here), started with `flags`.
     pub fn start_with(
         dir: tempfile::TempDir,
         node_bin: &Path,
         etcdutl: &Path,
         witness_url: String,
+        flags: &[&str],
     ) -> Cluster {
         init_witness(etcdutl, "w", &witness_url);
         let members: Vec<Member> = ["n1", "n2"]
@@ -109,6 +112,7 @@ impl Cluster {
             witness_url,
             members,
             initial_cluster,
+            flags: flags.iter().map(|f| f.to_string()).collect(),
         };
         for i in 0..c.members.len() {
             c.start_member(i);
@@ -145,6 +149,7 @@ impl Cluster {
             .args(["--initial-advertise-peer-urls", &peer])
             .args(["--initial-cluster", &self.initial_cluster])
             .args(["--initial-cluster-state", "new"])
+            .args(&self.flags)
             .args(extra)
             .envs(env.iter().copied())
             .env("RUST_LOG", "info")

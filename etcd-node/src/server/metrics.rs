@@ -36,6 +36,8 @@ pub struct Metrics {
     witness_writes: AtomicU64,
     witness_conflicts: AtomicU64,
     witness_failures: AtomicU64,
+    snapshots_sent: AtomicU64,
+    snapshots_received: AtomicU64,
     /// (subterm, witness in the replication set) while leading.
     leader_view: Mutex<Option<(u64, bool)>>,
 }
@@ -46,6 +48,12 @@ impl Metrics {
     }
     pub fn applied(&self, n: u64) {
         self.applied.fetch_add(n, Relaxed);
+    }
+    pub fn snapshot_sent(&self) {
+        self.snapshots_sent.fetch_add(1, Relaxed);
+    }
+    pub fn snapshot_received(&self) {
+        self.snapshots_received.fetch_add(1, Relaxed);
     }
     pub fn witness_step(
         &self,
@@ -183,6 +191,16 @@ impl Metrics {
                 "etcd_witness_step_failures_total",
                 "Witness steps that failed (storage unreachable, corrupt, ...).",
                 &self.witness_failures,
+            ),
+            (
+                "etcd_network_snapshot_send_success",
+                "Snapshots sent to a follower behind the compacted log.",
+                &self.snapshots_sent,
+            ),
+            (
+                "etcd_network_snapshot_receive_success",
+                "Snapshots received from the leader and installed.",
+                &self.snapshots_received,
             ),
         ] {
             let _ = writeln!(

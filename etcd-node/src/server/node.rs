@@ -18,8 +18,8 @@ use super::peer::Peers;
 use super::wire::Envelope;
 use crate::mvcc::{ApiError, Mvcc, Proposal, Response};
 use crate::raft::{
-    EntryData, NONE, NodeId, Raft, Ready, Refused, Role, Storage, WitnessRequest, WitnessResponse,
-    apply_rule,
+    Body, EntryData, NONE, NodeId, Raft, Ready, Refused, Role, Storage, WitnessRequest,
+    WitnessResponse, apply_rule,
 };
 use crate::storage::disk::DiskStorage;
 
@@ -276,6 +276,9 @@ impl RaftLoop {
             self.metrics.wal_fsync(started.elapsed());
         }
         for m in &ready.messages {
+            if matches!(m.body, Body::Snapshot { .. }) {
+                self.metrics.snapshot_sent();
+            }
             self.peers.send(m.to, Envelope::Raft(m.clone()));
         }
         for r in &ready.witness_requests {
@@ -288,6 +291,11 @@ impl RaftLoop {
                 .restore(&snapshot.data, snapshot.meta.index)
                 .map_err(|e| e.to_string())?;
             st.last_snapshot = snapshot.meta.index;
+            self.metrics.snapshot_received();
+            tracing::info!(
+                index = snapshot.meta.index,
+                "installed the leader's snapshot of the key space"
+            );
         }
         self.apply(st, &ready)?;
         for rs in &ready.read_states {
