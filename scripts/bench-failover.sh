@@ -1,21 +1,82 @@
 #!/usr/bin/env bash
-# Kills the leader of a local etcd-node 2 + witness cluster ROUNDS times (default 5) while
-# etcd-bench writes without pause; prints the longest gap between acknowledged writes per kill.
-# Build first: cargo build --release -p etcd-node --bin etcd-node --bin etcdutl --bin etcd-bench
-set -u
+# Leader-kill failover, side by side: kills the leader ROUNDS times (default 10) while
+# `etcd-bench failover` writes without pause, and prints the longest gap between two acknowledged
+# writes per kill, then the mean, min and max. WHICH (default "ours etcd") picks the clusters:
+# etcd-node as two members plus a witness in a local directory, Debian's etcd 3.4 as three
+# members. Both with etcd's default timeouts (heartbeat 100 ms, election 1000 ms).
+#   bash scripts/bench-failover.sh            # both, 10 kills each
+#   ROUNDS=20 WHICH=ours bash scripts/bench-failover.sh
+set -euo pipefail
 cd "$(dirname "$0")/.."
-bin=$PWD/target/release; w=$(mktemp -d /var/tmp/fo.XXXX); mkdir -p $w/witness
-url="witness:mount?path=$(python3 -c 'import sys,urllib.parse;print(urllib.parse.quote(sys.argv[1],safe=""))' "$w/witness")"
-$bin/etcdutl witness init --name w --advertise-peer-url "$url" >/dev/null 2>&1
-ic="n1=http://127.0.0.1:41380,n2=http://127.0.0.1:42380,w=$url"
+cargo build --release --locked -p etcd-node --bin etcd-node --bin etcdutl --bin etcd-bench
+bin=$PWD/target/release
+work=$(mktemp -d "${BENCH_DIR:-/var/tmp}/bench-failover.XXXXXX")
 declare -A pid
-start() { $bin/etcd-node --name n$1 --data-dir $w/n$1 --listen-client-urls http://127.0.0.1:4${1}379 --advertise-client-urls http://127.0.0.1:4${1}379 --listen-peer-urls http://127.0.0.1:4${1}380 --initial-advertise-peer-urls http://127.0.0.1:4${1}380 --initial-cluster "$ic" 2>>$w/n$1.log & pid[$1]=$!; }
-start 1; start 2; sleep 3
-for _ in $(seq 1 "${ROUNDS:-5}"); do
-  $bin/etcd-bench --endpoints 127.0.0.1:41379,127.0.0.1:42379 failover --duration 7 > $w/fo 2>&1 & b=$!
-  sleep 2
-  for i in 1 2; do if grep -q '^etcd_server_is_leader 1' <<<"$(curl -fs http://127.0.0.1:4${i}379/metrics)"; then l=$i; fi; done
-  kill -9 ${pid[$l]}; wait $b; grep RESULT $w/fo
-  start $l; sleep 3
+cleanup() { kill -9 "${pid[@]}" 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$work"; }
+trap cleanup EXIT
+
+# start <cluster> <i>: starts member i of etcd-node ("ours", ports 4i379/4i380) or etcd (5i3xx).
+start() {
+  local c=$1 i=$2
+  if [ "$c" = ours ]; then
+    "$bin/etcd-node" --name n$i --data-dir "$work/ours/n$i" \
+      --listen-client-urls http://127.0.0.1:4${i}379 --advertise-client-urls http://127.0.0.1:4${i}379 \
+      --listen-peer-urls http://127.0.0.1:4${i}380 --initial-advertise-peer-urls http://127.0.0.1:4${i}380 \
+      --initial-cluster "$ours_ic" 2>>"$work/ours-n$i.log" &
+  else
+    etcd --name e$i --data-dir "$work/etcd/e$i" \
+      --listen-client-urls http://127.0.0.1:5${i}379 --advertise-client-urls http://127.0.0.1:5${i}379 \
+      --listen-peer-urls http://127.0.0.1:5${i}380 --initial-advertise-peer-urls http://127.0.0.1:5${i}380 \
+      --initial-cluster "$etcd_ic" --initial-cluster-state new --log-level error 2>>"$work/etcd-e$i.log" &
+  fi
+  pid[$c$i]=$!
+}
+
+# leader <cluster> <members>: the member that reports itself leader (waits for one).
+leader() {
+  local port=$([ "$1" = ours ] && echo 4 || echo 5)
+  for _ in $(seq 1 150); do
+    for i in $(seq 1 "$2"); do
+      # (not curl | grep -q: with pipefail, grep's early exit fails curl on a long page)
+      if grep -q '^etcd_server_is_leader 1' <<<"$(curl -fs "http://127.0.0.1:$port${i}379/metrics" || true)"; then
+        echo "$i"; return
+      fi
+    done
+    sleep 0.2
+  done
+  echo "no leader in $1" >&2; exit 1
+}
+
+run() { # cluster members
+  local c=$1 n=$2 port=$([ "$1" = ours ] && echo 4 || echo 5) eps="" gaps=()
+  for i in $(seq 1 "$n"); do start "$c" "$i"; eps+="${eps:+,}127.0.0.1:$port${i}379"; done
+  leader "$c" "$n" >/dev/null
+  for r in $(seq 1 "${ROUNDS:-10}"); do
+    "$bin/etcd-bench" --endpoints "$eps" failover --duration 6 > "$work/fo" 2>&1 & local b=$!
+    sleep 2
+    local l; l=$(leader "$c" "$n")
+    kill -9 "${pid[$c$l]}"; wait "${pid[$c$l]}" 2>/dev/null || true
+    wait $b || { cat "$work/fo"; exit 1; }
+    local gap; gap=$(grep -o 'longest_gap_ms=[0-9.]*' "$work/fo" | cut -d= -f2)
+    echo "$c kill $r: member $l, longest gap ${gap} ms"
+    gaps+=("$gap")
+    start "$c" "$l"; sleep 3; leader "$c" "$n" >/dev/null
+  done
+  printf '%s\n' "${gaps[@]}" | awk -v c="$c" '{s+=$1; if(min==""||$1<min)min=$1; if($1>max)max=$1}
+    END {printf "RESULT cluster=%s kills=%d mean_ms=%.0f min_ms=%.0f max_ms=%.0f\n", c, NR, s/NR, min, max}'
+  for i in $(seq 1 "$n"); do kill "${pid[$c$i]}" 2>/dev/null || true; wait "${pid[$c$i]}" 2>/dev/null || true; done
+}
+
+for c in ${WHICH:-ours etcd}; do
+  if [ "$c" = ours ]; then
+    mkdir -p "$work/ours/witness"
+    url="witness:mount?path=$(python3 -c 'import sys,urllib.parse;print(urllib.parse.quote(sys.argv[1],safe=""))' "$work/ours/witness")"
+    "$bin/etcdutl" witness init --name w --advertise-peer-url "$url" >/dev/null
+    ours_ic="n1=http://127.0.0.1:41380,n2=http://127.0.0.1:42380,w=$url"
+    run ours 2
+  else
+    command -v etcd >/dev/null || { echo "needs Debian's etcd-server (apt-get install etcd-server)"; exit 1; }
+    etcd_ic="e1=http://127.0.0.1:51380,e2=http://127.0.0.1:52380,e3=http://127.0.0.1:53380"
+    run etcd 3
+  fi
 done
-kill ${pid[1]} ${pid[2]}; rm -rf $w

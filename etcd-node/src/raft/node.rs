@@ -263,7 +263,23 @@ impl Raft {
         self.election_elapsed = 0;
         self.heartbeat_elapsed = 0;
         let n = self.cfg.election_tick;
-        self.randomized_timeout = self.rng.random_range(n..2 * n);
+        self.randomized_timeout = self.rng.random_range(n..n + self.election_spread());
+    }
+
+    /// How far election timeouts are spread above `election_tick`. Raft spreads them over a
+    /// whole timeout so that candidates rarely split the vote. With at most two regular voters
+    /// and a witness, each candidate needs the witness's vote (or the other voter's), and the
+    /// witness grants at most one per term, atomically: a split needs the witness unreachable
+    /// and both voters campaigning within one message delay. A fifth of the timeout is enough
+    /// spread then, and the survivor of a leader crash campaigns that much sooner on average.
+    fn election_spread(&self) -> u64 {
+        let n = self.cfg.election_tick;
+        let v = &self.membership.voters;
+        if !self.membership.is_joint() && v.witness.is_some() && v.regular.len() <= 2 {
+            (n / 5).max(1)
+        } else {
+            n
+        }
     }
 
     fn become_follower(&mut self, term: u64, leader: NodeId) {
@@ -320,6 +336,8 @@ impl Raft {
         // No configuration change until this first entry is applied (a configuration change
         // proposed before the leader commits in its term could overlap an unknown earlier one).
         self.pending_conf_index = self.append_entry(EntryData::Empty);
+        // A member silent through the election leaves R now, not at the next tick.
+        self.adjust_replication_set();
     }
 
     /// Starts an election (or a pre-vote round). Also callable by tests and the host.
