@@ -65,7 +65,10 @@ fn conf_change(words: &[&str], line: &str) -> ConfChange {
             }
         })
         .collect();
-    ConfChange { changes }
+    ConfChange {
+        changes,
+        context: Vec::new(),
+    }
 }
 
 fn num(s: Option<&str>, line: &str) -> u64 {

@@ -19,6 +19,8 @@ pub struct Member {
     pub name: String,
     pub client_port: u16,
     pub peer_port: u16,
+    /// Joins a running cluster (`--initial-cluster-state existing`) instead of bootstrapping.
+    join: bool,
     child: Option<Child>,
 }
 
@@ -31,6 +33,9 @@ impl Member {
     }
     pub fn is_running(&self) -> bool {
         self.child.is_some()
+    }
+    pub fn peer_url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.peer_port)
     }
 }
 
@@ -97,6 +102,7 @@ impl Cluster {
                 name: n.to_string(),
                 client_port: free_port(),
                 peer_port: free_port(),
+                join: false,
                 child: None,
             })
             .collect();
@@ -124,6 +130,22 @@ impl Cluster {
         self.members.iter().map(Member::url).collect()
     }
 
+    /// A new member `name` (not started) that will join the running cluster once added with
+    /// `etcdctl member add`; its index. Later starts of any member list it in
+    /// `--initial-cluster`.
+    pub fn new_member(&mut self, name: &str) -> usize {
+        let m = Member {
+            name: name.to_string(),
+            client_port: free_port(),
+            peer_port: free_port(),
+            join: true,
+            child: None,
+        };
+        self.initial_cluster = format!("{},{}={}", self.initial_cluster, name, m.peer_url());
+        self.members.push(m);
+        self.members.len() - 1
+    }
+
     /// Starts member `i` (again) on its data directory.
     pub fn start_member(&mut self, i: usize) {
         self.start_member_with(i, &[], &[]);
@@ -138,7 +160,8 @@ impl Cluster {
             .append(true)
             .open(self.dir.path().join(format!("{}.log", m.name)))
             .expect("log file");
-        let peer = format!("http://127.0.0.1:{}", m.peer_port);
+        let peer = m.peer_url();
+        let state = if m.join { "existing" } else { "new" };
         let child = Command::new(&self.node_bin)
             .args(["--name", &m.name])
             .arg("--data-dir")
@@ -148,7 +171,7 @@ impl Cluster {
             .args(["--listen-peer-urls", &peer])
             .args(["--initial-advertise-peer-urls", &peer])
             .args(["--initial-cluster", &self.initial_cluster])
-            .args(["--initial-cluster-state", "new"])
+            .args(["--initial-cluster-state", state])
             .args(&self.flags)
             .args(extra)
             .envs(env.iter().copied())

@@ -117,7 +117,7 @@ pub struct HttpUrl {
 }
 
 impl HttpUrl {
-    fn parse(flag: &str, s: &str) -> Result<Self, String> {
+    pub fn parse(flag: &str, s: &str) -> Result<Self, String> {
         let bad = |why: &str| format!("--{flag}: {s:?} {why}");
         let parsed = url::Url::parse(s)
             .map_err(|e| bad(&format!("is not a URL ({e}); write http://host:port")))?;

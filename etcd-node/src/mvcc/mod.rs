@@ -8,7 +8,11 @@
 //!   touch only live keys;
 //! - `meta`: `revision` (newest main revision), `compact` (compacted revision), `applied` (the
 //!   last Raft index applied, committed in the same transaction as its changes, so replaying
-//!   the log after a crash never applies an entry twice).
+//!   the log after a crash never applies an entry twice), `member_id` and `cluster_id` (this
+//!   member's identity, fixed when it bootstraps or joins);
+//! - `members`: member id -> etcd's `Member` (name, peer URLs, learner flag): the cluster's
+//!   members as the applied configuration changes left them, seeded at bootstrap from
+//!   `--initial-cluster`.
 //!
 //! Applying is deterministic: every node computes the same revisions, results and errors from
 //! the same entries. Requests are checked ([`check`]) before they are proposed; what can only
@@ -21,17 +25,29 @@ pub mod request;
 
 use std::path::Path;
 
-use etcd_client::proto::PbKeyValue;
+use etcd_client::proto::{PbKeyValue, PbMember};
 use prost::Message;
-use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinition};
+use redb::{
+    Database, Durability, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition,
+};
 
 pub use apply::Applied;
 pub use range::RangeOutput;
-pub use request::{Op, Proposal, Response, check};
+pub use request::{MemberChange, Op, Proposal, Response, check};
 
 const HISTORY: TableDefinition<(&[u8], u64), &[u8]> = TableDefinition::new("history");
 const CURRENT: TableDefinition<&[u8], &[u8]> = TableDefinition::new("current");
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
+const MEMBERS: TableDefinition<u64, &[u8]> = TableDefinition::new("members");
+
+/// What a committed entry asks of the store.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Command {
+    /// Nothing (an empty entry, a configuration change without member data, undecodable data).
+    Noop,
+    Kv(Proposal),
+    Member(MemberChange),
+}
 
 /// An error an etcd client sees, with etcd's gRPC code and message.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -115,6 +131,8 @@ struct PbDump {
     compacted: u64,
     #[prost(message, repeated, tag = "3")]
     history: Vec<PbDumpEntry>,
+    #[prost(message, repeated, tag = "4")]
+    members: Vec<PbMember>,
 }
 
 impl Mvcc {
@@ -134,6 +152,7 @@ impl Mvcc {
         {
             tx.open_table(HISTORY).map_err(|e| err(&e))?;
             tx.open_table(CURRENT).map_err(|e| err(&e))?;
+            tx.open_table(MEMBERS).map_err(|e| err(&e))?;
             let mut meta = tx.open_table(META).map_err(|e| err(&e))?;
             if meta.get("revision").map_err(|e| err(&e))?.is_none() {
                 meta.insert("revision", 1).map_err(|e| err(&e))?;
@@ -172,12 +191,70 @@ impl Mvcc {
         std::fs::metadata(&self.path).map_or(0, |m| m.len())
     }
 
+    /// This member's id and its cluster's id, once stored (0 before).
+    pub fn identity(&self) -> Result<(u64, u64), StoreError> {
+        let tx = self.db.begin_read().map_err(|e| self.fail(e))?;
+        let meta = tx.open_table(META).map_err(|e| self.fail(e))?;
+        let get = |k| meta_get(&meta, k).map_err(|e| self.fail(e));
+        Ok((get("member_id")?, get("cluster_id")?))
+    }
+
+    /// Stores this member's id and its cluster's id, durably.
+    pub fn set_identity(&self, member_id: u64, cluster_id: u64) -> Result<(), StoreError> {
+        let mut tx = self.db.begin_write().map_err(|e| self.fail(e))?;
+        tx.set_durability(Durability::Immediate)
+            .map_err(|e| self.fail(e))?;
+        {
+            let mut meta = tx.open_table(META).map_err(|e| self.fail(e))?;
+            meta.insert("member_id", member_id)
+                .map_err(|e| self.fail(e))?;
+            meta.insert("cluster_id", cluster_id)
+                .map_err(|e| self.fail(e))?;
+        }
+        tx.commit().map_err(|e| self.fail(e))
+    }
+
+    /// The members, by id.
+    pub fn members(&self) -> Result<Vec<PbMember>, StoreError> {
+        let tx = self.db.begin_read().map_err(|e| self.fail(e))?;
+        let table = tx.open_table(MEMBERS).map_err(|e| self.fail(e))?;
+        let mut out = Vec::new();
+        for row in table.iter().map_err(|e| self.fail(e))? {
+            let (_, v) = row.map_err(|e| self.fail(e))?;
+            out.push(
+                PbMember::decode(v.value())
+                    .map_err(|e| self.fail(format!("member record: {e}")))?,
+            );
+        }
+        Ok(out)
+    }
+
+    /// Stores `members` durably unless members are stored already (bootstrap, and stores from
+    /// before the table existed).
+    pub fn seed_members(&self, members: &[PbMember]) -> Result<(), StoreError> {
+        let mut tx = self.db.begin_write().map_err(|e| self.fail(e))?;
+        tx.set_durability(Durability::Immediate)
+            .map_err(|e| self.fail(e))?;
+        {
+            let mut table = tx.open_table(MEMBERS).map_err(|e| self.fail(e))?;
+            if table.is_empty().map_err(|e| self.fail(e))? {
+                for m in members {
+                    table
+                        .insert(m.id, m.encode_to_vec().as_slice())
+                        .map_err(|e| self.fail(e))?;
+                }
+            }
+        }
+        tx.commit().map_err(|e| self.fail(e))
+    }
+
     /// Applies committed entries in one transaction; `durable` makes the commit fsync (it is
     /// required before the Raft log behind `applied` is compacted). Entries at or below the
-    /// stored applied index were applied before a restart and are skipped (`None`).
+    /// stored applied index were applied before a restart and are skipped (`None`), as are
+    /// commands that answer nothing (`Noop`, `Member`).
     pub fn apply(
         &self,
-        entries: &[(u64, Option<Proposal>)],
+        entries: &[(u64, Command)],
         durable: bool,
     ) -> Result<Vec<Option<Result<Response, ApiError>>>, StoreError> {
         let mut tx = self.db.begin_write().map_err(|e| self.fail(e))?;
@@ -189,17 +266,29 @@ impl Mvcc {
         tx.set_durability(durability).map_err(|e| self.fail(e))?;
         let results = {
             let mut w = apply::Writer::open(&tx).map_err(|e| self.fail(e))?;
+            let mut members = tx.open_table(MEMBERS).map_err(|e| self.fail(e))?;
             let mut out = Vec::with_capacity(entries.len());
-            for (index, proposal) in entries {
+            for (index, command) in entries {
                 if *index <= w.applied {
                     out.push(None);
                     continue;
                 }
-                let r = proposal
-                    .as_ref()
-                    .map(|p| w.apply(&p.op))
-                    .transpose()
-                    .map_err(|e| self.fail(e))?;
+                let r = match command {
+                    Command::Noop => None,
+                    Command::Kv(p) => Some(w.apply(&p.op).map_err(|e| self.fail(e))?),
+                    Command::Member(c) => {
+                        if let Some(m) = &c.member {
+                            if c.remove {
+                                members.remove(m.id).map_err(|e| self.fail(e))?;
+                            } else {
+                                members
+                                    .insert(m.id, m.encode_to_vec().as_slice())
+                                    .map_err(|e| self.fail(e))?;
+                            }
+                        }
+                        None
+                    }
+                };
                 w.applied = *index;
                 out.push(r);
             }
@@ -246,7 +335,20 @@ impl Mvcc {
             revision: get("revision")?,
             compacted: get("compact")?,
             history: Vec::new(),
+            members: Vec::new(),
         };
+        for row in tx
+            .open_table(MEMBERS)
+            .map_err(|e| self.fail(e))?
+            .iter()
+            .map_err(|e| self.fail(e))?
+        {
+            let (_, v) = row.map_err(|e| self.fail(e))?;
+            dump.members.push(
+                PbMember::decode(v.value())
+                    .map_err(|e| self.fail(format!("member record: {e}")))?,
+            );
+        }
         for row in history.iter().map_err(|e| self.fail(e))? {
             let (k, v) = row.map_err(|e| self.fail(e))?;
             let (key, revision) = k.value();
@@ -267,7 +369,18 @@ impl Mvcc {
             .map_err(|e| self.fail(e))?;
         tx.delete_table(HISTORY).map_err(|e| self.fail(e))?;
         tx.delete_table(CURRENT).map_err(|e| self.fail(e))?;
+        if !dump.members.is_empty() {
+            // (a snapshot from before the members table carries none: keep ours)
+            tx.delete_table(MEMBERS).map_err(|e| self.fail(e))?;
+        }
         {
+            let mut members = tx.open_table(MEMBERS).map_err(|e| self.fail(e))?;
+            for m in &dump.members {
+                members
+                    .insert(m.id, m.encode_to_vec().as_slice())
+                    .map_err(|e| self.fail(e))?;
+            }
+
             let mut history = tx.open_table(HISTORY).map_err(|e| self.fail(e))?;
             let mut current = tx.open_table(CURRENT).map_err(|e| self.fail(e))?;
             let mut meta = tx.open_table(META).map_err(|e| self.fail(e))?;

@@ -34,6 +34,18 @@ pub struct Proposal {
     pub op: Option<Op>,
 }
 
+/// The data of a configuration change entry (its context): the member as the change leaves it
+/// (or the member removed), and `id` to answer the proposing node's client.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct MemberChange {
+    #[prost(uint64, tag = "1")]
+    pub id: u64,
+    #[prost(message, optional, tag = "2")]
+    pub member: Option<etcd_client::proto::PbMember>,
+    #[prost(bool, tag = "3")]
+    pub remove: bool,
+}
+
 /// The result of applying an [`Op`]; headers carry only the revision (the server fills in the
 /// rest).
 #[derive(Debug, Clone, PartialEq)]

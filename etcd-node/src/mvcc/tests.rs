@@ -73,7 +73,9 @@ impl Fixture {
             id: self.index,
             op: Some(o),
         };
-        self.mvcc.apply(&[(self.index, Some(p))], false).unwrap()[0]
+        self.mvcc
+            .apply(&[(self.index, Command::Kv(p))], false)
+            .unwrap()[0]
             .clone()
             .expect("applied")
     }
@@ -358,7 +360,7 @@ fn compaction_drops_old_revisions_and_refuses_reads_below_it() {
 fn replay_after_restart_skips_applied_entries_and_restore_replaces_everything() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("kv.redb");
-    let entry = |i: u64, o: Op| (i, Some(Proposal { id: i, op: Some(o) }));
+    let entry = |i: u64, o: Op| (i, Command::Kv(Proposal { id: i, op: Some(o) }));
     {
         let m = Mvcc::open(&path).unwrap();
         m.apply(&[entry(5, put("a", "1")), entry(6, put("a", "2"))], true)
@@ -395,4 +397,37 @@ fn replay_after_restart_skips_applied_entries_and_restore_replaces_everything() 
             .is_err(),
         "a corrupt snapshot is an error, not a panic"
     );
+}
+
+#[test]
+fn members_are_seeded_once_changed_by_entries_and_carried_by_snapshots() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = Mvcc::open(&dir.path().join("kv.redb")).unwrap();
+    let member = |id: u64, name: &str, learner: bool| PbMember {
+        id,
+        name: name.into(),
+        peer_ur_ls: vec![format!("http://{name}:2380")],
+        client_ur_ls: Vec::new(),
+        is_learner: learner,
+    };
+    m.seed_members(&[member(1, "a", false), member(2, "b", false)])
+        .unwrap();
+    m.seed_members(&[member(9, "ignored", false)]).unwrap();
+    let change = |id, member, remove| Command::Member(MemberChange { id, member, remove });
+    m.apply(
+        &[
+            (3, change(1, Some(member(3, "c", true)), false)),
+            (4, change(2, Some(member(2, "b", false)), true)),
+        ],
+        false,
+    )
+    .unwrap();
+    let want = vec![member(1, "a", false), member(3, "c", true)];
+    assert_eq!(m.members().unwrap(), want);
+    assert_eq!(m.position().unwrap().applied, 4);
+
+    let other = Mvcc::open(&dir.path().join("other.redb")).unwrap();
+    other.seed_members(&[member(7, "stale", false)]).unwrap();
+    other.restore(&m.dump().unwrap(), 4).unwrap();
+    assert_eq!(other.members().unwrap(), want);
 }

@@ -118,6 +118,8 @@ pub struct Change {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ConfChange {
     pub changes: Vec<Change>,
+    /// The host's data about the change (who asked, the member's name and URLs); opaque here.
+    pub context: Vec<u8>,
 }
 
 impl ConfChange {
@@ -125,6 +127,7 @@ impl ConfChange {
     pub fn single(kind: ChangeKind, node: NodeId) -> Self {
         ConfChange {
             changes: vec![Change { kind, node }],
+            context: Vec::new(),
         }
     }
 }
@@ -352,6 +355,7 @@ mod tests {
                     node: 2,
                 },
             ],
+            context: Vec::new(),
         };
         let joint = m(&[1, 2, 3], None).apply(&cc).unwrap();
         assert!(joint.is_joint());
@@ -398,6 +402,7 @@ mod tests {
                     node: 9,
                 },
             ],
+            context: Vec::new(),
         };
         let e = cluster.apply(&swap).unwrap_err();
         assert!(e.contains("two changes"), "{e}");
@@ -412,6 +417,7 @@ mod tests {
                     node: 3,
                 },
             ],
+            context: Vec::new(),
         };
         let e = cluster.apply(&promote_witness).unwrap_err();
         assert!(e.contains("never becomes a regular member"), "{e}");

@@ -11,23 +11,16 @@ use tokio::sync::{oneshot, watch};
 use tonic::{Request, Response, Status};
 
 use super::metrics::Metrics;
-use super::node::{ClientUrls, Input, Status as NodeStatus, no_leader};
-use crate::mvcc::{ApiError, Mvcc, Op, Proposal, Response as Applied, check};
+use super::node::{Announced, ClientUrls, Input, Status as NodeStatus, no_leader};
+use crate::config::HttpUrl;
+use crate::mvcc::{ApiError, MemberChange, Mvcc, Op, Proposal, Response as Applied, check};
 use crate::raft::NodeId;
+use witness_core::WitnessUrl;
 
 /// etcd's default `--max-request-bytes`.
 pub const MAX_REQUEST_BYTES: usize = 1536 * 1024;
 /// The version reported by Status: etcd clients check it (this API matches etcd 3.5's).
 pub const VERSION: &str = "3.5.17";
-
-/// A member as MemberList shows it.
-#[derive(Debug, Clone)]
-pub struct MemberInfo {
-    pub id: NodeId,
-    pub name: String,
-    pub peer_urls: Vec<String>,
-    pub is_witness: bool,
-}
 
 /// What every API handler shares.
 #[derive(Debug, Clone)]
@@ -37,9 +30,9 @@ pub struct Api {
     pub mvcc: Arc<Mvcc>,
     pub cluster_id: u64,
     pub member_id: NodeId,
-    pub members: Arc<Vec<MemberInfo>>,
     pub client_urls: ClientUrls,
-    pub own_client_urls: Vec<String>,
+    /// This member's name and client URLs.
+    pub own: Announced,
     pub metrics: Arc<Metrics>,
     pub request_timeout: Duration,
 }
@@ -207,15 +200,70 @@ fn not_yet(what: &str) -> Status {
 impl PbClusterService for Api {
     async fn member_add(
         &self,
-        _: Request<PbMemberAddRequest>,
+        request: Request<PbMemberAddRequest>,
     ) -> Result<Response<PbMemberAddResponse>, Status> {
-        Err(not_yet("MemberAdd"))
+        let r = request.into_inner();
+        if r.peer_ur_ls.is_empty() {
+            return Err(bad_urls("no peer URL given"));
+        }
+        for u in &r.peer_ur_ls {
+            if WitnessUrl::is_witness(u) {
+                return Err(Status::failed_precondition(
+                    "etcd-node does not add a witness through the API yet; a cluster's witness is \
+                     named in --initial-cluster when it is bootstrapped (docs/operations.md)",
+                ));
+            }
+            HttpUrl::parse("peer-urls", u).map_err(|e| bad_urls(&e))?;
+        }
+        let members = self.mvcc.members().map_err(internal)?;
+        if members
+            .iter()
+            .any(|m| m.peer_ur_ls.iter().any(|u| r.peer_ur_ls.contains(u)))
+        {
+            return Err(Status::failed_precondition(
+                "etcdserver: Peer URLs already exists",
+            ));
+        }
+        // As etcd: the id hashes the peer URLs and the time, so a re-added member gets a new one.
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        let member = PbMember {
+            id: crate::config::member_id(&r.peer_ur_ls, &now.to_string()),
+            name: String::new(),
+            peer_ur_ls: r.peer_ur_ls,
+            client_ur_ls: Vec::new(),
+            is_learner: r.is_learner,
+        };
+        if members.iter().any(|m| m.id == member.id) {
+            return Err(Status::failed_precondition(
+                "etcdserver: member ID already exist",
+            ));
+        }
+        self.change_member(member.clone(), false).await?;
+        Ok(Response::new(PbMemberAddResponse {
+            header: self.header(self.revision()?),
+            member: Some(member),
+            members: self.member_views()?,
+        }))
     }
     async fn member_remove(
         &self,
-        _: Request<PbMemberRemoveRequest>,
+        request: Request<PbMemberRemoveRequest>,
     ) -> Result<Response<PbMemberRemoveResponse>, Status> {
-        Err(not_yet("MemberRemove"))
+        let member = self.member(request.get_ref().id)?;
+        if member.id == self.status.borrow().leader {
+            return Err(Status::failed_precondition(format!(
+                "etcdserver: {:x} is the leader; etcd-node removes the leader only after it handed \
+                 over: stop that member (the other takes over) and remove it then",
+                member.id
+            )));
+        }
+        self.change_member(member, true).await?;
+        Ok(Response::new(PbMemberRemoveResponse {
+            header: self.header(self.revision()?),
+            members: self.member_views()?,
+        }))
     }
     async fn member_update(
         &self,
@@ -225,9 +273,20 @@ impl PbClusterService for Api {
     }
     async fn member_promote(
         &self,
-        _: Request<PbMemberPromoteRequest>,
+        request: Request<PbMemberPromoteRequest>,
     ) -> Result<Response<PbMemberPromoteResponse>, Status> {
-        Err(not_yet("MemberPromote"))
+        let mut member = self.member(request.get_ref().id)?;
+        if !member.is_learner {
+            return Err(Status::failed_precondition(
+                "etcdserver: can only promote a learner member",
+            ));
+        }
+        member.is_learner = false;
+        self.change_member(member, false).await?;
+        Ok(Response::new(PbMemberPromoteResponse {
+            header: self.header(self.revision()?),
+            members: self.member_views()?,
+        }))
     }
     async fn member_list(
         &self,
@@ -236,33 +295,75 @@ impl PbClusterService for Api {
         if request.get_ref().linearizable {
             self.barrier().await?;
         }
+        Ok(Response::new(PbMemberListResponse {
+            header: self.header(self.revision()?),
+            members: self.member_views()?,
+        }))
+    }
+}
+
+fn bad_urls(why: &str) -> Status {
+    Status::invalid_argument(format!(
+        "etcdserver: given member URLs are invalid ({why}); write http://host:port"
+    ))
+}
+
+impl Api {
+    fn revision(&self) -> Result<i64, Status> {
+        Ok(self.mvcc.position().map_err(internal)?.revision as i64)
+    }
+
+    /// The stored member `id`, or etcd's "member not found".
+    fn member(&self, id: u64) -> Result<PbMember, Status> {
+        self.mvcc
+            .members()
+            .map_err(internal)?
+            .into_iter()
+            .find(|m| m.id == id)
+            .ok_or_else(|| Status::not_found("etcdserver: member not found"))
+    }
+
+    /// The members as MemberList shows them: with client URLs (this member's own, the others'
+    /// as their peer links announce them; none for the witness).
+    fn member_views(&self) -> Result<Vec<PbMember>, Status> {
         let learned = self
             .client_urls
             .lock()
             .map(|m| m.clone())
             .unwrap_or_default();
-        let members = self
-            .members
-            .iter()
-            .map(|m| PbMember {
-                id: m.id,
-                name: m.name.clone(),
-                peer_ur_ls: m.peer_urls.clone(),
-                client_ur_ls: if m.is_witness {
-                    Vec::new()
-                } else if m.id == self.member_id {
-                    self.own_client_urls.clone()
-                } else {
-                    learned.get(&m.id).cloned().unwrap_or_default()
-                },
-                is_learner: false,
-            })
-            .collect();
-        let revision = self.mvcc.position().map_err(internal)?.revision as i64;
-        Ok(Response::new(PbMemberListResponse {
-            header: self.header(revision),
-            members,
-        }))
+        let mut members = self.mvcc.members().map_err(internal)?;
+        for m in &mut members {
+            let announced = if m.id == self.member_id {
+                Some(&self.own)
+            } else {
+                learned.get(&m.id)
+            };
+            if let Some(a) = announced {
+                m.client_ur_ls = a.client_urls.clone();
+                if m.name.is_empty() {
+                    m.name = a.name.clone();
+                }
+            }
+        }
+        Ok(members)
+    }
+
+    /// Proposes a membership change and waits until this member has applied it.
+    async fn change_member(&self, member: PbMember, remove: bool) -> Result<(), Status> {
+        self.require_leader()?;
+        let (reply, rx) = oneshot::channel();
+        let change = MemberChange {
+            id: 0,
+            member: Some(member),
+            remove,
+        };
+        self.inputs
+            .send(Input::ProposeMember { change, reply })
+            .map_err(|_| Status::unavailable("etcdserver: server stopped"))?;
+        match tokio::time::timeout(self.request_timeout, rx).await {
+            Ok(Ok(r)) => Ok(r?),
+            Ok(Err(_)) | Err(_) => Err(timed_out()),
+        }
     }
 }
 

@@ -9,27 +9,28 @@ pub mod node;
 pub mod peer;
 pub mod wire;
 
+use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{Context, bail};
 use axum::routing::get;
-use etcd_client::proto::{PbClusterServer, PbKvServer, PbMaintenanceServer};
+use etcd_client::proto::{PbClusterServer, PbKvServer, PbMaintenanceServer, PbMember};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tonic::service::Routes;
 use tonic::transport::server::TcpIncoming;
-use witness_core::Witness;
+use witness_core::{Witness, WitnessUrl};
 
 use crate::config::{ClusterState, HttpUrl, PeerUrls, ServerConfig};
 use crate::mvcc::Mvcc;
 use crate::raft::{self, Membership, Raft, Storage};
 use crate::storage::disk::DiskStorage;
 use crate::witness::open_store;
-use api::{Api, MAX_REQUEST_BYTES, MemberInfo};
+use api::{Api, MAX_REQUEST_BYTES};
 use metrics::Metrics;
-use node::{RaftLoop, Status};
+use node::{Announced, RaftLoop, Status};
 use peer::{Identity, MAX_FRAME_BYTES, PeerService, Peers};
 
 /// Accepted connections without Nagle's algorithm: a small response must not wait for the
@@ -53,8 +54,16 @@ async fn bind(flag: &str, urls: &[HttpUrl]) -> anyhow::Result<Vec<TcpListener>> 
     Ok(listeners)
 }
 
-/// The member's storage, opened (and bootstrapped for a new cluster).
-fn open_storage(cfg: &ServerConfig) -> anyhow::Result<(DiskStorage, Arc<Mvcc>)> {
+/// This member's and its cluster's ids.
+#[derive(Debug, Clone, Copy)]
+struct Ids {
+    member: u64,
+    cluster: u64,
+}
+
+/// The member's storage, opened (bootstrapped for a new cluster, or set up to join a running
+/// one), and the ids it stores.
+async fn open_storage(cfg: &ServerConfig) -> anyhow::Result<(DiskStorage, Arc<Mvcc>, Ids)> {
     let member_dir = cfg.data_dir.join("member");
     std::fs::create_dir_all(&member_dir)
         .with_context(|| format!("--data-dir: cannot create {}", member_dir.display()))?;
@@ -68,6 +77,18 @@ fn open_storage(cfg: &ServerConfig) -> anyhow::Result<(DiskStorage, Arc<Mvcc>)> 
     for s in &report.rejected_snapshots {
         tracing::warn!(snapshot = %s, "skipped a snapshot file that failed its checks");
     }
+    let mvcc = Arc::new(Mvcc::open(&member_dir.join("kv.redb"))?);
+    let from_flags = || -> Vec<PbMember> {
+        cfg.initial_cluster
+            .iter()
+            .map(|m| PbMember {
+                id: m.id,
+                name: m.name.clone(),
+                peer_ur_ls: m.peer_texts.clone(),
+                ..Default::default()
+            })
+            .collect()
+    };
     if disk.is_empty() {
         match cfg.initial_cluster_state {
             ClusterState::New => {
@@ -79,27 +100,110 @@ fn open_storage(cfg: &ServerConfig) -> anyhow::Result<(DiskStorage, Arc<Mvcc>)> 
                 let witness = cfg.witness().map(|(m, _)| m.id);
                 let membership = Membership::new(regular, witness)
                     .map_err(|e| anyhow::anyhow!("--initial-cluster: {e}"))?;
+                mvcc.seed_members(&from_flags())?;
+                mvcc.set_identity(cfg.member_id, cfg.cluster_id)?;
                 disk.bootstrap(membership).map_err(anyhow::Error::msg)?;
                 tracing::info!(
                     members = cfg.initial_cluster.len(),
                     "bootstrapped a new cluster"
                 );
             }
-            ClusterState::Existing => bail!(
-                "--initial-cluster-state existing with an empty --data-dir {}: joining a running \
-                 cluster (member add) is not supported yet; start every member of a new cluster \
-                 with --initial-cluster-state new",
-                cfg.data_dir.display()
-            ),
+            ClusterState::Existing => {
+                let (ids, members) = join(cfg).await?;
+                mvcc.seed_members(&members)?;
+                mvcc.set_identity(ids.member, ids.cluster)?;
+                tracing::info!(
+                    member = format!("{:x}", ids.member),
+                    cluster = format!("{:x}", ids.cluster),
+                    "joining a running cluster; waiting for the leader's snapshot"
+                );
+            }
         }
     }
-    let mvcc = Arc::new(Mvcc::open(&member_dir.join("kv.redb"))?);
+    let ids = match mvcc.identity()? {
+        (0, _) => {
+            // A data directory from before the ids were stored: they are the flags' ones.
+            mvcc.seed_members(&from_flags())?;
+            mvcc.set_identity(cfg.member_id, cfg.cluster_id)?;
+            Ids {
+                member: cfg.member_id,
+                cluster: cfg.cluster_id,
+            }
+        }
+        (member, cluster) => Ids { member, cluster },
+    };
     let snapshot = disk.snapshot();
     if mvcc.position()?.applied < snapshot.meta.index && !snapshot.data.is_empty() {
         // A crash between saving a received snapshot and restoring the key space from it.
         mvcc.restore(&snapshot.data, snapshot.meta.index)?;
     }
-    Ok((disk, mvcc))
+    if !disk.is_empty() && !mvcc.members()?.iter().any(|m| m.id == ids.member) {
+        bail!(
+            "member {:x} was removed from the cluster; its data directory {} must not be used \
+             again (remove it, then `etcdctl member add` and start with \
+             --initial-cluster-state existing to rejoin)",
+            ids.member,
+            cfg.data_dir.display()
+        );
+    }
+    Ok((disk, mvcc, ids))
+}
+
+/// For `--initial-cluster-state existing` on an empty data directory: asks the running members
+/// named in `--initial-cluster` for the cluster's id and members, and finds this member among
+/// them by its peer URLs (it must have been added with `etcdctl member add`).
+async fn join(cfg: &ServerConfig) -> anyhow::Result<(Ids, Vec<PbMember>)> {
+    let mine: BTreeSet<&str> = cfg
+        .initial_advertise_peer_urls
+        .iter()
+        .map(|u| u.text.as_str())
+        .collect();
+    let mut tried = Vec::new();
+    for m in &cfg.initial_cluster {
+        let PeerUrls::Regular(urls) = &m.peer else {
+            continue;
+        };
+        for url in urls.iter().filter(|u| !mine.contains(u.text.as_str())) {
+            match peer::fetch_members(&url.text).await {
+                Ok((cluster, members)) => {
+                    let me = members.iter().find(|x| {
+                        x.peer_ur_ls
+                            .iter()
+                            .map(String::as_str)
+                            .collect::<BTreeSet<_>>()
+                            == mine
+                    });
+                    let Some(me) = me else {
+                        bail!(
+                            "--initial-cluster-state existing: the cluster (asked at {}) has no \
+                             member with peer URLs {}; add it first on a running member: \
+                             etcdctl member add {} --peer-urls={}",
+                            url.text,
+                            mine.iter().copied().collect::<Vec<_>>().join(","),
+                            cfg.name,
+                            mine.iter().copied().collect::<Vec<_>>().join(",")
+                        );
+                    };
+                    let ids = Ids {
+                        member: me.id,
+                        cluster,
+                    };
+                    return Ok((ids, members));
+                }
+                Err(e) => tried.push(format!("{} ({e})", url.text)),
+            }
+        }
+    }
+    bail!(
+        "--initial-cluster-state existing: no running member named in --initial-cluster answered \
+         (tried: {}); list the cluster's running members there, or use \
+         --initial-cluster-state new for a new cluster",
+        if tried.is_empty() {
+            "none".to_string()
+        } else {
+            tried.join(", ")
+        }
+    )
 }
 
 /// Runs the member until `shutdown` completes or the Raft loop stops on a storage failure.
@@ -107,19 +211,25 @@ pub async fn run(
     cfg: ServerConfig,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> anyhow::Result<()> {
-    let (disk, mvcc) = open_storage(&cfg)?;
+    let (disk, mvcc, ids) = open_storage(&cfg).await?;
     let tick = cfg.heartbeat_interval;
-    let mut rc = raft::Config::new(cfg.member_id);
-    rc.cluster_id = cfg.cluster_id;
+    let mut rc = raft::Config::new(ids.member);
+    rc.cluster_id = ids.cluster;
     rc.heartbeat_tick = 1;
     rc.election_tick = (cfg.election_timeout.as_millis() / tick.as_millis().max(1)) as u64;
     rc.seed = rand::random();
     let raft = Raft::new(rc, &disk).map_err(anyhow::Error::msg)?;
 
-    let witness = match cfg.witness() {
+    let members = mvcc.members()?;
+    let witness = match members.iter().find_map(|m| {
+        let url = m.peer_ur_ls.first().filter(|u| WitnessUrl::is_witness(u))?;
+        Some((m, url))
+    }) {
         Some((m, url)) => {
-            let store = open_store(url)
-                .with_context(|| format!("--initial-cluster: witness {} ({url})", m.name))?;
+            let store = WitnessUrl::parse(url)
+                .map_err(anyhow::Error::from)
+                .and_then(|u| Ok(open_store(&u)?))
+                .with_context(|| format!("witness member {} ({url})", m.name))?;
             Some((m.id, Arc::new(Witness::new(store))))
         }
         None => None,
@@ -130,17 +240,17 @@ pub async fn run(
         .map(|u| u.text.clone())
         .collect();
     let me = Identity {
-        cluster_id: cfg.cluster_id,
-        member_id: cfg.member_id,
+        cluster_id: ids.cluster,
+        member_id: ids.member,
         client_urls: own_client_urls.clone(),
+        name: cfg.name.clone(),
     };
-    let peer_list: Vec<(u64, String)> = cfg
-        .initial_cluster
+    let peer_list: Vec<(u64, String)> = members
         .iter()
-        .filter(|m| m.id != cfg.member_id)
-        .filter_map(|m| match &m.peer {
-            PeerUrls::Regular(urls) => urls.first().map(|u| (m.id, u.text.clone())),
-            PeerUrls::Witness(_) => None,
+        .filter(|m| m.id != ids.member)
+        .filter_map(|m| {
+            let url = m.peer_ur_ls.first()?;
+            (!WitnessUrl::is_witness(url)).then(|| (m.id, url.clone()))
         })
         .collect();
     let runtime = tokio::runtime::Handle::current();
@@ -175,22 +285,14 @@ pub async fn run(
     let api = Api {
         inputs: inputs_tx.clone(),
         status: status_rx,
-        mvcc,
-        cluster_id: cfg.cluster_id,
-        member_id: cfg.member_id,
-        members: Arc::new(
-            cfg.initial_cluster
-                .iter()
-                .map(|m| MemberInfo {
-                    id: m.id,
-                    name: m.name.clone(),
-                    peer_urls: m.peer_texts.clone(),
-                    is_witness: matches!(m.peer, PeerUrls::Witness(_)),
-                })
-                .collect(),
-        ),
+        mvcc: mvcc.clone(),
+        cluster_id: ids.cluster,
+        member_id: ids.member,
         client_urls: client_urls.clone(),
-        own_client_urls,
+        own: Announced {
+            name: cfg.name.clone(),
+            client_urls: own_client_urls,
+        },
         metrics,
         request_timeout: Duration::from_secs(5) + 2 * cfg.election_timeout,
     };
@@ -205,6 +307,7 @@ pub async fn run(
     for l in bind("--listen-peer-urls", &cfg.listen_peer_urls).await? {
         let svc = peer::pb::peer_server::PeerServer::new(PeerService {
             me: me.clone(),
+            mvcc: mvcc.clone(),
             inputs: inputs_tx.clone(),
             client_urls: client_urls.clone(),
         })
@@ -234,8 +337,8 @@ pub async fn run(
     }
     tracing::info!(
         name = %cfg.name,
-        member = format!("{:x}", cfg.member_id),
-        cluster = format!("{:x}", cfg.cluster_id),
+        member = format!("{:x}", ids.member),
+        cluster = format!("{:x}", ids.cluster),
         "serving"
     );
 

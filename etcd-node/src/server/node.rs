@@ -11,15 +11,15 @@ use std::time::{Duration, Instant};
 
 use prost::Message as _;
 use tokio::sync::{oneshot, watch};
-use witness_core::{Witness, WitnessStore};
+use witness_core::{Witness, WitnessStore, WitnessUrl};
 
 use super::metrics::Metrics;
 use super::peer::Peers;
 use super::wire::Envelope;
-use crate::mvcc::{ApiError, Mvcc, Proposal, Response};
+use crate::mvcc::{ApiError, Command, MemberChange, Mvcc, Proposal, Response};
 use crate::raft::{
-    Body, EntryData, NONE, NodeId, Raft, Ready, Refused, Role, Storage, WitnessRequest,
-    WitnessResponse, apply_rule,
+    Body, Change, ChangeKind, ConfChange, EntryData, NONE, NodeId, Raft, Ready, Refused, Role,
+    Storage, WitnessRequest, WitnessResponse, apply_rule,
 };
 use crate::storage::disk::DiskStorage;
 
@@ -30,6 +30,12 @@ pub enum Input {
     Propose {
         proposal: Proposal,
         reply: oneshot::Sender<Result<Response, ApiError>>,
+    },
+    /// Add, promote or remove a member through a configuration change; answered once applied
+    /// here.
+    ProposeMember {
+        change: MemberChange,
+        reply: oneshot::Sender<Result<(), ApiError>>,
     },
     /// A linearizable read: answers with the index the key space must reach before reading.
     Read {
@@ -99,6 +105,9 @@ enum ReadWaiter {
 
 struct State {
     waiters: HashMap<u64, oneshot::Sender<Result<Response, ApiError>>>,
+    member_waiters: HashMap<u64, oneshot::Sender<Result<(), ApiError>>>,
+    /// This member applied its own removal: it stops once it no longer leads.
+    removed: bool,
     next_id: u64,
     /// Local reads not yet handed to Raft (batched: one round per loop turn).
     reads: Vec<oneshot::Sender<Result<u64, ApiError>>>,
@@ -119,6 +128,8 @@ impl RaftLoop {
     pub fn run(mut self) -> Result<(), String> {
         let mut st = State {
             waiters: HashMap::new(),
+            member_waiters: HashMap::new(),
+            removed: false,
             next_id: rand::random::<u64>() >> 1,
             reads: Vec::new(),
             rounds: HashMap::new(),
@@ -134,6 +145,7 @@ impl RaftLoop {
                 self.raft.tick();
                 next_tick = now + self.tick;
                 st.waiters.retain(|_, w| !w.is_closed());
+                st.member_waiters.retain(|_, w| !w.is_closed());
             }
             match self
                 .inputs
@@ -159,6 +171,13 @@ impl RaftLoop {
             }
             self.maybe_snapshot(&mut st)?;
             self.publish_status();
+            if st.removed && self.raft.role() != Role::Leader {
+                tracing::warn!(
+                    "this member was removed from the cluster; stopping (its data directory \
+                     must not be started again)"
+                );
+                return Ok(());
+            }
         }
     }
 
@@ -205,12 +224,35 @@ impl RaftLoop {
                 }
                 st.waiters.insert(proposal.id, reply);
             }
+            Input::ProposeMember { mut change, reply } => {
+                st.next_id = st.next_id.wrapping_add(1);
+                change.id = st.next_id;
+                let data = change.encode_to_vec();
+                if self.raft.role() == Role::Leader {
+                    if let Err(e) = self.propose_member(data) {
+                        let _ = reply.send(Err(e));
+                        return;
+                    }
+                } else if self.raft.leader() != NONE {
+                    self.peers
+                        .send(self.raft.leader(), Envelope::ForwardMember(data));
+                } else {
+                    let _ = reply.send(Err(no_leader()));
+                    return;
+                }
+                st.member_waiters.insert(change.id, reply);
+            }
             Input::Read { reply } => st.reads.push(reply),
             Input::Peer { from, envelope } => match envelope {
                 Envelope::Raft(m) => self.raft.step(m),
                 Envelope::Forward(data) => {
                     // Refused (no longer the leader): the follower's client times out and retries.
                     let _ = self.raft.propose(data);
+                }
+                Envelope::ForwardMember(data) => {
+                    if let Err(e) = self.propose_member(data) {
+                        tracing::info!(error = %e, "refused a forwarded membership change");
+                    }
                 }
                 Envelope::ReadIndex { ctx } => {
                     let round = st.next_ctx;
@@ -333,20 +375,53 @@ impl RaftLoop {
         Ok(())
     }
 
+    /// Proposes the configuration change an encoded [`MemberChange`] asks for (leader only).
+    fn propose_member(&mut self, data: Vec<u8>) -> Result<(), ApiError> {
+        let change = MemberChange::decode(data.as_slice())
+            .map_err(|e| ApiError::invalid(&format!("membership change: {e}")))?;
+        let Some(m) = &change.member else {
+            return Err(ApiError::invalid("membership change without a member"));
+        };
+        let kind = if change.remove {
+            ChangeKind::Remove
+        } else if m.is_learner {
+            ChangeKind::AddLearner
+        } else {
+            ChangeKind::AddVoter
+        };
+        let cc = ConfChange {
+            changes: vec![Change { kind, node: m.id }],
+            context: data,
+        };
+        self.raft
+            .propose_conf_change(cc)
+            .map(|_| ())
+            .map_err(|r| match r {
+                Refused::InvalidConfChange(why) => ApiError::new(
+                    tonic::Code::FailedPrecondition,
+                    format!("etcdserver: {why}"),
+                ),
+                other => refused(&other),
+            })
+    }
+
     fn apply(&mut self, st: &mut State, ready: &Ready) -> Result<(), String> {
         if ready.committed.is_empty() {
             return Ok(());
         }
-        let batch: Vec<(u64, Option<Proposal>)> = ready
+        let batch: Vec<(u64, Command)> = ready
             .committed
             .iter()
             .map(|e| {
-                let p = match &e.data {
-                    // Data that does not decode was refused by every member alike: a no-op.
-                    EntryData::Normal(d) => Proposal::decode(d.as_slice()).ok(),
-                    EntryData::Empty | EntryData::ConfChange(_) => None,
+                // Data that does not decode was refused by every member alike: a no-op.
+                let c = match &e.data {
+                    EntryData::Normal(d) => Proposal::decode(d.as_slice()).map(Command::Kv),
+                    EntryData::ConfChange(cc) => {
+                        MemberChange::decode(cc.context.as_slice()).map(Command::Member)
+                    }
+                    EntryData::Empty => Ok(Command::Noop),
                 };
-                (e.index, p)
+                (e.index, c.unwrap_or(Command::Noop))
             })
             .collect();
         st.unsynced += batch.len() as u64;
@@ -358,15 +433,38 @@ impl RaftLoop {
             .mvcc
             .apply(&batch, durable)
             .map_err(|e| e.to_string())?;
-        for ((_, p), r) in batch.iter().zip(results) {
-            if let (Some(p), Some(r)) = (p, r)
-                && let Some(w) = st.waiters.remove(&p.id)
-            {
-                let _ = w.send(r);
+        for ((_, c), r) in batch.iter().zip(results) {
+            match c {
+                Command::Kv(p) => {
+                    if let Some(r) = r
+                        && let Some(w) = st.waiters.remove(&p.id)
+                    {
+                        let _ = w.send(r);
+                    }
+                }
+                Command::Member(c) => self.member_changed(st, c),
+                Command::Noop => {}
             }
         }
         self.metrics.applied(batch.len() as u64);
         Ok(())
+    }
+
+    /// After a membership change is applied here: answers its client, links to an added member,
+    /// unlinks a removed one. Idempotent (replayed after a restart).
+    fn member_changed(&mut self, st: &mut State, c: &MemberChange) {
+        if let Some(w) = st.member_waiters.remove(&c.id) {
+            let _ = w.send(Ok(()));
+        }
+        let Some(m) = &c.member else {
+            return;
+        };
+        if c.remove {
+            self.peers.remove(m.id);
+            st.removed |= m.id == self.raft.id();
+        } else if let Some(url) = m.peer_ur_ls.first().filter(|u| !WitnessUrl::is_witness(u)) {
+            self.peers.add(m.id, url);
+        }
     }
 
     /// Every `--snapshot-count` applied entries: make the key space durable, snapshot it and
@@ -427,4 +525,11 @@ impl RaftLoop {
 }
 
 /// Member attributes learned at run time (client URLs of the others come with their frames).
-pub type ClientUrls = Arc<Mutex<HashMap<NodeId, Vec<String>>>>;
+pub type ClientUrls = Arc<Mutex<HashMap<NodeId, Announced>>>;
+
+/// What a member's peer frames announce about it (not stored through Raft).
+#[derive(Debug, Clone, Default)]
+pub struct Announced {
+    pub name: String,
+    pub client_urls: Vec<String>,
+}

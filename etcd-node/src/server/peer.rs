@@ -5,6 +5,7 @@
 //! 2 s).
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::mpsc::Sender;
 use std::time::Duration;
 
@@ -12,8 +13,9 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
-use super::node::{ClientUrls, Input};
+use super::node::{Announced, ClientUrls, Input};
 use super::wire::Envelope;
+use crate::mvcc::Mvcc;
 use crate::raft::NodeId;
 
 #[allow(clippy::all, clippy::pedantic, missing_debug_implementations)]
@@ -23,7 +25,7 @@ pub mod pb {
 
 use pb::peer_client::PeerClient;
 use pb::peer_server::Peer;
-use pb::{Ack, Frame};
+use pb::{Ack, Frame, MembersReply, MembersRequest};
 
 /// Envelopes queued per peer before new ones are dropped.
 const QUEUE: usize = 4096;
@@ -38,11 +40,14 @@ pub struct Identity {
     pub cluster_id: u64,
     pub member_id: NodeId,
     pub client_urls: Vec<String>,
+    pub name: String,
 }
 
 /// The sending side: one queue per peer.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug)]
 pub struct Peers {
+    me: Identity,
+    runtime: tokio::runtime::Handle,
     links: HashMap<NodeId, mpsc::Sender<Envelope>>,
 }
 
@@ -53,13 +58,31 @@ impl Peers {
         peers: &[(NodeId, String)],
         runtime: &tokio::runtime::Handle,
     ) -> Peers {
-        let mut links = HashMap::new();
+        let mut p = Peers {
+            me: me.clone(),
+            runtime: runtime.clone(),
+            links: HashMap::new(),
+        };
         for (id, url) in peers {
-            let (tx, rx) = mpsc::channel(QUEUE);
-            runtime.spawn(run_link(me.clone(), *id, url.clone(), rx));
-            links.insert(*id, tx);
+            p.add(*id, url);
         }
-        Peers { links }
+        p
+    }
+
+    /// Starts a link to a member added to the cluster (nothing if there is one).
+    pub fn add(&mut self, id: NodeId, url: &str) {
+        if id == self.me.member_id || self.links.contains_key(&id) {
+            return;
+        }
+        let (tx, rx) = mpsc::channel(QUEUE);
+        self.runtime
+            .spawn(run_link(self.me.clone(), id, url.to_string(), rx));
+        self.links.insert(id, tx);
+    }
+
+    /// Ends the link to a removed member (its task stops when the queue closes).
+    pub fn remove(&mut self, id: NodeId) {
+        self.links.remove(&id);
     }
 
     /// Queues `envelope` for `to`; drops it when the queue is full or `to` is unknown.
@@ -68,6 +91,29 @@ impl Peers {
             let _ = link.try_send(envelope);
         }
     }
+}
+
+/// Asks the member at `url` for the cluster's id and members.
+pub async fn fetch_members(url: &str) -> Result<(u64, Vec<etcd_client::proto::PbMember>), String> {
+    use prost::Message as _;
+    let channel = tonic::transport::Endpoint::from_shared(url.to_string())
+        .map_err(|e| e.to_string())?
+        .connect_timeout(Duration::from_secs(2))
+        .timeout(Duration::from_secs(5))
+        .connect()
+        .await
+        .map_err(|e| e.to_string())?;
+    let reply = PeerClient::new(channel)
+        .members(MembersRequest {})
+        .await
+        .map_err(|e| e.message().to_string())?
+        .into_inner();
+    let members = reply
+        .members
+        .iter()
+        .map(|b| etcd_client::proto::PbMember::decode(b.as_slice()).map_err(|e| e.to_string()))
+        .collect::<Result<_, _>>()?;
+    Ok((reply.cluster_id, members))
 }
 
 async fn run_link(me: Identity, to: NodeId, url: String, mut rx: mpsc::Receiver<Envelope>) {
@@ -91,6 +137,9 @@ async fn run_link(me: Identity, to: NodeId, url: String, mut rx: mpsc::Receiver<
                 tracing::debug!(peer = %url, error = %e, "peer unreachable; retrying");
                 // Drop what queued up meanwhile: stale Raft messages only slow the peer down.
                 while rx.try_recv().is_ok() {}
+                if rx.is_closed() {
+                    return; // the member was removed, or the node stopped
+                }
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(Duration::from_secs(2));
                 continue;
@@ -127,6 +176,7 @@ async fn run_link(me: Identity, to: NodeId, url: String, mut rx: mpsc::Receiver<
                 to,
                 envelopes,
                 client_urls: me.client_urls.clone(),
+                name: me.name.clone(),
             };
             if frames.send(frame).await.is_err() {
                 break;
@@ -140,12 +190,25 @@ async fn run_link(me: Identity, to: NodeId, url: String, mut rx: mpsc::Receiver<
 #[derive(Debug)]
 pub struct PeerService {
     pub me: Identity,
+    pub mvcc: Arc<Mvcc>,
     pub inputs: Sender<Input>,
     pub client_urls: ClientUrls,
 }
 
 #[tonic::async_trait]
 impl Peer for PeerService {
+    async fn members(&self, _: Request<MembersRequest>) -> Result<Response<MembersReply>, Status> {
+        use prost::Message as _;
+        let members = self
+            .mvcc
+            .members()
+            .map_err(|e| Status::internal(e.to_string()))?;
+        Ok(Response::new(MembersReply {
+            cluster_id: self.me.cluster_id,
+            members: members.iter().map(|m| m.encode_to_vec()).collect(),
+        }))
+    }
+
     async fn stream(&self, request: Request<Streaming<Frame>>) -> Result<Response<Ack>, Status> {
         let mut frames = request.into_inner();
         let inputs = self.inputs.clone();
@@ -164,7 +227,13 @@ impl Peer for PeerService {
                 )));
             }
             if let Ok(mut urls) = self.client_urls.lock() {
-                urls.insert(frame.from, frame.client_urls);
+                urls.insert(
+                    frame.from,
+                    Announced {
+                        name: frame.name,
+                        client_urls: frame.client_urls,
+                    },
+                );
             }
             for bytes in &frame.envelopes {
                 match Envelope::decode(bytes) {

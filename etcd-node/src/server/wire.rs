@@ -50,6 +50,8 @@ pub enum Envelope {
     Raft(Message),
     /// A proposal (encoded `mvcc::Proposal`) for the leader to append.
     Forward(Vec<u8>),
+    /// A follower's membership change (an encoded `MemberChange`) for the leader to propose.
+    ForwardMember(Vec<u8>),
     /// A follower asks the leader for a read index; `ctx` comes back in the answer.
     ReadIndex {
         ctx: u64,
@@ -203,6 +205,11 @@ impl Envelope {
                 forward: data.clone(),
                 ..Default::default()
             },
+            Envelope::ForwardMember(data) => PbEnvelope {
+                kind: 4,
+                forward: data.clone(),
+                ..Default::default()
+            },
             Envelope::ReadIndex { ctx } => PbEnvelope {
                 kind: 2,
                 ctx: *ctx,
@@ -227,6 +234,7 @@ impl Envelope {
                 })?)?)
             }
             1 => Envelope::Forward(p.forward),
+            4 => Envelope::ForwardMember(p.forward),
             2 => Envelope::ReadIndex { ctx: p.ctx },
             3 => Envelope::ReadIndexResp {
                 ctx: p.ctx,
@@ -294,6 +302,7 @@ mod tests {
                 granted: true,
             }),
             Envelope::Forward(b"proposal".to_vec()),
+            Envelope::ForwardMember(b"member".to_vec()),
             Envelope::ReadIndex { ctx: 9 },
             Envelope::ReadIndexResp { ctx: 9, index: 12 },
         ];

@@ -47,7 +47,10 @@ fn random_conf_change(c: &mut Cluster, next_id: &mut NodeId) -> ConfChange {
         }
         _ => Vec::new(),
     };
-    ConfChange { changes }
+    ConfChange {
+        changes,
+        context: Vec::new(),
+    }
 }
 
 /// The shape of a random run.

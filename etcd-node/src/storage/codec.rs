@@ -91,7 +91,7 @@ impl From<&Entry> for PbEntry {
             EntryData::Normal(d) => (1, d.clone(), Vec::new()),
             EntryData::ConfChange(cc) => (
                 2,
-                Vec::new(),
+                cc.context.clone(),
                 cc.changes
                     .iter()
                     .map(|c| PbChange {
@@ -133,6 +133,7 @@ impl TryFrom<PbEntry> for Entry {
                         Ok(Change { kind, node: c.node })
                     })
                     .collect::<Result<_, _>>()?,
+                context: p.data,
             }),
             k => return Err(Invalid(format!("entry {}: unknown kind {k}", p.index))),
         };
