@@ -584,3 +584,37 @@ fn joining_without_member_add_is_refused_with_the_fix() {
         "the error names the fix: {log}"
     );
 }
+
+/// The witness's share disappears (an unmounted NFS export) and then the follower dies: the
+/// leader cannot commit without the witness, and Status says why, as etcd's Status reports
+/// "no leader".
+#[test]
+fn status_reports_an_unreachable_witness() {
+    let mut c = cluster();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let leader = c.wait_leader(LEADER_WAIT);
+    let ep = c.members[leader].url();
+    let errors = || {
+        rt.block_on(async {
+            let mut client = Client::connect([ep.as_str()], None).await.expect("connect");
+            client.status().await.expect("status").errors().to_vec()
+        })
+    };
+    assert_eq!(errors(), Vec::<String>::new());
+    let share = c.dir.path().join("witness");
+    std::fs::rename(&share, c.dir.path().join("witness.gone")).unwrap();
+    c.kill(1 - leader);
+    let started = Instant::now();
+    loop {
+        let errs = errors();
+        if errs.iter().any(|e| e.contains("witness unavailable")) {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "Status never reported the witness: {errs:?}; log:\n{}",
+            c.log(leader)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}

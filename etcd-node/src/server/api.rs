@@ -19,6 +19,8 @@ use witness_core::WitnessUrl;
 
 /// etcd's default `--max-request-bytes`.
 pub const MAX_REQUEST_BYTES: usize = 1536 * 1024;
+/// How long Status reports a failed witness step (unless a later step succeeds).
+const WITNESS_ERROR_WINDOW: Duration = Duration::from_secs(30);
 /// The version reported by Status: etcd clients check it (this API matches etcd 3.5's).
 pub const VERSION: &str = "3.5.17";
 
@@ -392,6 +394,21 @@ impl PbMaintenanceService for Api {
         let s = *self.status.borrow();
         let pos = self.mvcc.position().map_err(internal)?;
         let size = self.mvcc.db_size() as i64;
+        let mut errors = Vec::new();
+        if s.leader == 0 {
+            errors.push("etcdserver: no leader".to_string());
+        }
+        // A step fails when the witness was needed (a member down, an election) and its
+        // storage did not answer; the retries come within an election timeout.
+        if let Some(why) = self.metrics.witness_unavailable(WITNESS_ERROR_WINDOW) {
+            errors.push(format!("etcdserver: witness unavailable: {why}"));
+        }
+        let is_learner = self
+            .mvcc
+            .members()
+            .map_err(internal)?
+            .iter()
+            .any(|m| m.id == self.member_id && m.is_learner);
         Ok(Response::new(PbStatusResponse {
             header: self.header(pos.revision as i64),
             version: VERSION.into(),
@@ -400,13 +417,9 @@ impl PbMaintenanceService for Api {
             raft_index: s.commit,
             raft_term: s.term,
             raft_applied_index: s.applied,
-            errors: if s.leader == 0 {
-                vec!["etcdserver: no leader".into()]
-            } else {
-                Vec::new()
-            },
+            errors,
             db_size_in_use: size,
-            is_learner: false,
+            is_learner,
             ..Default::default()
         }))
     }

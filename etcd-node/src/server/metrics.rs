@@ -4,7 +4,7 @@
 use std::fmt::Write as _;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use witness_core::client::Stepped;
 
@@ -36,6 +36,8 @@ pub struct Metrics {
     witness_writes: AtomicU64,
     witness_conflicts: AtomicU64,
     witness_failures: AtomicU64,
+    /// When the last witness step failed, and why; cleared by a step that succeeds.
+    witness_error: Mutex<Option<(Instant, String)>>,
     snapshots_sent: AtomicU64,
     snapshots_received: AtomicU64,
     /// (subterm, witness in the replication set) while leading.
@@ -64,16 +66,28 @@ impl Metrics {
         let i = STEPS.iter().position(|s| *s == name).unwrap_or(0);
         self.witness_steps[i].fetch_add(1, Relaxed);
         self.witness_latency[i].add(d);
-        match result {
+        let error = match result {
             Ok(s) => {
                 self.witness_writes.fetch_add(u64::from(s.wrote), Relaxed);
                 self.witness_conflicts
                     .fetch_add(u64::from(s.conflicts), Relaxed);
+                None
             }
-            Err(_) => {
+            Err(e) => {
                 self.witness_failures.fetch_add(1, Relaxed);
+                Some((Instant::now(), e.to_string()))
             }
+        };
+        if let Ok(mut last) = self.witness_error.lock() {
+            *last = error;
         }
+    }
+
+    /// Why the witness is unavailable, if its last step (within `recent`) failed.
+    pub fn witness_unavailable(&self, recent: Duration) -> Option<String> {
+        let last = self.witness_error.lock().ok()?;
+        let (at, why) = last.as_ref()?;
+        (at.elapsed() <= recent).then(|| why.clone())
     }
     pub fn set_leader_view(&self, view: Option<(u64, bool)>) {
         if let Ok(mut v) = self.leader_view.lock() {
