@@ -9,7 +9,7 @@ pub struct Config {
     /// The cluster id, sent to the witness (which binds to it).
     pub cluster_id: u64,
     /// Ticks without a leader before a follower campaigns (randomized in [n, 2n), or in
-    /// [n, n + n/5) with at most two regular voters and a witness).
+    /// [n, n + max(2, n/5)) with at most two regular voters and a witness).
     pub election_tick: u64,
     /// Ticks between a leader's heartbeats.
     pub heartbeat_tick: u64,

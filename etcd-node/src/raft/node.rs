@@ -276,7 +276,7 @@ impl Raft {
         let n = self.cfg.election_tick;
         let v = &self.membership.voters;
         if !self.membership.is_joint() && v.witness.is_some() && v.regular.len() <= 2 {
-            (n / 5).max(1)
+            (n / 5).max(2).min(n)
         } else {
             n
         }

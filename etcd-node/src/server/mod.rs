@@ -137,7 +137,11 @@ async fn open_storage(cfg: &ServerConfig) -> anyhow::Result<(DiskStorage, Arc<Mv
         // A crash between saving a received snapshot and restoring the key space from it.
         mvcc.restore(&snapshot.data, snapshot.meta.index)?;
     }
-    if !disk.is_empty() && !mvcc.members()?.iter().any(|m| m.id == ids.member) {
+    // Only a key space that has applied everything the log committed knows the final member
+    // list (a member whose own addition is still to be replayed is not missing from it); a
+    // removal still in the log stops the member when it is replayed.
+    let caught_up = mvcc.position()?.applied >= disk.hard_state().commit;
+    if !disk.is_empty() && caught_up && !mvcc.members()?.iter().any(|m| m.id == ids.member) {
         bail!(
             "member {:x} was removed from the cluster; its data directory {} must not be used \
              again (remove it, then `etcdctl member add` and start with \

@@ -334,6 +334,7 @@ impl RaftLoop {
                 .map_err(|e| e.to_string())?;
             st.last_snapshot = snapshot.meta.index;
             self.metrics.snapshot_received();
+            self.follow_members()?;
             tracing::info!(
                 index = snapshot.meta.index,
                 "installed the leader's snapshot of the key space"
@@ -465,6 +466,20 @@ impl RaftLoop {
         } else if let Some(url) = m.peer_ur_ls.first().filter(|u| !WitnessUrl::is_witness(u)) {
             self.peers.add(m.id, url);
         }
+    }
+
+    /// After a snapshot replaced the member list: links to every member it names, none to the
+    /// others (entries after the snapshot change them further). A snapshot older than this
+    /// member's own addition does not name it, so it says nothing about a removal.
+    fn follow_members(&mut self) -> Result<(), String> {
+        let members = self.mvcc.members().map_err(|e| e.to_string())?;
+        self.peers.retain(|id| members.iter().any(|m| m.id == id));
+        for m in &members {
+            if let Some(url) = m.peer_ur_ls.first().filter(|u| !WitnessUrl::is_witness(u)) {
+                self.peers.add(m.id, url);
+            }
+        }
+        Ok(())
     }
 
     /// Every `--snapshot-count` applied entries: make the key space durable, snapshot it and

@@ -85,6 +85,11 @@ impl Peers {
         self.links.remove(&id);
     }
 
+    /// Keeps only the links to the members `keep` accepts.
+    pub fn retain(&mut self, keep: impl Fn(NodeId) -> bool) {
+        self.links.retain(|id, _| keep(*id));
+    }
+
     /// Queues `envelope` for `to`; drops it when the queue is full or `to` is unknown.
     pub fn send(&self, to: NodeId, envelope: Envelope) {
         if let Some(link) = self.links.get(&to) {
