@@ -217,6 +217,11 @@ impl Mvcc {
     /// The members, by id.
     pub fn members(&self) -> Result<Vec<PbMember>, StoreError> {
         let tx = self.db.begin_read().map_err(|e| self.fail(e))?;
+        self.read_members(&tx)
+    }
+
+    /// The members as `tx` sees them.
+    fn read_members(&self, tx: &redb::ReadTransaction) -> Result<Vec<PbMember>, StoreError> {
         let table = tx.open_table(MEMBERS).map_err(|e| self.fail(e))?;
         let mut out = Vec::new();
         for row in table.iter().map_err(|e| self.fail(e))? {
@@ -266,7 +271,6 @@ impl Mvcc {
         tx.set_durability(durability).map_err(|e| self.fail(e))?;
         let results = {
             let mut w = apply::Writer::open(&tx).map_err(|e| self.fail(e))?;
-            let mut members = tx.open_table(MEMBERS).map_err(|e| self.fail(e))?;
             let mut out = Vec::with_capacity(entries.len());
             for (index, command) in entries {
                 if *index <= w.applied {
@@ -278,6 +282,8 @@ impl Mvcc {
                     Command::Kv(p) => Some(w.apply(&p.op).map_err(|e| self.fail(e))?),
                     Command::Member(c) => {
                         if let Some(m) = &c.member {
+                            // (opened here, not per batch: membership changes are rare)
+                            let mut members = tx.open_table(MEMBERS).map_err(|e| self.fail(e))?;
                             if c.remove {
                                 members.remove(m.id).map_err(|e| self.fail(e))?;
                             } else {
@@ -335,20 +341,8 @@ impl Mvcc {
             revision: get("revision")?,
             compacted: get("compact")?,
             history: Vec::new(),
-            members: Vec::new(),
+            members: self.read_members(&tx)?,
         };
-        for row in tx
-            .open_table(MEMBERS)
-            .map_err(|e| self.fail(e))?
-            .iter()
-            .map_err(|e| self.fail(e))?
-        {
-            let (_, v) = row.map_err(|e| self.fail(e))?;
-            dump.members.push(
-                PbMember::decode(v.value())
-                    .map_err(|e| self.fail(format!("member record: {e}")))?,
-            );
-        }
         for row in history.iter().map_err(|e| self.fail(e))? {
             let (k, v) = row.map_err(|e| self.fail(e))?;
             let (key, revision) = k.value();

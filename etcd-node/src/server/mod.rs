@@ -252,10 +252,7 @@ pub async fn run(
     let peer_list: Vec<(u64, String)> = members
         .iter()
         .filter(|m| m.id != ids.member)
-        .filter_map(|m| {
-            let url = m.peer_ur_ls.first()?;
-            (!WitnessUrl::is_witness(url)).then(|| (m.id, url.clone()))
-        })
+        .filter_map(|m| Some((m.id, node::regular_peer_url(m)?.to_string())))
         .collect();
     let runtime = tokio::runtime::Handle::current();
     let peers = Peers::start(&me, &peer_list, &runtime);

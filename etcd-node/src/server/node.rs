@@ -463,7 +463,7 @@ impl RaftLoop {
         if c.remove {
             self.peers.remove(m.id);
             st.removed |= m.id == self.raft.id();
-        } else if let Some(url) = m.peer_ur_ls.first().filter(|u| !WitnessUrl::is_witness(u)) {
+        } else if let Some(url) = regular_peer_url(m) {
             self.peers.add(m.id, url);
         }
     }
@@ -475,7 +475,7 @@ impl RaftLoop {
         let members = self.mvcc.members().map_err(|e| e.to_string())?;
         self.peers.retain(|id| members.iter().any(|m| m.id == id));
         for m in &members {
-            if let Some(url) = m.peer_ur_ls.first().filter(|u| !WitnessUrl::is_witness(u)) {
+            if let Some(url) = regular_peer_url(m) {
                 self.peers.add(m.id, url);
             }
         }
@@ -537,6 +537,14 @@ impl RaftLoop {
             let _ = feedback.send(Input::Witness(response));
         });
     }
+}
+
+/// The peer URL a regular member is reached at (none for the witness: it is storage).
+pub fn regular_peer_url(m: &etcd_client::proto::PbMember) -> Option<&str> {
+    m.peer_ur_ls
+        .first()
+        .map(String::as_str)
+        .filter(|u| !WitnessUrl::is_witness(u))
 }
 
 /// Member attributes learned at run time (client URLs of the others come with their frames).
