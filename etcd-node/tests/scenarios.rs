@@ -6,6 +6,8 @@
 //! cluster N [witness]          N regular nodes (ids 1..N), witness id N+1
 //! campaign ID                  node ID starts an election now
 //! run TICKS                    advance time
+//! run-loaded TICKS             advance time with one proposal per tick, held while the
+//!                              leader asks for it (as the server does)
 //! run-until leader ID|any MAX  tick until ID (or anyone) leads, failing after MAX ticks
 //! propose N                    N proposals on the current leader
 //! run-until committed MAX      tick until everything proposed so far is applied somewhere
@@ -166,6 +168,29 @@ impl Script {
                         "{line}: no leader took the proposal"
                     );
                     self.proposed.push(data);
+                }
+            }
+            (Some("run-loaded"), t) => {
+                // One proposal per tick, faster than a round trip, held (as the server holds
+                // them) while the leader asks for it.
+                let mut held = 0;
+                for _ in 0..num(t, line) {
+                    let c = self.c();
+                    let holding = c
+                        .leader()
+                        .and_then(|l| c.raft(l))
+                        .is_some_and(|r| r.proposals_held());
+                    held += 1;
+                    while held > 0 && !holding {
+                        let data = format!("p{}", self.proposed.len()).into_bytes();
+                        if self.c().propose(data.clone()).is_some() {
+                            self.proposed.push(data);
+                        }
+                        held -= 1;
+                    }
+                    if let Err(v) = self.c().tick() {
+                        panic!("{line}: invariant violated {v}");
+                    }
                 }
             }
             (Some("crash"), id) => {

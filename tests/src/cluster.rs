@@ -175,7 +175,10 @@ impl Cluster {
             .args(&self.flags)
             .args(extra)
             .envs(env.iter().copied())
-            .env("RUST_LOG", "info")
+            .env(
+                "RUST_LOG",
+                std::env::var("NODE_LOG").unwrap_or_else(|_| "info".into()),
+            )
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()

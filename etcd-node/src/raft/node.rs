@@ -100,7 +100,23 @@ struct Leading {
     witness_read_ack: u64,
     /// Tick at which the outstanding witness term read was issued.
     witness_read_inflight: Option<u64>,
+    /// A regular voter about to re-enter R, and the tick the hold began: the host holds new
+    /// proposals so that the voter's match index can reach the last index (see
+    /// [`Raft::proposals_held`]).
+    reentry: Option<(NodeId, u64)>,
+    /// No new hold before this tick (a hold that did not succeed backs off).
+    reentry_backoff: u64,
+    /// Holds in a row that did not succeed (each doubles the back-off).
+    reentry_failures: u32,
+    /// The last index at each of the last [`REENTRY_LOOKBACK_TICKS`] ticks, oldest first: a
+    /// voter whose match index reached the oldest keeps up.
+    last_at_ticks: VecDeque<u64>,
 }
+
+/// Ticks a hold for a re-entering voter may last (it usually ends after one round trip).
+const REENTRY_HOLD_TICKS: u64 = 2;
+/// How recent the leader's last index must be in a voter's log for a hold to be worth it.
+const REENTRY_LOOKBACK_TICKS: usize = 4;
 
 /// One node of the extended Raft.
 #[derive(Debug)]
@@ -331,6 +347,10 @@ impl Raft {
             read_round: 0,
             witness_read_ack: 0,
             witness_read_inflight: None,
+            reentry: None,
+            reentry_backoff: 0,
+            reentry_failures: 0,
+            last_at_ticks: VecDeque::from([next]),
         });
         self.reset_election_timer();
         // No configuration change until this first entry is applied (a configuration change
@@ -480,6 +500,7 @@ impl Raft {
             }
         }
         self.adjust_replication_set();
+        self.hold_for_reentry();
         if self.election_elapsed >= self.cfg.election_tick {
             self.election_elapsed = 0;
             if self.cfg.check_quorum && !self.quorum_active() {
@@ -924,9 +945,14 @@ impl Raft {
             pr.probe_from(next);
         } else if pr.acknowledge(index) {
             let caught_up = pr.matched == last;
+            let reentering = caught_up && lead.reentry.is_some_and(|(v, _)| v == from);
             if caught_up && lead.transfer.is_some_and(|(to, _)| to == from) {
                 let term = self.term;
                 self.send(from, term, Body::TimeoutNow);
+            }
+            if reentering {
+                // The hold did its job: the voter re-enters R now, not at the next tick.
+                self.adjust_replication_set();
             }
             self.maybe_commit();
         }
@@ -1111,10 +1137,23 @@ impl Raft {
             // During a transfer, a new subterm's entry would leave the target behind the log.
             return;
         }
-        let (now, window, last) = (self.ticks, self.cfg.liveness_ticks(), self.last_index());
+        let last = self.last_index();
         let skip_catch_up = self.mutated(Mutation::ReenterBeforeCatchUp);
+        let next = self.adjusted_rset(|pr| pr.matched == last || skip_catch_up);
+        if next != self.leading().rset {
+            let lead = self.leading();
+            if lead.reentry.take().is_some() {
+                lead.reentry_failures = 0;
+            }
+            self.new_subterm(next);
+        }
+    }
+
+    /// R after adjustment, with `caught_up` deciding whether a reachable voter may enter it.
+    fn adjusted_rset(&self, caught_up: impl Fn(&Progress) -> bool) -> BTreeSet<NodeId> {
+        let (now, window) = (self.ticks, self.cfg.liveness_ticks());
         let lead = self.lead.as_ref().expect("leader");
-        let next = replication_set::adjust(
+        replication_set::adjust(
             &lead.rset,
             &self.membership.voters.regular,
             self.membership.voters.witness,
@@ -1123,13 +1162,56 @@ impl Raft {
                 let pr = &lead.progress[&v];
                 Liveness {
                     reachable: now - pr.last_heard <= window,
-                    caught_up: pr.matched == last || skip_catch_up,
+                    caught_up: caught_up(pr),
                 }
             },
-        );
-        if next != lead.rset {
-            self.new_subterm(next);
+        )
+    }
+
+    /// A voter that keeps up under a steady stream of proposals may never hold the very last
+    /// index, so it would never re-enter R and the cluster would keep depending on the witness.
+    /// When a reachable voter outside R holds everything the leader had
+    /// [`REENTRY_LOOKBACK_TICKS`] ago, the leader asks the host to hold new proposals (at most
+    /// [`REENTRY_HOLD_TICKS`]) so that the voter catches up and re-enters R; a hold that does
+    /// not succeed backs off, an election timeout the first time, twice that the next, up to 16
+    /// times. Called once per tick, after the adjustment.
+    fn hold_for_reentry(&mut self) {
+        let (now, last, election) = (self.ticks, self.last_index(), self.cfg.election_tick);
+        let lead = self.leading();
+        let mark = lead.last_at_ticks[0];
+        if lead.last_at_ticks.len() == REENTRY_LOOKBACK_TICKS {
+            lead.last_at_ticks.pop_front();
         }
+        lead.last_at_ticks.push_back(last);
+        match lead.reentry {
+            Some((_, since)) if now - since >= REENTRY_HOLD_TICKS => {
+                lead.reentry = None;
+                lead.reentry_backoff = now + (election << lead.reentry_failures.min(4));
+                lead.reentry_failures += 1;
+            }
+            Some(_) => {}
+            None if now < lead.reentry_backoff || lead.transfer.is_some() => {}
+            None => {
+                if self.membership.is_joint() {
+                    return;
+                }
+                let rset = self.leading().rset.clone();
+                let entering = self
+                    .adjusted_rset(|pr| pr.matched >= mark)
+                    .into_iter()
+                    .find(|v| !rset.contains(v) && self.membership.voters.regular.contains(v));
+                if let Some(v) = entering {
+                    self.leading().reentry = Some((v, now));
+                }
+            }
+        }
+    }
+
+    /// Should the host hold new proposals for now? True for at most [`REENTRY_HOLD_TICKS`] while
+    /// a voter that keeps up catches up to re-enter the replication set. Proposing anyway is
+    /// safe; it only keeps that voter out of R longer.
+    pub fn proposals_held(&self) -> bool {
+        self.lead.as_ref().is_some_and(|l| l.reentry.is_some())
     }
 
     /// Starts a subterm with replication set `rset`, opened by an empty entry.

@@ -118,6 +118,11 @@ struct State {
     next_ctx: u64,
     last_snapshot: u64,
     unsynced: u64,
+    /// The leader and term last logged (a change is logged once, as etcd does).
+    seen_leader: (NodeId, u64),
+    /// Proposals held while a member catches up to re-enter the replication set, with the id
+    /// of the local waiter (none when forwarded by a follower).
+    held: Vec<(Vec<u8>, Option<u64>)>,
 }
 
 /// Applied entries between two durable commits of the key space (bounds replay after a crash).
@@ -137,6 +142,8 @@ impl RaftLoop {
             next_ctx: 1,
             last_snapshot: self.disk.snapshot().meta.index,
             unsynced: 0,
+            seen_leader: (NONE, 0),
+            held: Vec::new(),
         };
         let mut next_tick = Instant::now() + self.tick;
         loop {
@@ -165,6 +172,7 @@ impl RaftLoop {
                 Err(RecvTimeoutError::Timeout) => {}
                 Err(RecvTimeoutError::Disconnected) => return Ok(()),
             }
+            self.release_held(&mut st);
             self.start_reads(&mut st);
             while self.raft.has_ready() {
                 self.process_ready(&mut st)?;
@@ -211,7 +219,9 @@ impl RaftLoop {
                 st.next_id = st.next_id.wrapping_add(1);
                 proposal.id = st.next_id;
                 let data = proposal.encode_to_vec();
-                if self.raft.role() == Role::Leader {
+                if self.raft.proposals_held() {
+                    st.held.push((data, Some(proposal.id)));
+                } else if self.raft.role() == Role::Leader {
                     if let Err(r) = self.raft.propose(data) {
                         let _ = reply.send(Err(refused(&r)));
                         return;
@@ -245,6 +255,9 @@ impl RaftLoop {
             Input::Read { reply } => st.reads.push(reply),
             Input::Peer { from, envelope } => match envelope {
                 Envelope::Raft(m) => self.raft.step(m),
+                Envelope::Forward(data) if self.raft.proposals_held() => {
+                    st.held.push((data, None));
+                }
                 Envelope::Forward(data) => {
                     // Refused (no longer the leader): the follower's client times out and retries.
                     let _ = self.raft.propose(data);
@@ -282,6 +295,20 @@ impl RaftLoop {
         }
     }
 
+    /// Proposes what was held, once the hold is over.
+    fn release_held(&mut self, st: &mut State) {
+        if st.held.is_empty() || self.raft.proposals_held() {
+            return;
+        }
+        for (data, id) in std::mem::take(&mut st.held) {
+            if let Err(r) = self.raft.propose(data)
+                && let Some(w) = id.and_then(|id| st.waiters.remove(&id))
+            {
+                let _ = w.send(Err(refused(&r)));
+            }
+        }
+    }
+
     /// Starts one read round for every local read that arrived this turn.
     fn start_reads(&mut self, st: &mut State) {
         if st.reads.is_empty() {
@@ -312,6 +339,14 @@ impl RaftLoop {
 
     fn process_ready(&mut self, st: &mut State) -> Result<(), String> {
         let ready: Ready = self.raft.ready();
+        let seen = (self.raft.leader(), self.raft.term());
+        if seen != st.seen_leader {
+            st.seen_leader = seen;
+            match seen.0 {
+                NONE => tracing::info!(term = seen.1, "no leader"),
+                id => tracing::info!(leader = format!("{id:x}"), term = seen.1, "leader elected"),
+            }
+        }
         let started = Instant::now();
         self.disk.persist(&ready)?;
         if !ready.entries.is_empty() || ready.hard_state.is_some() {
@@ -528,7 +563,10 @@ impl RaftLoop {
                 .await;
             metrics.witness_step(name, started.elapsed(), &stepped);
             let response = match stepped {
-                Ok(s) => s.reply,
+                Ok(s) => {
+                    tracing::debug!(step = name, reply = ?s.reply, "witness step");
+                    s.reply
+                }
                 Err(e) => {
                     tracing::warn!(witness = format!("{id:x}"), step = name, error = %e, "witness step failed");
                     WitnessResponse::Failed { request }
