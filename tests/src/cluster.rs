@@ -271,8 +271,25 @@ impl Drop for Cluster {
 
 /// Runs the real `etcdctl` (Debian's `etcd-client`) against `endpoints`.
 pub fn etcdctl(endpoints: &[String], args: &[&str], stdin: Option<&str>) -> Output {
+    run_etcdctl(Command::new("etcdctl"), endpoints, args, stdin)
+}
+
+/// As [`etcdctl`] for a command that does not end by itself (`watch`, `lease keep-alive`):
+/// stopped after `secs` seconds; its output until then.
+pub fn etcdctl_for(secs: u32, endpoints: &[String], args: &[&str]) -> Output {
+    let mut timeout = Command::new("timeout");
+    timeout.arg(secs.to_string()).arg("etcdctl");
+    run_etcdctl(timeout, endpoints, args, None)
+}
+
+fn run_etcdctl(
+    mut command: Command,
+    endpoints: &[String],
+    args: &[&str],
+    stdin: Option<&str>,
+) -> Output {
     use std::io::Write;
-    let mut child = Command::new("etcdctl")
+    let mut child = command
         .env("ETCDCTL_API", "3")
         .arg(format!("--endpoints={}", endpoints.join(",")))
         .args(args)

@@ -88,6 +88,13 @@ pub struct Flags {
     /// Raise an alarm when the backend size exceeds this many bytes (0: the 2 GiB default).
     #[arg(long, env = "ETCD_QUOTA_BACKEND_BYTES", default_value_t = 0)]
     pub quota_backend_bytes: u64,
+    /// How often a watcher that asked for progress notifications gets one (a Go duration).
+    #[arg(
+        long,
+        env = "ETCD_EXPERIMENTAL_WATCH_PROGRESS_NOTIFY_INTERVAL",
+        default_value = "10m"
+    )]
+    pub experimental_watch_progress_notify_interval: String,
     /// Log level: debug, info, warn or error.
     #[arg(long, env = "ETCD_LOG_LEVEL", default_value = "info")]
     pub log_level: String,
@@ -201,6 +208,40 @@ pub struct ServerConfig {
     pub quota_backend_bytes: u64,
     pub log_level: String,
     pub listen_metrics_urls: Vec<HttpUrl>,
+    pub watch_progress_notify_interval: Duration,
+}
+
+/// A Go duration (`10m`, `1m30s`, `500ms`, `2h`): what etcd's duration flags take.
+pub fn parse_go_duration(flag: &str, s: &str) -> Result<Duration, String> {
+    let bad =
+        || format!("--{flag}: {s:?} is not a duration; write it as Go does, e.g. 10m, 30s, 500ms");
+    let mut rest = s.trim();
+    if rest.is_empty() {
+        return Err(bad());
+    }
+    let mut total = Duration::ZERO;
+    while !rest.is_empty() {
+        let digits = rest
+            .find(|c: char| !c.is_ascii_digit() && c != '.')
+            .ok_or_else(bad)?;
+        let n: f64 = rest[..digits].parse().map_err(|_| bad())?;
+        rest = &rest[digits..];
+        let unit_len = rest
+            .find(|c: char| c.is_ascii_digit() || c == '.')
+            .unwrap_or(rest.len());
+        let seconds = match &rest[..unit_len] {
+            "ns" => 1e-9,
+            "us" | "µs" => 1e-6,
+            "ms" => 1e-3,
+            "s" => 1.0,
+            "m" => 60.0,
+            "h" => 3600.0,
+            _ => return Err(bad()),
+        };
+        total += Duration::try_from_secs_f64(n * seconds).map_err(|_| bad())?;
+        rest = &rest[unit_len..];
+    }
+    Ok(total)
 }
 
 /// etcd's default backend quota.
@@ -320,6 +361,13 @@ impl ServerConfig {
         if f.snapshot_count == 0 {
             return Err("--snapshot-count must be at least 1".into());
         }
+        let watch_progress_notify_interval = parse_go_duration(
+            "experimental-watch-progress-notify-interval",
+            &f.experimental_watch_progress_notify_interval,
+        )?;
+        if watch_progress_notify_interval.is_zero() {
+            return Err("--experimental-watch-progress-notify-interval must be above 0".into());
+        }
         let listen_client_urls = url_list("listen-client-urls", &f.listen_client_urls)?;
         let advertise_client_urls = url_list("advertise-client-urls", &f.advertise_client_urls)?;
         let listen_peer_urls = url_list("listen-peer-urls", &f.listen_peer_urls)?;
@@ -419,6 +467,7 @@ impl ServerConfig {
             },
             log_level: f.log_level,
             listen_metrics_urls,
+            watch_progress_notify_interval,
         })
     }
 
@@ -550,10 +599,32 @@ mod tests {
             ),
             ("--initial-cluster-state", "old", "--initial-cluster-state"),
             ("--election-timeout", "200", "--election-timeout"),
+            (
+                "--experimental-watch-progress-notify-interval",
+                "10 minutes",
+                "write it as Go does",
+            ),
+            (
+                "--experimental-watch-progress-notify-interval",
+                "0s",
+                "must be above 0",
+            ),
         ];
         for (flag, value, expect) in cases {
             let e = err(with(flag, value));
             assert!(e.contains(expect), "{flag} {value}: {e}");
+        }
+    }
+
+    #[test]
+    fn go_durations() {
+        let d = |s| parse_go_duration("f", s);
+        assert_eq!(d("10m"), Ok(Duration::from_secs(600)));
+        assert_eq!(d("1m30s"), Ok(Duration::from_secs(90)));
+        assert_eq!(d("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(d("1.5h"), Ok(Duration::from_secs(5400)));
+        for bad in ["", "10", "m", "10x", "-1s", "1e400s"] {
+            assert!(d(bad).is_err(), "{bad:?}");
         }
     }
 

@@ -3,13 +3,14 @@
 //! nothing (a delete of no key, a read-only Txn) leaves the revision alone, as in etcd.
 
 use etcd_client::proto::{
-    PbCompactionResponse, PbDeleteRequest, PbDeleteResponse, PbKeyValue, PbPutRequest,
+    PbCompactionResponse, PbDeleteRequest, PbDeleteResponse, PbEvent, PbKeyValue, PbPutRequest,
     PbPutResponse, PbRangeResponse, PbResponseHeader, PbResponseOp, PbTargetUnion, PbTxnOpRequest,
     PbTxnOpResponse, PbTxnRequest, PbTxnRequestOp, PbTxnResponse,
 };
 use prost::Message;
 use redb::{ReadableTable, Table, WriteTransaction};
 
+use super::events::event;
 use super::range::{self, scan_current};
 use super::request::{Op, Response};
 use super::{ApiError, CURRENT, HISTORY, META, decode_kv, meta_get};
@@ -22,8 +23,10 @@ pub(super) struct Writer<'t> {
     current: Table<'t, &'static [u8], &'static [u8]>,
     meta: Table<'t, &'static str, u64>,
     pub applied: u64,
-    revision: u64,
+    pub revision: u64,
     compacted: u64,
+    /// What the writes changed, in the order they were applied (for watchers).
+    pub events: Vec<PbEvent>,
 }
 
 /// The revision a write request writes at, and whether it changed anything.
@@ -65,6 +68,7 @@ impl<'t> Writer<'t> {
             applied,
             revision,
             compacted,
+            events: Vec::new(),
         })
     }
 
@@ -196,6 +200,7 @@ impl<'t> Writer<'t> {
             },
         };
         self.write(&r.key, s.rev, &kv)?;
+        self.events.push(event(&r.key, &kv, prev.as_ref()));
         s.changed = true;
         Ok(PbPutResponse {
             header: header(s.rev),
@@ -219,6 +224,7 @@ impl<'t> Writer<'t> {
         };
         for kv in &doomed {
             self.write(&kv.key, s.rev, &tombstone)?;
+            self.events.push(event(&kv.key, &tombstone, Some(kv)));
         }
         s.changed |= !doomed.is_empty();
         Ok(PbDeleteResponse {
@@ -303,12 +309,15 @@ impl<'t> Writer<'t> {
         if rev <= self.compacted {
             return Ok(Err(ApiError::compacted()));
         }
-        // Per key, keep the newest row at or below `rev` unless it is a tombstone; drop the
-        // older ones.
+        // Per key, keep the newest row at or below `rev` unless it is a tombstone older than
+        // `rev` (a deletion at `rev` itself stays, so a watch may still start at `rev`, as in
+        // etcd); drop the older ones.
         let mut doomed: Vec<(Vec<u8>, u64)> = Vec::new();
         let mut last: Option<(Vec<u8>, u64, bool)> = None;
         let finish = |last: Option<(Vec<u8>, u64, bool)>, doomed: &mut Vec<(Vec<u8>, u64)>| {
-            if let Some((k, r, true)) = last {
+            if let Some((k, r, true)) = last
+                && r < rev
+            {
                 doomed.push((k, r));
             }
         };

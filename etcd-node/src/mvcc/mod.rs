@@ -20,12 +20,13 @@
 //! here and is the same on every node.
 
 mod apply;
+pub mod events;
 mod range;
 pub mod request;
 
 use std::path::Path;
 
-use etcd_client::proto::{PbKeyValue, PbMember};
+use etcd_client::proto::{PbEvent, PbKeyValue, PbMember};
 use prost::Message;
 use redb::{
     Database, Durability, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition,
@@ -93,6 +94,17 @@ impl From<ApiError> for tonic::Status {
 pub struct StoreError {
     pub path: String,
     pub message: String,
+}
+
+/// What applying a batch of entries did.
+#[derive(Debug, Default)]
+pub struct Outcome {
+    /// One per entry (see [`Applied`]).
+    pub results: Vec<Applied>,
+    /// What the batch changed, in order: the events watchers are sent.
+    pub events: Vec<PbEvent>,
+    /// The store's revision after the batch.
+    pub revision: u64,
 }
 
 /// The MVCC store of one member.
@@ -257,11 +269,7 @@ impl Mvcc {
     /// required before the Raft log behind `applied` is compacted). Entries at or below the
     /// stored applied index were applied before a restart and are skipped (`None`), as are
     /// commands that answer nothing (`Noop`, `Member`).
-    pub fn apply(
-        &self,
-        entries: &[(u64, Command)],
-        durable: bool,
-    ) -> Result<Vec<Option<Result<Response, ApiError>>>, StoreError> {
+    pub fn apply(&self, entries: &[(u64, Command)], durable: bool) -> Result<Outcome, StoreError> {
         let mut tx = self.db.begin_write().map_err(|e| self.fail(e))?;
         let durability = if durable {
             Durability::Immediate
@@ -269,7 +277,7 @@ impl Mvcc {
             Durability::None
         };
         tx.set_durability(durability).map_err(|e| self.fail(e))?;
-        let results = {
+        let outcome = {
             let mut w = apply::Writer::open(&tx).map_err(|e| self.fail(e))?;
             let mut out = Vec::with_capacity(entries.len());
             for (index, command) in entries {
@@ -298,13 +306,46 @@ impl Mvcc {
                 w.applied = *index;
                 out.push(r);
             }
+            let (events, revision) = (std::mem::take(&mut w.events), w.revision);
             w.finish().map_err(|e| self.fail(e))?;
-            out
+            Outcome {
+                results: out,
+                events,
+                revision,
+            }
         };
         crate::failpoint::hit("apply-before-commit");
         tx.commit().map_err(|e| self.fail(e))?;
         crate::failpoint::hit("apply-after-commit");
-        Ok(results)
+        Ok(outcome)
+    }
+
+    /// The events on the keys of `[start, end)` from revision `from` to the newest, and the
+    /// newest revision; `Err(compacted)` when `from` is below the compacted revision (those
+    /// events are gone).
+    pub fn events(
+        &self,
+        start: &[u8],
+        end: &[u8],
+        from: u64,
+    ) -> Result<Result<(Vec<PbEvent>, u64), u64>, StoreError> {
+        let tx = self.db.begin_read().map_err(|e| self.fail(e))?;
+        let read = || -> Result<Result<(Vec<PbEvent>, u64), u64>, redb::Error> {
+            let meta = tx.open_table(META)?;
+            let (revision, compacted) = (
+                meta_get(&meta, "revision")?.max(1),
+                meta_get(&meta, "compact")?,
+            );
+            if from < compacted {
+                return Ok(Err(compacted));
+            }
+            let history = tx.open_table(HISTORY)?;
+            Ok(Ok((
+                events::replay(&history, start, end, from, revision)?,
+                revision,
+            )))
+        };
+        read().map_err(|e| self.fail(e))
     }
 
     /// Makes everything applied so far durable (before the Raft log behind it is compacted).

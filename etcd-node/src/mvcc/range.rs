@@ -80,11 +80,8 @@ fn scan_history(
     at: u64,
     mut f: impl FnMut(&[u8], &[u8]) -> Result<bool, redb::Error>,
 ) -> Result<(), redb::Error> {
-    let rows = match end {
-        [] => history.range::<(&[u8], u64)>((start, 0)..=(start, at))?,
-        [0] => history.range::<(&[u8], u64)>((start, 0)..)?,
-        _ if end <= start => return Ok(()),
-        _ => history.range::<(&[u8], u64)>((start, 0)..(end, 0))?,
+    let Some(rows) = history_rows(history, start, end, at)? else {
+        return Ok(());
     };
     // Rows come by key, then revision: the last row of a key at or below `at` is its state.
     let mut pending: Option<(Vec<u8>, Vec<u8>)> = None;
@@ -102,6 +99,25 @@ fn scan_history(
     }
     emit(pending, &mut f)?;
     Ok(())
+}
+
+/// History rows in (key, revision) order.
+pub(super) type HistoryRows<'a> = redb::Range<'a, (&'static [u8], u64), &'static [u8]>;
+
+/// The history rows of the keys in `[start, end)` (etcd's range rules), by key then revision;
+/// for a single key, only up to revision `at`. None: the range is empty.
+pub(super) fn history_rows<'a, H: HistoryTable>(
+    history: &'a H,
+    start: &[u8],
+    end: &[u8],
+    at: u64,
+) -> Result<Option<HistoryRows<'a>>, redb::Error> {
+    Ok(Some(match end {
+        [] => history.range::<(&[u8], u64)>((start, 0)..=(start, at))?,
+        [0] => history.range::<(&[u8], u64)>((start, 0)..)?,
+        _ if end <= start => return Ok(None),
+        _ => history.range::<(&[u8], u64)>((start, 0)..(end, 0))?,
+    }))
 }
 
 fn is_tombstone(key: &[u8], record: &[u8]) -> Result<bool, redb::Error> {

@@ -75,7 +75,8 @@ impl Fixture {
         };
         self.mvcc
             .apply(&[(self.index, Command::Kv(p))], false)
-            .unwrap()[0]
+            .unwrap()
+            .results[0]
             .clone()
             .expect("applied")
     }
@@ -346,14 +347,103 @@ fn compaction_drops_old_revisions_and_refuses_reads_below_it() {
     assert_eq!(f.range(&at(4)).unwrap_err(), ApiError::compacted());
     assert_eq!(f.values(&at(5)), pairs(&[("a", "2")]));
     assert_eq!(f.values(&at(6)), pairs(&[("a", "2"), ("c", "1")]));
-    // What is left: a@3 (newest at or below 5) and c@6; a@2 and b's rows are gone.
+    // What is left: a@3 (newest at or below 5), b's deletion at 5 (a watch may start at 5) and
+    // c@6; a@2 and b@4 are gone.
     let dump = PbDump::decode(f.mvcc.dump().unwrap().as_slice()).unwrap();
     let rows: Vec<_> = dump
         .history
         .iter()
         .map(|e| (String::from_utf8(e.key.clone()).unwrap(), e.revision))
         .collect();
-    assert_eq!(rows, [("a".to_string(), 3), ("c".to_string(), 6)]);
+    assert_eq!(
+        rows,
+        [
+            ("a".to_string(), 3),
+            ("b".to_string(), 5),
+            ("c".to_string(), 6)
+        ]
+    );
+    assert_eq!(
+        f.values(&at(5)),
+        pairs(&[("a", "2")]),
+        "the tombstone is not a key"
+    );
+    f.apply(put("d", "1")).unwrap(); // 7
+    f.apply(compact(7)).unwrap();
+    let dump = PbDump::decode(f.mvcc.dump().unwrap().as_slice()).unwrap();
+    assert_eq!(
+        dump.history.len(),
+        3,
+        "b's old deletion goes at the next compaction"
+    );
+}
+
+#[test]
+fn applied_writes_yield_the_events_the_history_replays() {
+    use crate::mvcc::events::{DELETE, PUT};
+    let dir = tempfile::tempdir().unwrap();
+    let m = Mvcc::open(&dir.path().join("kv.redb")).unwrap();
+    let entry = |i: u64, o: Op| (i, Command::Kv(Proposal { id: i, op: Some(o) }));
+    let out = m
+        .apply(
+            &[
+                entry(1, put("a", "1")), // 2
+                entry(2, put("b", "1")), // 3
+                entry(
+                    3,
+                    Op::Txn(PbTxnRequest {
+                        success: vec![op(put("a", "2")), op(put("c", "1"))],
+                        ..Default::default()
+                    }),
+                ), // 4
+                entry(4, del("a", "c")), // 5: a and b
+                entry(5, del("zz", "")), // nothing
+            ],
+            false,
+        )
+        .unwrap();
+    assert_eq!(out.revision, 5);
+    let seen: Vec<(i32, String, i64, Option<String>)> = out
+        .events
+        .iter()
+        .map(|e| {
+            let kv = e.kv.clone().unwrap();
+            (
+                e.r#type,
+                String::from_utf8(kv.key).unwrap(),
+                kv.mod_revision,
+                e.prev_kv
+                    .as_ref()
+                    .map(|p| String::from_utf8(p.value.clone()).unwrap()),
+            )
+        })
+        .collect();
+    let s = |v: &str| Some(v.to_string());
+    assert_eq!(
+        seen,
+        [
+            (PUT, "a".into(), 2, None),
+            (PUT, "b".into(), 3, None),
+            (PUT, "a".into(), 4, s("1")),
+            (PUT, "c".into(), 4, None),
+            (DELETE, "a".into(), 5, s("2")),
+            (DELETE, "b".into(), 5, s("1")),
+        ]
+    );
+    // The history replays exactly the same events, from any revision.
+    let (all, revision) = m.events(b"\0", b"\0", 1).unwrap().unwrap();
+    assert_eq!((all, revision), (out.events.clone(), 5));
+    let (tail, _) = m.events(b"a", b"", 4).unwrap().unwrap();
+    assert_eq!(tail, [out.events[2].clone(), out.events[4].clone()]);
+    // Compacted: the events below the compacted revision are gone.
+    let compact = Op::Compaction(PbCompactionRequest {
+        revision: 4,
+        physical: true,
+    });
+    m.apply(&[entry(6, compact)], false).unwrap();
+    assert_eq!(m.events(b"\0", b"\0", 3).unwrap(), Err(4));
+    let (from_4, _) = m.events(b"\0", b"\0", 4).unwrap().unwrap();
+    assert_eq!(from_4.len(), 4);
 }
 
 #[test]
@@ -370,8 +460,11 @@ fn replay_after_restart_skips_applied_entries_and_restore_replaces_everything() 
     let again = m
         .apply(&[entry(6, put("a", "2")), entry(7, put("b", "1"))], true)
         .unwrap();
-    assert!(again[0].is_none(), "index 6 was applied before the restart");
-    assert!(again[1].is_some());
+    assert!(
+        again.results[0].is_none(),
+        "index 6 was applied before the restart"
+    );
+    assert!(again.results[1].is_some());
     assert_eq!(
         m.position().unwrap(),
         Position {

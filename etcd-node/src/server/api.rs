@@ -12,6 +12,7 @@ use tonic::{Request, Response, Status};
 
 use super::metrics::Metrics;
 use super::node::{Announced, ClientUrls, Input, Status as NodeStatus, no_leader};
+use super::watches::WatchHub;
 use crate::config::HttpUrl;
 use crate::mvcc::{ApiError, MemberChange, Mvcc, Op, Proposal, Response as Applied, check};
 use crate::raft::NodeId;
@@ -37,6 +38,9 @@ pub struct Api {
     pub own: Announced,
     pub metrics: Arc<Metrics>,
     pub request_timeout: Duration,
+    pub watches: WatchHub,
+    /// How often watchers that asked for it get a progress notification.
+    pub watch_progress: Duration,
 }
 
 fn internal(e: impl std::fmt::Display) -> Status {

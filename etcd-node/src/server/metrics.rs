@@ -40,6 +40,7 @@ pub struct Metrics {
     witness_error: Mutex<Option<(Instant, String)>>,
     snapshots_sent: AtomicU64,
     snapshots_received: AtomicU64,
+    watch_catch_ups: AtomicU64,
     /// (subterm, witness in the replication set) while leading.
     leader_view: Mutex<Option<(u64, bool)>>,
 }
@@ -56,6 +57,9 @@ impl Metrics {
     }
     pub fn snapshot_received(&self) {
         self.snapshots_received.fetch_add(1, Relaxed);
+    }
+    pub fn watch_caught_up(&self) {
+        self.watch_catch_ups.fetch_add(1, Relaxed);
     }
     pub fn witness_step(
         &self,
@@ -215,6 +219,11 @@ impl Metrics {
                 "etcd_network_snapshot_receive_success",
                 "Snapshots received from the leader and installed.",
                 &self.snapshots_received,
+            ),
+            (
+                "etcd_watch_catch_ups_total",
+                "Times a watch stream fell behind the live events and caught up from the history.",
+                &self.watch_catch_ups,
             ),
         ] {
             let _ = writeln!(

@@ -7,6 +7,7 @@ pub mod api;
 pub mod metrics;
 pub mod node;
 pub mod peer;
+pub mod watches;
 pub mod wire;
 
 use std::collections::BTreeSet;
@@ -16,7 +17,9 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use axum::routing::get;
-use etcd_client::proto::{PbClusterServer, PbKvServer, PbMaintenanceServer, PbMember};
+use etcd_client::proto::{
+    PbClusterServer, PbKvServer, PbMaintenanceServer, PbMember, PbWatchServer,
+};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tonic::service::Routes;
@@ -32,6 +35,7 @@ use api::{Api, MAX_REQUEST_BYTES};
 use metrics::Metrics;
 use node::{Announced, RaftLoop, Status};
 use peer::{Identity, MAX_FRAME_BYTES, PeerService, Peers};
+use watches::WatchHub;
 
 /// Accepted connections without Nagle's algorithm: a small response must not wait for the
 /// peer's delayed ACK (40-200 ms per request for a lone client otherwise).
@@ -260,6 +264,7 @@ pub async fn run(
     let (status_tx, status_rx) = watch::channel(Status::default());
     let metrics = Arc::new(Metrics::default());
     let client_urls = Arc::new(Mutex::new(Default::default()));
+    let watches = WatchHub::default();
 
     let raft_loop = RaftLoop {
         raft,
@@ -274,6 +279,7 @@ pub async fn run(
         tick,
         snapshot_count: cfg.snapshot_count.max(1),
         metrics: metrics.clone(),
+        watches: watches.clone(),
     };
     let (done_tx, done_rx) = tokio::sync::oneshot::channel();
     std::thread::Builder::new()
@@ -296,6 +302,8 @@ pub async fn run(
         },
         metrics,
         request_timeout: Duration::from_secs(5) + 2 * cfg.election_timeout,
+        watches,
+        watch_progress: cfg.watch_progress_notify_interval,
     };
     let (stop_tx, stop_rx) = watch::channel(false);
     let stopped = move || {
@@ -326,7 +334,8 @@ pub async fn run(
             PbKvServer::new(api.clone()).max_decoding_message_size(MAX_REQUEST_BYTES + 512 * 1024),
         )
         .add_service(PbClusterServer::new(api.clone()))
-        .add_service(PbMaintenanceServer::new(api.clone()));
+        .add_service(PbMaintenanceServer::new(api.clone()))
+        .add_service(PbWatchServer::new(api.clone()));
         with_http(grpc.into_axum_router(), &api)
     };
     for l in bind("--listen-client-urls", &cfg.listen_client_urls).await? {

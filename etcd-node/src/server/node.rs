@@ -15,6 +15,7 @@ use witness_core::{Witness, WitnessStore, WitnessUrl};
 
 use super::metrics::Metrics;
 use super::peer::Peers;
+use super::watches::WatchHub;
 use super::wire::Envelope;
 use crate::mvcc::{ApiError, Command, MemberChange, Mvcc, Proposal, Response};
 use crate::raft::{
@@ -95,6 +96,8 @@ pub struct RaftLoop {
     pub tick: Duration,
     pub snapshot_count: u64,
     pub metrics: Arc<Metrics>,
+    /// Where applied changes go to the watchers.
+    pub watches: WatchHub,
 }
 
 /// A read-index round this node started: who waits for it.
@@ -368,6 +371,8 @@ impl RaftLoop {
                 .restore(&snapshot.data, snapshot.meta.index)
                 .map_err(|e| e.to_string())?;
             st.last_snapshot = snapshot.meta.index;
+            let revision = self.mvcc.position().map_err(|e| e.to_string())?.revision;
+            self.watches.reset(revision);
             self.metrics.snapshot_received();
             self.follow_members()?;
             tracing::info!(
@@ -465,11 +470,12 @@ impl RaftLoop {
         if durable {
             st.unsynced = 0;
         }
-        let results = self
+        let outcome = self
             .mvcc
             .apply(&batch, durable)
             .map_err(|e| e.to_string())?;
-        for ((_, c), r) in batch.iter().zip(results) {
+        self.watches.publish(outcome.events, outcome.revision);
+        for ((_, c), r) in batch.iter().zip(outcome.results) {
             match c {
                 Command::Kv(p) => {
                     if let Some(r) = r
