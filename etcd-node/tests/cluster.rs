@@ -963,3 +963,140 @@ fn watchers_on_both_members_see_every_write_once_across_a_leader_kill() {
     );
     assert_eq!(on_leader, on_survivor[..on_leader.len()]);
 }
+
+/// The lease id in etcdctl's "lease 694d... granted with TTL(10s)".
+fn granted_lease(out: &str) -> String {
+    out.split_whitespace()
+        .nth(1)
+        .unwrap_or_else(|| panic!("no lease id in {out:?}"))
+        .to_string()
+}
+
+/// Real `etcdctl lease ...` and `put --lease`: grant, attach, time-to-live with keys, list,
+/// keep-alive, revoke (the keys go), and etcd's error for an unknown lease.
+#[test]
+fn etcdctl_leases() {
+    let c = cluster();
+    c.wait_leader(LEADER_WAIT);
+    let all = vec![c.members[0].url(), c.members[1].url()];
+    let out = ok(etcdctl(&all, &["lease", "grant", "100"], None));
+    assert!(out.ends_with("granted with TTL(100s)\n"), "{out}");
+    let id = granted_lease(&out);
+    ok(etcdctl(&all, &["put", "--lease", &id, "l/a", "1"], None));
+    ok(etcdctl(&all, &["put", "--lease", &id, "l/b", "2"], None));
+    let ttl = ok(etcdctl(&all, &["lease", "timetolive", &id, "--keys"], None));
+    assert!(
+        ttl.starts_with(&format!("lease {id} granted with TTL(100s), remaining(")),
+        "{ttl}"
+    );
+    assert!(ttl.ends_with("attached keys([l/a l/b])\n"), "{ttl}");
+    assert!(ok(etcdctl(&all, &["lease", "list"], None)).contains(&id));
+    let kept = ok(etcdctl(&all, &["lease", "keep-alive", "--once", &id], None));
+    assert_eq!(kept, format!("lease {id} keepalived with TTL(100)\n"));
+    let revoked = ok(etcdctl(&all, &["lease", "revoke", &id], None));
+    assert_eq!(revoked, format!("lease {id} revoked\n"));
+    assert_eq!(ok(etcdctl(&all, &["get", "--prefix", "l/"], None)), "");
+    let gone = ok(etcdctl(&all, &["lease", "timetolive", &id], None));
+    assert_eq!(gone, format!("lease {id} already expired\n"));
+    let refused = etcdctl(&all, &["put", "--lease", &id, "l/c", "3"], None);
+    assert!(!refused.status.success());
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("etcdserver: requested lease not found"),
+        "{refused:?}"
+    );
+}
+
+/// A lease kept alive through the follower outlives its TTL; once the keep-alives stop, the
+/// leader revokes it: its keys go in one revision (one watch response, one revision).
+#[test]
+fn an_expired_lease_deletes_its_keys_in_one_revision() {
+    let c = cluster();
+    let leader = c.wait_leader(LEADER_WAIT);
+    let follower = c.members[1 - leader].url();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let mut client = Client::connect([follower.as_str()], None).await.unwrap();
+        let lease = client.lease_grant(2, None).await.unwrap().id();
+        for k in ["e/a", "e/b", "e/c"] {
+            let opts = etcd_client::PutOptions::new().with_lease(lease);
+            client.put(k, "v", Some(opts)).await.unwrap();
+        }
+        let mut ws = client
+            .watch("e/", Some(WatchOptions::new().with_prefix()))
+            .await
+            .unwrap();
+        assert!(next(&mut ws).await.created());
+        let (mut keeper, mut answers) = client.lease_keep_alive(lease).await.unwrap();
+        for _ in 0..8 {
+            keeper.keep_alive().await.unwrap();
+            let a = answers.message().await.unwrap().unwrap();
+            assert_eq!((a.id(), a.ttl()), (lease, 2));
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        let kept = client
+            .get("e/", Some(GetOptions::new().with_prefix()))
+            .await;
+        assert_eq!(
+            kept.unwrap().kvs().len(),
+            3,
+            "kept alive for 4 s with a 2 s TTL"
+        );
+        drop((keeper, answers));
+        let expired = tokio::time::timeout(Duration::from_secs(10), ws.message())
+            .await
+            .expect("the lease did not expire")
+            .unwrap()
+            .unwrap();
+        let events = seen(&expired);
+        assert_eq!(events.len(), 3, "{events:?}");
+        assert!(
+            events
+                .iter()
+                .all(|e| e.0 == EventType::Delete && e.3 == events[0].3)
+        );
+        let left = client
+            .get("e/", Some(GetOptions::new().with_prefix()))
+            .await;
+        assert!(left.unwrap().kvs().is_empty());
+        let ttl = client.lease_time_to_live(lease, None).await.unwrap();
+        assert_eq!(ttl.ttl(), -1);
+        assert!(client.leases().await.unwrap().leases().is_empty());
+    });
+}
+
+/// A lease survives the leader's death: the new leader gives it its whole TTL again, then
+/// revokes it when it runs out; the killed member, restarted, agrees.
+#[test]
+fn a_lease_survives_a_leader_kill_and_then_expires() {
+    let mut c = cluster();
+    let leader = c.wait_leader(LEADER_WAIT);
+    let survivor = 1 - leader;
+    let (lead_ep, surv_ep) = (c.members[leader].url(), c.members[survivor].url());
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let lease = rt.block_on(async {
+        let mut client = Client::connect([lead_ep.as_str()], None).await.unwrap();
+        let lease = client.lease_grant(6, None).await.unwrap().id();
+        let opts = etcd_client::PutOptions::new().with_lease(lease);
+        client.put("f/a", "v", Some(opts)).await.unwrap();
+        lease
+    });
+    std::thread::sleep(Duration::from_secs(2));
+    c.kill(leader);
+    assert!(rt.block_on(put_until(&surv_ep, "f/after", "x", Duration::from_secs(30))));
+    rt.block_on(async {
+        let mut client = Client::connect([surv_ep.as_str()], None).await.unwrap();
+        let ttl = client.lease_time_to_live(lease, None).await.unwrap();
+        assert_eq!(ttl.granted_ttl(), 6);
+        assert!(ttl.ttl() >= 6, "refreshed on the new leader: {}", ttl.ttl());
+        let kv = client.get("f/a", None).await.unwrap();
+        assert_eq!(kv.kvs().len(), 1);
+        let started = Instant::now();
+        while !client.get("f/a", None).await.unwrap().kvs().is_empty() {
+            assert!(started.elapsed() < Duration::from_secs(20), "never expired");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    });
+    c.start_member(leader);
+    let want = vec![("f/after".to_string(), "x".to_string())];
+    rt.block_on(wait_caught_up(&lead_ep, "f/", &want));
+}

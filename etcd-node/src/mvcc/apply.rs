@@ -3,8 +3,9 @@
 //! nothing (a delete of no key, a read-only Txn) leaves the revision alone, as in etcd.
 
 use etcd_client::proto::{
-    PbCompactionResponse, PbDeleteRequest, PbDeleteResponse, PbEvent, PbKeyValue, PbPutRequest,
-    PbPutResponse, PbRangeResponse, PbResponseHeader, PbResponseOp, PbTargetUnion, PbTxnOpRequest,
+    PbCompactionResponse, PbDeleteRequest, PbDeleteResponse, PbEvent, PbKeyValue,
+    PbLeaseGrantRequest, PbLeaseGrantResponse, PbLeaseRevokeResponse, PbPutRequest, PbPutResponse,
+    PbRangeResponse, PbResponseHeader, PbResponseOp, PbTargetUnion, PbTxnOpRequest,
     PbTxnOpResponse, PbTxnRequest, PbTxnRequestOp, PbTxnResponse,
 };
 use prost::Message;
@@ -13,7 +14,7 @@ use redb::{ReadableTable, Table, WriteTransaction};
 use super::events::event;
 use super::range::{self, scan_current};
 use super::request::{Op, Response};
-use super::{ApiError, CURRENT, HISTORY, META, decode_kv, meta_get};
+use super::{ApiError, CURRENT, HISTORY, LEASE_KEYS, LEASES, META, decode_kv, meta_get};
 
 /// The result of applying one entry (None: applied before a restart, skipped).
 pub type Applied = Option<Result<Response, ApiError>>;
@@ -22,6 +23,8 @@ pub(super) struct Writer<'t> {
     history: Table<'t, (&'static [u8], u64), &'static [u8]>,
     current: Table<'t, &'static [u8], &'static [u8]>,
     meta: Table<'t, &'static str, u64>,
+    leases: Table<'t, i64, i64>,
+    lease_keys: Table<'t, (i64, &'static [u8]), ()>,
     pub applied: u64,
     pub revision: u64,
     compacted: u64,
@@ -46,7 +49,7 @@ fn key_not_found() -> ApiError {
     ApiError::invalid("etcdserver: key not found")
 }
 
-fn lease_not_found() -> ApiError {
+pub fn lease_not_found() -> ApiError {
     ApiError::new(
         tonic::Code::NotFound,
         "etcdserver: requested lease not found",
@@ -65,6 +68,8 @@ impl<'t> Writer<'t> {
             history: tx.open_table(HISTORY)?,
             current: tx.open_table(CURRENT)?,
             meta,
+            leases: tx.open_table(LEASES)?,
+            lease_keys: tx.open_table(LEASE_KEYS)?,
             applied,
             revision,
             compacted,
@@ -99,6 +104,8 @@ impl<'t> Writer<'t> {
                 None => Ok(Response::Put(self.put(&mut step, r)?)),
             },
             Op::DeleteRange(r) => Ok(Response::DeleteRange(self.delete(&mut step, r)?)),
+            Op::LeaseGrant(r) => self.grant(r)?.map(Response::LeaseGrant),
+            Op::LeaseRevoke(r) => self.revoke(&mut step, r.id)?.map(Response::LeaseRevoke),
             Op::Txn(r) => {
                 let succeeded = self.compare_all(r)?;
                 let ops = if succeeded { &r.success } else { &r.failure };
@@ -127,15 +134,65 @@ impl<'t> Writer<'t> {
     }
 
     /// What etcd refuses only against the data: `ignore_value`/`ignore_lease` on a missing
-    /// key, an unknown lease (there are no leases yet: any lease is unknown).
+    /// key, an unknown lease.
     fn refuse_put(&self, r: &PbPutRequest) -> Result<Option<ApiError>, redb::Error> {
         if (r.ignore_value || r.ignore_lease) && self.get(&r.key)?.is_none() {
             return Ok(Some(key_not_found()));
         }
-        if r.lease != 0 {
+        if r.lease != 0 && self.leases.get(r.lease)?.is_none() {
             return Ok(Some(lease_not_found()));
         }
         Ok(None)
+    }
+
+    fn grant(
+        &mut self,
+        r: &PbLeaseGrantRequest,
+    ) -> Result<Result<PbLeaseGrantResponse, ApiError>, redb::Error> {
+        if self.leases.get(r.id)?.is_some() {
+            return Ok(Err(ApiError::new(
+                tonic::Code::FailedPrecondition,
+                "etcdserver: lease already exists",
+            )));
+        }
+        self.leases.insert(r.id, r.ttl)?;
+        Ok(Ok(PbLeaseGrantResponse {
+            header: header(self.revision),
+            id: r.id,
+            ttl: r.ttl,
+            error: String::new(),
+        }))
+    }
+
+    /// Deletes the lease and every key attached to it, in one revision.
+    fn revoke(
+        &mut self,
+        s: &mut Step,
+        id: i64,
+    ) -> Result<Result<PbLeaseRevokeResponse, ApiError>, redb::Error> {
+        if self.leases.remove(id)?.is_none() {
+            return Ok(Err(lease_not_found()));
+        }
+        let mut keys = Vec::new();
+        for row in self
+            .lease_keys
+            .range::<(i64, &[u8])>((id, &[][..])..(id.saturating_add(1), &[][..]))?
+        {
+            let (k, _) = row?;
+            keys.push(k.value().1.to_vec());
+        }
+        for key in keys {
+            self.delete(
+                s,
+                &PbDeleteRequest {
+                    key,
+                    ..Default::default()
+                },
+            )?;
+        }
+        Ok(Ok(PbLeaseRevokeResponse {
+            header: header(s.rev),
+        }))
     }
 
     /// Checks a Txn branch before any of it runs, so a refused Txn changes nothing. Its
@@ -183,6 +240,19 @@ impl<'t> Writer<'t> {
         Ok(())
     }
 
+    /// Moves `key` from lease `old` to lease `new` (0: none).
+    fn attach(&mut self, key: &[u8], old: i64, new: i64) -> Result<(), redb::Error> {
+        if old != new {
+            if old != 0 {
+                self.lease_keys.remove((old, key))?;
+            }
+            if new != 0 {
+                self.lease_keys.insert((new, key), ())?;
+            }
+        }
+        Ok(())
+    }
+
     fn put(&mut self, s: &mut Step, r: &PbPutRequest) -> Result<PbPutResponse, redb::Error> {
         let prev = self.get(&r.key)?;
         let kv = PbKeyValue {
@@ -200,6 +270,7 @@ impl<'t> Writer<'t> {
             },
         };
         self.write(&r.key, s.rev, &kv)?;
+        self.attach(&r.key, prev.as_ref().map_or(0, |p| p.lease), kv.lease)?;
         self.events.push(event(&r.key, &kv, prev.as_ref()));
         s.changed = true;
         Ok(PbPutResponse {
@@ -224,6 +295,7 @@ impl<'t> Writer<'t> {
         };
         for kv in &doomed {
             self.write(&kv.key, s.rev, &tombstone)?;
+            self.attach(&kv.key, kv.lease, 0)?;
             self.events.push(event(&kv.key, &tombstone, Some(kv)));
         }
         s.changed |= !doomed.is_empty();

@@ -12,7 +12,10 @@
 //!   member's identity, fixed when it bootstraps or joins);
 //! - `members`: member id -> etcd's `Member` (name, peer URLs, learner flag): the cluster's
 //!   members as the applied configuration changes left them, seeded at bootstrap from
-//!   `--initial-cluster`.
+//!   `--initial-cluster`;
+//! - `leases`: lease id -> its granted TTL in seconds (when it expires is the leader's business,
+//!   in memory: a revoke goes through Raft);
+//! - `lease_keys`: (lease id, key) -> nothing: the live keys attached to each lease.
 //!
 //! Applying is deterministic: every node computes the same revisions, results and errors from
 //! the same entries. Requests are checked ([`check`]) before they are proposed; what can only
@@ -40,6 +43,8 @@ const HISTORY: TableDefinition<(&[u8], u64), &[u8]> = TableDefinition::new("hist
 const CURRENT: TableDefinition<&[u8], &[u8]> = TableDefinition::new("current");
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 const MEMBERS: TableDefinition<u64, &[u8]> = TableDefinition::new("members");
+const LEASES: TableDefinition<i64, i64> = TableDefinition::new("leases");
+const LEASE_KEYS: TableDefinition<(i64, &[u8]), ()> = TableDefinition::new("lease_keys");
 
 /// What a committed entry asks of the store.
 #[derive(Debug, Clone, PartialEq)]
@@ -107,6 +112,9 @@ pub struct Outcome {
     pub revision: u64,
 }
 
+/// A lease as stored: its granted TTL in seconds and its keys.
+pub type LeaseRecord = (i64, Vec<Vec<u8>>);
+
 /// The MVCC store of one member.
 #[derive(Debug)]
 pub struct Mvcc {
@@ -145,6 +153,16 @@ struct PbDump {
     history: Vec<PbDumpEntry>,
     #[prost(message, repeated, tag = "4")]
     members: Vec<PbMember>,
+    #[prost(message, repeated, tag = "5")]
+    leases: Vec<PbDumpLease>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+struct PbDumpLease {
+    #[prost(int64, tag = "1")]
+    id: i64,
+    #[prost(int64, tag = "2")]
+    ttl: i64,
 }
 
 impl Mvcc {
@@ -165,6 +183,8 @@ impl Mvcc {
             tx.open_table(HISTORY).map_err(|e| err(&e))?;
             tx.open_table(CURRENT).map_err(|e| err(&e))?;
             tx.open_table(MEMBERS).map_err(|e| err(&e))?;
+            tx.open_table(LEASES).map_err(|e| err(&e))?;
+            tx.open_table(LEASE_KEYS).map_err(|e| err(&e))?;
             let mut meta = tx.open_table(META).map_err(|e| err(&e))?;
             if meta.get("revision").map_err(|e| err(&e))?.is_none() {
                 meta.insert("revision", 1).map_err(|e| err(&e))?;
@@ -372,6 +392,41 @@ impl Mvcc {
         read().map_err(|e| self.fail(e))
     }
 
+    /// Every lease: (id, granted TTL in seconds).
+    pub fn leases(&self) -> Result<Vec<(i64, i64)>, StoreError> {
+        let tx = self.db.begin_read().map_err(|e| self.fail(e))?;
+        self.read_leases(&tx)
+    }
+
+    fn read_leases(&self, tx: &redb::ReadTransaction) -> Result<Vec<(i64, i64)>, StoreError> {
+        let table = tx.open_table(LEASES).map_err(|e| self.fail(e))?;
+        let rows = table.iter().map_err(|e| self.fail(e))?;
+        rows.map(|row| {
+            let (k, v) = row.map_err(|e| self.fail(e))?;
+            Ok((k.value(), v.value()))
+        })
+        .collect()
+    }
+
+    /// The granted TTL of lease `id` and its keys; None when there is no such lease.
+    pub fn lease(&self, id: i64) -> Result<Option<LeaseRecord>, StoreError> {
+        let tx = self.db.begin_read().map_err(|e| self.fail(e))?;
+        let read = || -> Result<Option<LeaseRecord>, redb::Error> {
+            let Some(ttl) = tx.open_table(LEASES)?.get(id)?.map(|v| v.value()) else {
+                return Ok(None);
+            };
+            let table = tx.open_table(LEASE_KEYS)?;
+            let mut keys = Vec::new();
+            for row in
+                table.range::<(i64, &[u8])>((id, &[][..])..(id.saturating_add(1), &[][..]))?
+            {
+                keys.push(row?.0.value().1.to_vec());
+            }
+            Ok(Some((ttl, keys)))
+        };
+        read().map_err(|e| self.fail(e))
+    }
+
     /// The whole key space as bytes (the data of a Raft snapshot).
     pub fn dump(&self) -> Result<Vec<u8>, StoreError> {
         let tx = self.db.begin_read().map_err(|e| self.fail(e))?;
@@ -383,6 +438,11 @@ impl Mvcc {
             compacted: get("compact")?,
             history: Vec::new(),
             members: self.read_members(&tx)?,
+            leases: self
+                .read_leases(&tx)?
+                .into_iter()
+                .map(|(id, ttl)| PbDumpLease { id, ttl })
+                .collect(),
         };
         for row in history.iter().map_err(|e| self.fail(e))? {
             let (k, v) = row.map_err(|e| self.fail(e))?;
@@ -404,6 +464,8 @@ impl Mvcc {
             .map_err(|e| self.fail(e))?;
         tx.delete_table(HISTORY).map_err(|e| self.fail(e))?;
         tx.delete_table(CURRENT).map_err(|e| self.fail(e))?;
+        tx.delete_table(LEASES).map_err(|e| self.fail(e))?;
+        tx.delete_table(LEASE_KEYS).map_err(|e| self.fail(e))?;
         if !dump.members.is_empty() {
             // (a snapshot from before the members table carries none: keep ours)
             tx.delete_table(MEMBERS).map_err(|e| self.fail(e))?;
@@ -419,6 +481,11 @@ impl Mvcc {
             let mut history = tx.open_table(HISTORY).map_err(|e| self.fail(e))?;
             let mut current = tx.open_table(CURRENT).map_err(|e| self.fail(e))?;
             let mut meta = tx.open_table(META).map_err(|e| self.fail(e))?;
+            let mut leases = tx.open_table(LEASES).map_err(|e| self.fail(e))?;
+            let mut lease_keys = tx.open_table(LEASE_KEYS).map_err(|e| self.fail(e))?;
+            for l in &dump.leases {
+                leases.insert(l.id, l.ttl).map_err(|e| self.fail(e))?;
+            }
             for e in &dump.history {
                 history
                     .insert((e.key.as_slice(), e.revision), e.record.as_slice())
@@ -431,6 +498,16 @@ impl Mvcc {
                 } else {
                     current
                         .insert(e.key.as_slice(), e.record.as_slice())
+                        .map_err(|e| self.fail(e))?;
+                }
+            }
+            // The keys attached to leases: those of the live keys.
+            for row in current.iter().map_err(|e| self.fail(e))? {
+                let (k, v) = row.map_err(|e| self.fail(e))?;
+                let kv = decode_kv(k.value(), v.value()).map_err(|e| self.fail(e))?;
+                if kv.lease != 0 {
+                    lease_keys
+                        .insert((kv.lease, k.value()), ())
                         .map_err(|e| self.fail(e))?;
                 }
             }

@@ -4,8 +4,9 @@
 use std::collections::BTreeSet;
 
 use etcd_client::proto::{
-    PbCompactionRequest, PbCompactionResponse, PbDeleteRequest, PbDeleteResponse, PbPutRequest,
-    PbPutResponse, PbRangeRequest, PbTxnOpRequest, PbTxnRequest, PbTxnResponse,
+    PbCompactionRequest, PbCompactionResponse, PbDeleteRequest, PbDeleteResponse,
+    PbLeaseGrantRequest, PbLeaseGrantResponse, PbLeaseRevokeRequest, PbLeaseRevokeResponse,
+    PbPutRequest, PbPutResponse, PbRangeRequest, PbTxnOpRequest, PbTxnRequest, PbTxnResponse,
 };
 
 use super::ApiError;
@@ -23,6 +24,13 @@ pub enum Op {
     Txn(PbTxnRequest),
     #[prost(message, tag = "5")]
     Compaction(PbCompactionRequest),
+    /// A lease with its id and TTL decided (the proposer picks an id for 0 and raises the TTL
+    /// to the minimum).
+    #[prost(message, tag = "6")]
+    LeaseGrant(PbLeaseGrantRequest),
+    /// A client's revoke, or the leader's when the lease expired.
+    #[prost(message, tag = "7")]
+    LeaseRevoke(PbLeaseRevokeRequest),
 }
 
 /// The data of a normal Raft entry. `id` lets the proposing node answer its client.
@@ -30,7 +38,7 @@ pub enum Op {
 pub struct Proposal {
     #[prost(uint64, tag = "1")]
     pub id: u64,
-    #[prost(oneof = "Op", tags = "2, 3, 4, 5")]
+    #[prost(oneof = "Op", tags = "2, 3, 4, 5, 6, 7")]
     pub op: Option<Op>,
 }
 
@@ -54,6 +62,8 @@ pub enum Response {
     DeleteRange(PbDeleteResponse),
     Txn(PbTxnResponse),
     Compaction(PbCompactionResponse),
+    LeaseGrant(PbLeaseGrantResponse),
+    LeaseRevoke(PbLeaseRevokeResponse),
 }
 
 impl Response {
@@ -64,6 +74,8 @@ impl Response {
             Response::DeleteRange(r) => &mut r.header,
             Response::Txn(r) => &mut r.header,
             Response::Compaction(r) => &mut r.header,
+            Response::LeaseGrant(r) => &mut r.header,
+            Response::LeaseRevoke(r) => &mut r.header,
         }
     }
 }
@@ -131,13 +143,20 @@ pub fn check(op: &Op) -> Result<(), ApiError> {
         Op::Put(r) => check_put(r),
         Op::DeleteRange(r) if r.key.is_empty() => Err(key_not_provided()),
         Op::Txn(r) => check_txn(r),
-        Op::DeleteRange(_) | Op::Compaction(_) => Ok(()),
+        Op::LeaseGrant(r) if r.ttl > MAX_LEASE_TTL => Err(ApiError::new(
+            tonic::Code::OutOfRange,
+            "etcdserver: too large lease TTL",
+        )),
+        Op::DeleteRange(_) | Op::Compaction(_) | Op::LeaseGrant(_) | Op::LeaseRevoke(_) => Ok(()),
     }
 }
 
+/// etcd's largest lease TTL, in seconds.
+pub const MAX_LEASE_TTL: i64 = 9_000_000_000;
+
 /// Does `[start, end)` in etcd's spelling (empty end: one key; end "\0": every key from
 /// start) contain `key`?
-pub(super) fn in_range(key: &[u8], start: &[u8], end: &[u8]) -> bool {
+pub fn in_range(key: &[u8], start: &[u8], end: &[u8]) -> bool {
     match end {
         [] => key == start,
         [0] => key >= start,

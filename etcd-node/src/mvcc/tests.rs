@@ -61,7 +61,7 @@ fn op(o: Op) -> PbTxnRequestOp {
             Op::Put(p) => PbTxnOpRequest::RequestPut(p),
             Op::DeleteRange(d) => PbTxnOpRequest::RequestDeleteRange(d),
             Op::Txn(t) => PbTxnOpRequest::RequestTxn(t),
-            Op::Compaction(_) => panic!("not a txn op"),
+            Op::Compaction(_) | Op::LeaseGrant(_) | Op::LeaseRevoke(_) => panic!("not a txn op"),
         }),
     }
 }
@@ -523,4 +523,51 @@ fn members_are_seeded_once_changed_by_entries_and_carried_by_snapshots() {
     other.seed_members(&[member(7, "stale", false)]).unwrap();
     other.restore(&m.dump().unwrap(), 4).unwrap();
     assert_eq!(other.members().unwrap(), want);
+}
+
+#[test]
+fn leases_attach_keys_and_a_revoke_deletes_them_in_one_revision() {
+    use etcd_client::proto::{PbLeaseGrantRequest, PbLeaseRevokeRequest};
+    let mut f = fixture();
+    let grant = |id| Op::LeaseGrant(PbLeaseGrantRequest { id, ttl: 30 });
+    let revoke = |id| Op::LeaseRevoke(PbLeaseRevokeRequest { id });
+    let put_on = |k: &str, lease| {
+        Op::Put(PbPutRequest {
+            key: k.into(),
+            value: b"v".to_vec(),
+            lease,
+            ..Default::default()
+        })
+    };
+    assert_eq!(
+        f.apply(put_on("a", 7)).unwrap_err().message,
+        "etcdserver: requested lease not found"
+    );
+    f.apply(grant(7)).unwrap();
+    assert_eq!(
+        f.apply(grant(7)).unwrap_err().message,
+        "etcdserver: lease already exists"
+    );
+    assert_eq!(f.revision(), 1, "a grant takes no revision");
+    f.apply(put_on("a", 7)).unwrap(); // 2
+    f.apply(put_on("b", 7)).unwrap(); // 3
+    f.apply(put_on("c", 7)).unwrap(); // 4
+    f.apply(put_on("c", 0)).unwrap(); // 5: c leaves the lease
+    f.apply(del("b", "")).unwrap(); // 6: b goes
+    assert_eq!(f.mvcc.lease(7).unwrap(), Some((30, vec![b"a".to_vec()])));
+    // A snapshot carries the lease and its keys.
+    let other = Mvcc::open(&f._dir.path().join("other.redb")).unwrap();
+    other.restore(&f.mvcc.dump().unwrap(), 9).unwrap();
+    assert_eq!(other.leases().unwrap(), [(7, 30)]);
+    assert_eq!(other.lease(7).unwrap(), f.mvcc.lease(7).unwrap());
+    f.apply(put_on("d", 7)).unwrap(); // 7
+    f.apply(revoke(7)).unwrap(); // 8: a and d together
+    assert_eq!(f.revision(), 8);
+    assert_eq!(f.values(&get("\0", "\0")), pairs(&[("c", "v")]));
+    assert_eq!(f.mvcc.lease(7).unwrap(), None);
+    assert!(f.mvcc.leases().unwrap().is_empty());
+    assert_eq!(
+        f.apply(revoke(7)).unwrap_err().message,
+        "etcdserver: requested lease not found"
+    );
 }

@@ -39,11 +39,13 @@ pub struct Api {
     pub metrics: Arc<Metrics>,
     pub request_timeout: Duration,
     pub watches: WatchHub,
+    /// The shortest TTL a lease is granted (a shorter request gets this).
+    pub min_lease_ttl: i64,
     /// How often watchers that asked for it get a progress notification.
     pub watch_progress: Duration,
 }
 
-fn internal(e: impl std::fmt::Display) -> Status {
+pub(super) fn internal(e: impl std::fmt::Display) -> Status {
     Status::internal(e.to_string())
 }
 
@@ -52,7 +54,7 @@ fn timed_out() -> Status {
 }
 
 impl Api {
-    fn header(&self, revision: i64) -> Option<PbResponseHeader> {
+    pub(super) fn header(&self, revision: i64) -> Option<PbResponseHeader> {
         Some(PbResponseHeader {
             cluster_id: self.cluster_id,
             member_id: self.member_id,
@@ -61,15 +63,21 @@ impl Api {
         })
     }
 
+    /// A header at this member's newest revision.
+    pub(super) fn current_header(&self) -> Option<PbResponseHeader> {
+        let revision = self.mvcc.position().map_or(0, |p| p.revision);
+        self.header(revision as i64)
+    }
+
     /// Fails at once when there is no leader (etcd's "no leader", not a hang).
-    fn require_leader(&self) -> Result<(), Status> {
+    pub(super) fn require_leader(&self) -> Result<(), Status> {
         if self.status.borrow().leader == 0 {
             return Err(no_leader().into());
         }
         Ok(())
     }
 
-    async fn propose(&self, op: Op) -> Result<Applied, Status> {
+    pub(super) async fn propose(&self, op: Op) -> Result<Applied, Status> {
         check(&op)?;
         self.require_leader()?;
         let proposal = Proposal {

@@ -4,6 +4,8 @@
 //! locally: witness steps run against the storage its `witness:` URL names.
 
 pub mod api;
+pub mod leases;
+pub mod lessor;
 pub mod metrics;
 pub mod node;
 pub mod peer;
@@ -18,7 +20,7 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use axum::routing::get;
 use etcd_client::proto::{
-    PbClusterServer, PbKvServer, PbMaintenanceServer, PbMember, PbWatchServer,
+    PbClusterServer, PbKvServer, PbLeaseServer, PbMaintenanceServer, PbMember, PbWatchServer,
 };
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -32,6 +34,7 @@ use crate::raft::{self, Membership, Raft, Storage};
 use crate::storage::disk::DiskStorage;
 use crate::witness::open_store;
 use api::{Api, MAX_REQUEST_BYTES};
+use lessor::Lessor;
 use metrics::Metrics;
 use node::{Announced, RaftLoop, Status};
 use peer::{Identity, MAX_FRAME_BYTES, PeerService, Peers};
@@ -280,6 +283,8 @@ pub async fn run(
         snapshot_count: cfg.snapshot_count.max(1),
         metrics: metrics.clone(),
         watches: watches.clone(),
+        lessor: Lessor::load(&mvcc.leases()?, std::time::Instant::now()),
+        election_timeout: cfg.election_timeout,
     };
     let (done_tx, done_rx) = tokio::sync::oneshot::channel();
     std::thread::Builder::new()
@@ -303,6 +308,7 @@ pub async fn run(
         metrics,
         request_timeout: Duration::from_secs(5) + 2 * cfg.election_timeout,
         watches,
+        min_lease_ttl: leases::min_lease_ttl(cfg.election_timeout),
         watch_progress: cfg.watch_progress_notify_interval,
     };
     let (stop_tx, stop_rx) = watch::channel(false);
@@ -335,7 +341,8 @@ pub async fn run(
         )
         .add_service(PbClusterServer::new(api.clone()))
         .add_service(PbMaintenanceServer::new(api.clone()))
-        .add_service(PbWatchServer::new(api.clone()));
+        .add_service(PbWatchServer::new(api.clone()))
+        .add_service(PbLeaseServer::new(api.clone()));
         with_http(grpc.into_axum_router(), &api)
     };
     for l in bind("--listen-client-urls", &cfg.listen_client_urls).await? {

@@ -13,16 +13,18 @@ use prost::Message as _;
 use tokio::sync::{oneshot, watch};
 use witness_core::{Witness, WitnessStore, WitnessUrl};
 
+use super::lessor::Lessor;
 use super::metrics::Metrics;
 use super::peer::Peers;
 use super::watches::WatchHub;
 use super::wire::Envelope;
-use crate::mvcc::{ApiError, Command, MemberChange, Mvcc, Proposal, Response};
+use crate::mvcc::{ApiError, Command, MemberChange, Mvcc, Op, Proposal, Response};
 use crate::raft::{
     Body, Change, ChangeKind, ConfChange, EntryData, NONE, NodeId, Raft, Ready, Refused, Role,
     Storage, WitnessRequest, WitnessResponse, apply_rule,
 };
 use crate::storage::disk::DiskStorage;
+use etcd_client::proto::PbLeaseRevokeRequest;
 
 /// Something for the Raft loop to do.
 #[derive(Debug)]
@@ -42,6 +44,13 @@ pub enum Input {
     Read {
         reply: oneshot::Sender<Result<u64, ApiError>>,
     },
+    /// A keep-alive (`renew`) or a time-to-live question, answered by the leader: the lease's
+    /// remaining and granted TTL, None when there is no such lease.
+    Lease {
+        id: i64,
+        renew: bool,
+        reply: oneshot::Sender<LeaseAnswer>,
+    },
     Peer {
         from: NodeId,
         envelope: Envelope,
@@ -59,6 +68,9 @@ pub struct Status {
     pub applied: u64,
     pub is_leader: bool,
 }
+
+/// (remaining TTL, granted TTL) of a lease, None when there is no such lease.
+pub type LeaseAnswer = Result<Option<(i64, i64)>, ApiError>;
 
 pub fn no_leader() -> ApiError {
     ApiError::new(tonic::Code::Unavailable, "etcdserver: no leader")
@@ -98,6 +110,8 @@ pub struct RaftLoop {
     pub metrics: Arc<Metrics>,
     /// Where applied changes go to the watchers.
     pub watches: WatchHub,
+    pub lessor: Lessor,
+    pub election_timeout: Duration,
 }
 
 /// A read-index round this node started: who waits for it.
@@ -123,6 +137,10 @@ struct State {
     unsynced: u64,
     /// The leader and term last logged (a change is logged once, as etcd does).
     seen_leader: (NodeId, u64),
+    /// Lease questions forwarded to the leader, by context.
+    lease_asks: HashMap<u64, oneshot::Sender<LeaseAnswer>>,
+    /// Whether this member led at the end of the last turn (to notice it starts leading).
+    leading: bool,
     /// Proposals held while a member catches up to re-enter the replication set, with the id
     /// of the local waiter (none when forwarded by a follower).
     held: Vec<(Vec<u8>, Option<u64>)>,
@@ -147,6 +165,8 @@ impl RaftLoop {
             unsynced: 0,
             seen_leader: (NONE, 0),
             held: Vec::new(),
+            lease_asks: HashMap::new(),
+            leading: false,
         };
         let mut next_tick = Instant::now() + self.tick;
         loop {
@@ -156,6 +176,8 @@ impl RaftLoop {
                 next_tick = now + self.tick;
                 st.waiters.retain(|_, w| !w.is_closed());
                 st.member_waiters.retain(|_, w| !w.is_closed());
+                st.lease_asks.retain(|_, w| !w.is_closed());
+                self.revoke_expired(&mut st);
             }
             match self
                 .inputs
@@ -181,6 +203,11 @@ impl RaftLoop {
                 self.process_ready(&mut st)?;
             }
             self.maybe_snapshot(&mut st)?;
+            let leading = self.raft.role() == Role::Leader;
+            if leading && !st.leading {
+                self.lessor.promote(Instant::now(), self.election_timeout);
+            }
+            st.leading = leading;
             self.publish_status();
             if st.removed && self.raft.role() != Role::Leader {
                 tracing::warn!(
@@ -256,6 +283,19 @@ impl RaftLoop {
                 st.member_waiters.insert(change.id, reply);
             }
             Input::Read { reply } => st.reads.push(reply),
+            Input::Lease { id, renew, reply } => {
+                if self.raft.role() == Role::Leader {
+                    let _ = reply.send(Ok(self.answer_lease(id, renew)));
+                } else if self.raft.leader() != NONE {
+                    let ctx = st.next_ctx;
+                    st.next_ctx += 1;
+                    self.peers
+                        .send(self.raft.leader(), Envelope::LeaseAsk { ctx, id, renew });
+                    st.lease_asks.insert(ctx, reply);
+                } else {
+                    let _ = reply.send(Err(no_leader()));
+                }
+            }
             Input::Peer { from, envelope } => match envelope {
                 Envelope::Raft(m) => self.raft.step(m),
                 Envelope::Forward(data) if self.raft.proposals_held() => {
@@ -283,6 +323,38 @@ impl RaftLoop {
                             .send(from, Envelope::ReadIndexResp { ctx, index: 0 }),
                     }
                 }
+                Envelope::LeaseAsk { ctx, id, renew } => {
+                    let leader = self.raft.role() == Role::Leader;
+                    let answer = if leader {
+                        self.answer_lease(id, renew)
+                    } else {
+                        None
+                    };
+                    let (ttl, granted) = answer.unwrap_or((-1, 0));
+                    self.peers.send(
+                        from,
+                        Envelope::LeaseAnswer {
+                            ctx,
+                            leader,
+                            ttl,
+                            granted,
+                        },
+                    );
+                }
+                Envelope::LeaseAnswer {
+                    ctx,
+                    leader,
+                    ttl,
+                    granted,
+                } => {
+                    if let Some(w) = st.lease_asks.remove(&ctx) {
+                        let _ = w.send(match (leader, ttl) {
+                            (false, _) => Err(leader_changed()),
+                            (true, -1) => Ok(None),
+                            (true, _) => Ok(Some((ttl, granted))),
+                        });
+                    }
+                }
                 Envelope::ReadIndexResp { ctx, index } => {
                     for w in st.forwarded.remove(&ctx).unwrap_or_default() {
                         let _ = w.send(if index == 0 {
@@ -295,6 +367,37 @@ impl RaftLoop {
             },
             Input::Witness(r) => self.raft.step_witness(r),
             Input::Stop => {}
+        }
+    }
+
+    /// A keep-alive or time-to-live question, on the leader.
+    fn answer_lease(&mut self, id: i64, renew: bool) -> Option<(i64, i64)> {
+        let now = Instant::now();
+        if renew {
+            self.lessor.renew(id, now)?;
+        }
+        self.lessor.remaining(id, now)
+    }
+
+    /// On the leader: proposes the revoke of every expired lease.
+    fn revoke_expired(&mut self, st: &mut State) {
+        if self.raft.role() != Role::Leader {
+            return;
+        }
+        for id in self
+            .lessor
+            .expired(Instant::now(), 2 * self.election_timeout)
+        {
+            let data = Proposal {
+                id: 0,
+                op: Some(Op::LeaseRevoke(PbLeaseRevokeRequest { id })),
+            }
+            .encode_to_vec();
+            if self.raft.proposals_held() {
+                st.held.push((data, None));
+            } else if let Err(r) = self.raft.propose(data) {
+                tracing::info!(lease = id, error = %r, "could not propose an expired lease's revoke");
+            }
         }
     }
 
@@ -373,6 +476,8 @@ impl RaftLoop {
             st.last_snapshot = snapshot.meta.index;
             let revision = self.mvcc.position().map_err(|e| e.to_string())?.revision;
             self.watches.reset(revision);
+            let leases = self.mvcc.leases().map_err(|e| e.to_string())?;
+            self.lessor = Lessor::load(&leases, Instant::now());
             self.metrics.snapshot_received();
             self.follow_members()?;
             tracing::info!(
@@ -478,6 +583,13 @@ impl RaftLoop {
         for ((_, c), r) in batch.iter().zip(outcome.results) {
             match c {
                 Command::Kv(p) => {
+                    match (&p.op, &r) {
+                        (Some(Op::LeaseGrant(g)), Some(Ok(_))) => {
+                            self.lessor.granted(g.id, g.ttl, Instant::now());
+                        }
+                        (Some(Op::LeaseRevoke(v)), Some(Ok(_))) => self.lessor.revoked(v.id),
+                        _ => {}
+                    }
                     if let Some(r) = r
                         && let Some(w) = st.waiters.remove(&p.id)
                     {

@@ -20,6 +20,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use super::api::{Api, MAX_REQUEST_BYTES};
 use crate::mvcc::events::{DELETE, PUT};
+use crate::mvcc::request::in_range;
 
 /// Batches the hub keeps for streams that are behind (beyond: catch-up from the history).
 const HUB_CAPACITY: usize = 256;
@@ -105,12 +106,7 @@ impl Watcher {
         let Some(kv) = &e.kv else {
             return false;
         };
-        let in_range = match self.range_end.as_slice() {
-            [] => kv.key == self.key,
-            [0] => kv.key >= self.key,
-            end => kv.key >= self.key && kv.key.as_slice() < end,
-        };
-        in_range
+        in_range(&kv.key, &self.key, &self.range_end)
             && u64::try_from(kv.mod_revision).is_ok_and(|r| r >= self.next_rev)
             && !(e.r#type == PUT && self.no_put)
             && !(e.r#type == DELETE && self.no_delete)

@@ -62,6 +62,20 @@ pub enum Envelope {
         ctx: u64,
         index: u64,
     },
+    /// A follower's lease question for the leader: keep-alive when `renew`, else time-to-live.
+    LeaseAsk {
+        ctx: u64,
+        id: i64,
+        renew: bool,
+    },
+    /// The leader's answer: the remaining TTL in seconds (-1: no such lease) and the granted
+    /// one; `leader` false: the asked member does not lead (ask again).
+    LeaseAnswer {
+        ctx: u64,
+        leader: bool,
+        ttl: i64,
+        granted: i64,
+    },
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
@@ -70,13 +84,22 @@ struct PbEnvelope {
     raft: Option<PbMessage>,
     #[prost(bytes = "vec", tag = "2")]
     forward: Vec<u8>,
-    /// 0 raft, 1 forward, 2 read index, 3 read index response.
+    /// 0 raft, 1 forward, 2 read index, 3 read index response, 4 forwarded member change,
+    /// 5 lease question, 6 lease answer.
     #[prost(uint32, tag = "3")]
     kind: u32,
     #[prost(uint64, tag = "4")]
     ctx: u64,
     #[prost(uint64, tag = "5")]
     index: u64,
+    #[prost(int64, tag = "6")]
+    lease: i64,
+    #[prost(int64, tag = "7")]
+    ttl: i64,
+    #[prost(int64, tag = "8")]
+    granted: i64,
+    #[prost(bool, tag = "9")]
+    flag: bool,
 }
 
 fn message_to_pb(m: &Message) -> PbMessage {
@@ -221,6 +244,26 @@ impl Envelope {
                 index: *index,
                 ..Default::default()
             },
+            Envelope::LeaseAsk { ctx, id, renew } => PbEnvelope {
+                kind: 5,
+                ctx: *ctx,
+                lease: *id,
+                flag: *renew,
+                ..Default::default()
+            },
+            Envelope::LeaseAnswer {
+                ctx,
+                leader,
+                ttl,
+                granted,
+            } => PbEnvelope {
+                kind: 6,
+                ctx: *ctx,
+                flag: *leader,
+                ttl: *ttl,
+                granted: *granted,
+                ..Default::default()
+            },
         };
         p.encode_to_vec()
     }
@@ -239,6 +282,17 @@ impl Envelope {
             3 => Envelope::ReadIndexResp {
                 ctx: p.ctx,
                 index: p.index,
+            },
+            5 => Envelope::LeaseAsk {
+                ctx: p.ctx,
+                id: p.lease,
+                renew: p.flag,
+            },
+            6 => Envelope::LeaseAnswer {
+                ctx: p.ctx,
+                leader: p.flag,
+                ttl: p.ttl,
+                granted: p.granted,
             },
             k => return Err(Invalid(format!("unknown peer envelope kind {k}"))),
         })
@@ -305,6 +359,17 @@ mod tests {
             Envelope::ForwardMember(b"member".to_vec()),
             Envelope::ReadIndex { ctx: 9 },
             Envelope::ReadIndexResp { ctx: 9, index: 12 },
+            Envelope::LeaseAsk {
+                ctx: 3,
+                id: 77,
+                renew: true,
+            },
+            Envelope::LeaseAnswer {
+                ctx: 3,
+                leader: true,
+                ttl: 9,
+                granted: 10,
+            },
         ];
         for e in all {
             assert_eq!(Envelope::decode(&e.encode()).unwrap(), e);

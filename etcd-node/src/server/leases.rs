@@ -1,0 +1,158 @@
+//! The Lease service. Grant and Revoke go through Raft (the proposer picks the id of a grant
+//! without one, and raises a short TTL to the minimum, as etcd's leader does); KeepAlive and
+//! TimeToLive are answered by the leader's lessor (a follower asks it); Leases and the keys of
+//! a lease come from this member's store.
+
+use std::time::Duration;
+
+use etcd_client::proto::{
+    PbLeaseGrantRequest, PbLeaseGrantResponse, PbLeaseKeepAliveRequest, PbLeaseKeepAliveResponse,
+    PbLeaseLeasesRequest, PbLeaseLeasesResponse, PbLeaseRevokeRequest, PbLeaseRevokeResponse,
+    PbLeaseService, PbLeaseStatus, PbLeaseTimeToLiveRequest, PbLeaseTimeToLiveResponse,
+};
+use tokio::sync::{mpsc, oneshot};
+use tonic::{Request, Response, Status, Streaming};
+
+use super::api::{Api, internal};
+use super::node::Input;
+use crate::mvcc::{Op, Response as Applied};
+
+/// etcd's minimum lease TTL: one and a half election timeouts, in whole seconds (rounded up).
+pub fn min_lease_ttl(election_timeout: Duration) -> i64 {
+    let ms = election_timeout.as_millis() * 3 / 2;
+    i64::try_from(ms.div_ceil(1000)).unwrap_or(i64::MAX)
+}
+
+impl Api {
+    /// The leader's answer about lease `id`: (remaining TTL, granted TTL), None if unknown.
+    async fn ask_lease(&self, id: i64, renew: bool) -> Result<Option<(i64, i64)>, Status> {
+        self.require_leader()?;
+        let (reply, rx) = oneshot::channel();
+        self.inputs
+            .send(Input::Lease { id, renew, reply })
+            .map_err(|_| Status::unavailable("etcdserver: server stopped"))?;
+        match tokio::time::timeout(self.request_timeout, rx).await {
+            Ok(Ok(answer)) => Ok(answer?),
+            Ok(Err(_)) | Err(_) => Err(Status::unavailable("etcdserver: request timed out")),
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl PbLeaseService for Api {
+    async fn lease_grant(
+        &self,
+        request: Request<PbLeaseGrantRequest>,
+    ) -> Result<Response<PbLeaseGrantResponse>, Status> {
+        let mut req = request.into_inner();
+        if req.id == 0 {
+            // Positive and non-zero, as etcd's generated ids.
+            req.id = (rand::random::<i64>() & i64::MAX).max(1);
+        }
+        req.ttl = req.ttl.max(self.min_lease_ttl);
+        match self.propose(Op::LeaseGrant(req)).await? {
+            Applied::LeaseGrant(r) => Ok(Response::new(r)),
+            other => Err(internal(format!("unexpected result {other:?}"))),
+        }
+    }
+
+    async fn lease_revoke(
+        &self,
+        request: Request<PbLeaseRevokeRequest>,
+    ) -> Result<Response<PbLeaseRevokeResponse>, Status> {
+        match self.propose(Op::LeaseRevoke(request.into_inner())).await? {
+            Applied::LeaseRevoke(r) => Ok(Response::new(r)),
+            other => Err(internal(format!("unexpected result {other:?}"))),
+        }
+    }
+
+    type LeaseKeepAliveStream =
+        tokio_stream::wrappers::ReceiverStream<Result<PbLeaseKeepAliveResponse, Status>>;
+
+    async fn lease_keep_alive(
+        &self,
+        request: Request<Streaming<PbLeaseKeepAliveRequest>>,
+    ) -> Result<Response<Self::LeaseKeepAliveStream>, Status> {
+        let mut requests = request.into_inner();
+        let (out, rx) = mpsc::channel(16);
+        let api = self.clone();
+        tokio::spawn(async move {
+            while let Ok(Some(r)) = requests.message().await {
+                let answer = match api.ask_lease(r.id, true).await {
+                    // An unknown lease answers TTL 0, as etcd's.
+                    Ok(found) => Ok(PbLeaseKeepAliveResponse {
+                        header: api.current_header(),
+                        id: r.id,
+                        ttl: found.map_or(0, |(_, granted)| granted),
+                    }),
+                    Err(e) => Err(e),
+                };
+                let failed = answer.is_err();
+                if out.send(answer).await.is_err() || failed {
+                    return;
+                }
+            }
+        });
+        Ok(Response::new(tokio_stream::wrappers::ReceiverStream::new(
+            rx,
+        )))
+    }
+
+    async fn lease_time_to_live(
+        &self,
+        request: Request<PbLeaseTimeToLiveRequest>,
+    ) -> Result<Response<PbLeaseTimeToLiveResponse>, Status> {
+        let req = request.into_inner();
+        let Some((ttl, granted_ttl)) = self.ask_lease(req.id, false).await? else {
+            // etcd answers an unknown lease with TTL -1, not an error.
+            return Ok(Response::new(PbLeaseTimeToLiveResponse {
+                header: self.current_header(),
+                id: req.id,
+                ttl: -1,
+                ..Default::default()
+            }));
+        };
+        let keys = if req.keys {
+            self.mvcc
+                .lease(req.id)
+                .map_err(internal)?
+                .map(|(_, keys)| keys)
+                .unwrap_or_default()
+        } else {
+            Vec::new()
+        };
+        Ok(Response::new(PbLeaseTimeToLiveResponse {
+            header: self.current_header(),
+            id: req.id,
+            ttl,
+            granted_ttl,
+            keys,
+        }))
+    }
+
+    async fn lease_leases(
+        &self,
+        _: Request<PbLeaseLeasesRequest>,
+    ) -> Result<Response<PbLeaseLeasesResponse>, Status> {
+        let leases = self.mvcc.leases().map_err(internal)?;
+        Ok(Response::new(PbLeaseLeasesResponse {
+            header: self.current_header(),
+            leases: leases
+                .into_iter()
+                .map(|(id, _)| PbLeaseStatus { id })
+                .collect(),
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_minimum_ttl_is_etcds() {
+        assert_eq!(min_lease_ttl(Duration::from_millis(1000)), 2);
+        assert_eq!(min_lease_ttl(Duration::from_millis(500)), 1);
+        assert_eq!(min_lease_ttl(Duration::from_millis(5000)), 8);
+    }
+}
