@@ -1100,3 +1100,50 @@ fn a_lease_survives_a_leader_kill_and_then_expires() {
     let want = vec![("f/after".to_string(), "x".to_string())];
     rt.block_on(wait_caught_up(&lead_ep, "f/", &want));
 }
+
+/// Real `etcdctl move-leader` (refused for the witness, which never leads) and `endpoint
+/// hashkv` (the same hash on both members).
+#[test]
+fn etcdctl_moves_the_leader_and_hashes_the_key_space() {
+    let c = cluster();
+    let leader = c.wait_leader(LEADER_WAIT);
+    let other = 1 - leader;
+    // etcdctl 3.4's per-endpoint commands want host:port endpoints (docs/operations.md).
+    let hostport = |i: usize| c.members[i].url().trim_start_matches("http://").to_string();
+    let all = vec![hostport(leader), hostport(other)];
+    for i in 0..20 {
+        ok(etcdctl(&all, &["put", &format!("h/{i}"), "v"], None));
+    }
+    let members = ok(etcdctl(&all, &["member", "list"], None));
+    let id_of = |what: &str| {
+        members
+            .lines()
+            .find(|l| l.contains(what))
+            .and_then(|l| l.split(',').next())
+            .unwrap_or_else(|| panic!("{what} not in {members}"))
+            .to_string()
+    };
+    let witness = id_of("witness:");
+    let refused = etcdctl(&all, &["move-leader", &witness], None);
+    assert!(!refused.status.success());
+    let why = String::from_utf8_lossy(&refused.stderr);
+    assert!(why.contains("bad leader transferee"), "{why}");
+    let target = id_of(&format!(", {}, ", c.members[other].name));
+    let moved = ok(etcdctl(&all, &["move-leader", &target], None));
+    assert!(moved.contains(&format!("to {target}")), "{moved}");
+    assert_eq!(c.wait_leader(LEADER_WAIT), other);
+    ok(etcdctl(&all, &["put", "h/after", "v"], None));
+    let started = Instant::now();
+    loop {
+        let out = ok(etcdctl(&all, &["endpoint", "hashkv"], None));
+        let hashes: Vec<&str> = out.lines().filter_map(|l| l.split(", ").nth(1)).collect();
+        if hashes.len() == 2 && hashes[0] == hashes[1] {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "hashes differ: {out}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}

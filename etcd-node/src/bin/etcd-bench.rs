@@ -1,10 +1,14 @@
 //! etcd-bench: a load generator for any etcd v3 endpoint (etcd-node or etcd), shaped like etcd's
-//! `tools/benchmark`: `put`, `range`, `txn-put`, plus `failover` (writes without pause and
-//! reports the longest gap between acknowledged writes, for leader-kill measurements).
+//! `tools/benchmark`: `put`, `range`, `txn-put`, `watch-fanout` (events per second delivered to
+//! many watchers of one key), `lease-churn` (leases granted, then expired by the server, per
+//! second), plus `failover` (writes without pause and reports the longest gap between
+//! acknowledged writes, for leader-kill measurements).
 //!
 //! ```text
 //! etcd-bench --endpoints 127.0.0.1:2379 --conns 1 --clients 16 put --total 10000 --val-size 256
 //! etcd-bench --clients 64 range foo --consistency s --total 20000
+//! etcd-bench --conns 10 watch-fanout --watchers 1000 --puts 200
+//! etcd-bench --clients 16 lease-churn --total 5000
 //! etcd-bench failover --duration 20
 //! ```
 
@@ -14,7 +18,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use clap::{Args, Parser, Subcommand};
-use etcd_client::{Client, ConnectOptions, GetOptions, Txn, TxnOp};
+use etcd_client::{
+    Client, ConnectOptions, EventType, GetOptions, PutOptions, Txn, TxnOp, WatchOptions,
+};
 use hdrhistogram::Histogram;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -97,6 +103,22 @@ enum Op {
         #[arg(long, default_value_t = 1)]
         txn_ops: usize,
     },
+    /// --watchers watchers of one key, spread over --conns streams; --clients writers put the
+    /// key --puts times; reports the events per second delivered to all the watchers.
+    WatchFanout {
+        #[arg(long, default_value_t = 1000)]
+        watchers: usize,
+        #[arg(long, default_value_t = 200)]
+        puts: u64,
+    },
+    /// Grants --total leases of --ttl seconds (each with a key), then waits until the server
+    /// has expired them all; reports grants per second and expiries per second.
+    LeaseChurn {
+        #[arg(long, default_value_t = 5000)]
+        total: u64,
+        #[arg(long, default_value_t = 2)]
+        ttl: i64,
+    },
     /// Puts without pause for --duration seconds (each with a short timeout, retried on any
     /// endpoint) and reports the longest time between two acknowledged writes.
     Failover {
@@ -142,6 +164,10 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Op::Failover { duration } => {
             return failover(&cli.endpoints, Duration::from_secs(*duration)).await;
         }
+        Op::WatchFanout { watchers, puts } => {
+            return watch_fanout(&cli, *watchers, *puts).await;
+        }
+        Op::LeaseChurn { total, ttl } => return lease_churn(&cli, *total, *ttl).await,
     };
     let mut conns = Vec::new();
     for _ in 0..cli.conns {
@@ -194,7 +220,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                             .collect();
                         client.txn(Txn::new().and_then(ops)).await.is_ok()
                     }
-                    Op::Failover { .. } => return hist,
+                    Op::Failover { .. } | Op::WatchFanout { .. } | Op::LeaseChurn { .. } => {
+                        return hist;
+                    }
                 };
                 if ok {
                     let _ = hist.record(t.elapsed().as_micros() as u64);
@@ -265,6 +293,152 @@ fn report(
         ms(h.value_at_quantile(0.5)),
         ms(h.value_at_quantile(0.99)),
     );
+}
+
+/// Runs `per_client(client, i)` for i in 0..total over `clients` concurrent clients sharing
+/// `conns` connections; returns how many succeeded.
+async fn spread<F, Fut>(cli: &Cli, total: u64, per_client: F) -> anyhow::Result<u64>
+where
+    F: Fn(Client, u64) -> Fut + Clone + Send + 'static,
+    Fut: std::future::Future<Output = bool> + Send,
+{
+    let mut conns = Vec::new();
+    for _ in 0..cli.conns {
+        conns.push(connect(&cli.endpoints, Duration::from_secs(10)).await?);
+    }
+    let next = Arc::new(AtomicU64::new(0));
+    let mut tasks = tokio::task::JoinSet::new();
+    for c in 0..cli.clients {
+        let (client, next, f) = (
+            conns[c % conns.len()].clone(),
+            next.clone(),
+            per_client.clone(),
+        );
+        tasks.spawn(async move {
+            let mut ok = 0;
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= total {
+                    return ok;
+                }
+                ok += u64::from(f(client.clone(), i).await);
+            }
+        });
+    }
+    let mut ok = 0;
+    while let Some(n) = tasks.join_next().await {
+        ok += n?;
+    }
+    Ok(ok)
+}
+
+async fn watch_fanout(cli: &Cli, watchers: usize, puts: u64) -> anyhow::Result<()> {
+    let key = format!("fanout/{}", rand::random::<u32>());
+    let received = Arc::new(AtomicU64::new(0));
+    let want = watchers as u64 * puts;
+    let (done_tx, mut done) = tokio::sync::watch::channel(());
+    let mut streams = Vec::new();
+    let per_stream = watchers.div_ceil(cli.conns);
+    for s in 0..cli.conns {
+        let n = per_stream.min(watchers.saturating_sub(s * per_stream));
+        if n == 0 {
+            break;
+        }
+        let mut client = connect(&cli.endpoints, Duration::from_secs(10)).await?;
+        let mut ws = client.watch(key.as_bytes(), None).await?;
+        for _ in 1..n {
+            ws.watch(key.as_bytes(), None).await?;
+        }
+        let mut created = 0;
+        while created < n {
+            let r = ws
+                .message()
+                .await?
+                .ok_or_else(|| anyhow::anyhow!("watch ended"))?;
+            created += usize::from(r.created());
+        }
+        let (received, done_tx) = (received.clone(), done_tx.clone());
+        streams.push(tokio::spawn(async move {
+            while let Ok(Some(r)) = ws.message().await {
+                let n = r.events().len() as u64;
+                if received.fetch_add(n, Ordering::Relaxed) + n >= want {
+                    let _ = done_tx.send(());
+                }
+            }
+            drop(client);
+        }));
+    }
+    let started = Instant::now();
+    let value = vec![b'v'; 16];
+    let k = key.clone();
+    let written = spread(cli, puts, move |mut c, _| {
+        let (key, value) = (k.clone(), value.clone());
+        async move { c.put(key, value, None).await.is_ok() }
+    })
+    .await?;
+    let wrote = started.elapsed();
+    let _ = tokio::time::timeout(Duration::from_secs(60), done.changed()).await;
+    let took = started.elapsed();
+    let got = received.load(Ordering::Relaxed);
+    streams.iter().for_each(|s| s.abort());
+    println!(
+        "RESULT op=watch-fanout watchers={watchers} streams={} puts={written} events={got}/{want} \
+         events_per_sec={:.0} puts_per_sec={:.0} secs={:.3}",
+        streams.len(),
+        got as f64 / took.as_secs_f64(),
+        written as f64 / wrote.as_secs_f64(),
+        took.as_secs_f64()
+    );
+    Ok(())
+}
+
+async fn lease_churn(cli: &Cli, total: u64, ttl: i64) -> anyhow::Result<()> {
+    let prefix = format!("churn/{}/", rand::random::<u32>());
+    let mut client = connect(&cli.endpoints, Duration::from_secs(10)).await?;
+    let mut ws = client
+        .watch(prefix.as_bytes(), Some(WatchOptions::new().with_prefix()))
+        .await?;
+    ws.message().await?;
+    let started = Instant::now();
+    let p = prefix.clone();
+    let granted = spread(cli, total, move |mut c, i| {
+        let key = format!("{p}{i}");
+        async move {
+            let Ok(lease) = c.lease_grant(ttl, None).await else {
+                return false;
+            };
+            let opts = PutOptions::new().with_lease(lease.id());
+            c.put(key, "x", Some(opts)).await.is_ok()
+        }
+    })
+    .await?;
+    let grants_took = started.elapsed();
+    let (mut expired, mut first) = (0u64, None);
+    let deadline = Instant::now() + Duration::from_secs(ttl.unsigned_abs() * 3 + 120);
+    while expired < granted && Instant::now() < deadline {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let Ok(Ok(Some(r))) = tokio::time::timeout(left, ws.message()).await else {
+            break;
+        };
+        let deletes = r
+            .events()
+            .iter()
+            .filter(|e| e.event_type() == EventType::Delete)
+            .count() as u64;
+        if deletes > 0 {
+            first.get_or_insert_with(Instant::now);
+        }
+        expired += deletes;
+    }
+    let expiring = first.map_or(Duration::ZERO, |f| f.elapsed());
+    println!(
+        "RESULT op=lease-churn leases={granted} grants_per_sec={:.0} expired={expired} \
+         expiries_per_sec={:.0} expiry_window_secs={:.3}",
+        granted as f64 / grants_took.as_secs_f64(),
+        expired as f64 / expiring.as_secs_f64().max(0.001),
+        expiring.as_secs_f64()
+    );
+    Ok(())
 }
 
 async fn failover(endpoints: &[String], duration: Duration) -> anyhow::Result<()> {

@@ -427,6 +427,39 @@ impl Mvcc {
         read().map_err(|e| self.fail(e))
     }
 
+    /// HashKV: a CRC-32C of every history row (key, revision, record) at or below `revision`
+    /// (0: the newest), in key order; with the compacted revision and the revision hashed.
+    /// Members that applied the same log (compactions included) answer the same hash.
+    pub fn hash_kv(&self, revision: u64) -> Result<Result<(u32, u64, u64), ApiError>, StoreError> {
+        let tx = self.db.begin_read().map_err(|e| self.fail(e))?;
+        let read = || -> Result<Result<(u32, u64, u64), ApiError>, redb::Error> {
+            let meta = tx.open_table(META)?;
+            let (newest, compacted) = (
+                meta_get(&meta, "revision")?.max(1),
+                meta_get(&meta, "compact")?,
+            );
+            let at = if revision == 0 { newest } else { revision };
+            if at > newest {
+                return Ok(Err(ApiError::future_rev()));
+            }
+            if at < compacted {
+                return Ok(Err(ApiError::compacted()));
+            }
+            let mut crc = 0u32;
+            for row in tx.open_table(HISTORY)?.iter()? {
+                let (k, v) = row?;
+                let (key, rev) = k.value();
+                if rev <= at {
+                    crc = crc32c::crc32c_append(crc, key);
+                    crc = crc32c::crc32c_append(crc, &rev.to_le_bytes());
+                    crc = crc32c::crc32c_append(crc, v.value());
+                }
+            }
+            Ok(Ok((crc, compacted, at)))
+        };
+        read().map_err(|e| self.fail(e))
+    }
+
     /// The whole key space as bytes (the data of a Raft snapshot).
     pub fn dump(&self) -> Result<Vec<u8>, StoreError> {
         let tx = self.db.begin_read().map_err(|e| self.fail(e))?;

@@ -442,14 +442,28 @@ impl PbMaintenanceService for Api {
     ) -> Result<Response<PbDefragmentResponse>, Status> {
         Err(not_yet("Defragment"))
     }
+    /// A CRC-32C of the whole key space as a snapshot carries it (history, members, leases):
+    /// equal on members that applied the same entries.
     async fn hash(&self, _: Request<PbHashRequest>) -> Result<Response<PbHashResponse>, Status> {
-        Err(not_yet("Hash"))
+        let dump = self.mvcc.dump().map_err(internal)?;
+        Ok(Response::new(PbHashResponse {
+            header: self.current_header(),
+            hash: crc32c::crc32c(&dump),
+        }))
     }
+
     async fn hash_kv(
         &self,
-        _: Request<PbHashKvRequest>,
+        request: Request<PbHashKvRequest>,
     ) -> Result<Response<PbHashKvResponse>, Status> {
-        Err(not_yet("HashKV"))
+        let asked = u64::try_from(request.get_ref().revision).unwrap_or(0);
+        let (hash, compacted, at) = self.mvcc.hash_kv(asked).map_err(internal)??;
+        Ok(Response::new(PbHashKvResponse {
+            header: self.current_header(),
+            hash,
+            compact_revision: compacted as i64,
+            hash_revision: at as i64,
+        }))
     }
 
     type SnapshotStream =
@@ -461,11 +475,26 @@ impl PbMaintenanceService for Api {
     ) -> Result<Response<Self::SnapshotStream>, Status> {
         Err(not_yet("Snapshot"))
     }
+    /// On the leader: hands leadership to a regular voter (never the witness) and answers once
+    /// the target leads.
     async fn move_leader(
         &self,
-        _: Request<PbMoveLeaderRequest>,
+        request: Request<PbMoveLeaderRequest>,
     ) -> Result<Response<PbMoveLeaderResponse>, Status> {
-        Err(not_yet("MoveLeader"))
+        let to = request.get_ref().target_id;
+        let (reply, rx) = oneshot::channel();
+        self.inputs
+            .send(Input::TransferLeader { to, reply })
+            .map_err(|_| Status::unavailable("etcdserver: server stopped"))?;
+        rx.await.map_err(|_| timed_out())??;
+        let mut status = self.status.clone();
+        tokio::time::timeout(self.request_timeout, status.wait_for(|s| s.leader == to))
+            .await
+            .map_err(|_| timed_out())?
+            .map_err(|_| Status::unavailable("etcdserver: server stopped"))?;
+        Ok(Response::new(PbMoveLeaderResponse {
+            header: self.current_header(),
+        }))
     }
     async fn downgrade(
         &self,

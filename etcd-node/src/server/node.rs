@@ -44,6 +44,12 @@ pub enum Input {
     Read {
         reply: oneshot::Sender<Result<u64, ApiError>>,
     },
+    /// MoveLeader, on the leader: hand leadership to regular voter `to`; answered at once (the
+    /// caller waits for the new leader).
+    TransferLeader {
+        to: NodeId,
+        reply: oneshot::Sender<Result<(), ApiError>>,
+    },
     /// A keep-alive (`renew`) or a time-to-live question, answered by the leader: the lease's
     /// remaining and granted TTL, None when there is no such lease.
     Lease {
@@ -283,6 +289,23 @@ impl RaftLoop {
                 st.member_waiters.insert(change.id, reply);
             }
             Input::Read { reply } => st.reads.push(reply),
+            Input::TransferLeader { to, reply } => {
+                let answer = match self.raft.transfer_leader(to) {
+                    Ok(()) => Ok(()),
+                    Err(Refused::NotLeader { .. }) => Err(ApiError::new(
+                        tonic::Code::FailedPrecondition,
+                        "etcdserver: not leader",
+                    )),
+                    Err(r @ (Refused::TransferToWitness { .. } | Refused::NotAVoter { .. })) => {
+                        Err(ApiError::new(
+                            tonic::Code::FailedPrecondition,
+                            format!("etcdserver: bad leader transferee: {r}"),
+                        ))
+                    }
+                    Err(r) => Err(refused(&r)),
+                };
+                let _ = reply.send(answer);
+            }
             Input::Lease { id, renew, reply } => {
                 if self.raft.role() == Role::Leader {
                     let _ = reply.send(Ok(self.answer_lease(id, renew)));
