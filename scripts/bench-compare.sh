@@ -6,6 +6,7 @@
 #
 #   bash scripts/bench-compare.sh            # full run (a few minutes)
 #   QUICK=1 bash scripts/bench-compare.sh    # fewer requests
+#   SUITE=api bash scripts/bench-compare.sh  # only watch fan-out and lease churn
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -77,8 +78,15 @@ bench() { # label eps pids... -- args
   echo "$(grep '^RESULT' "$work/out") cluster=$label peak_rss_kb=$peak" | tee -a "$work/results"
 }
 
+run_api() { # label eps pids...
+  local label=$1 eps=$2; shift 2
+  bench "$label" "$eps" "$@" -- --clients 4 --conns 10 watch-fanout --watchers 1000 --puts $(( ${scale:-10} * 50 ))
+  bench "$label" "$eps" "$@" -- --clients 16 --conns 4 lease-churn --total $(( ${scale:-10} * 500 )) --ttl 5
+}
+
 run_suite() { # label eps pids...
   local label=$1 eps=$2; shift 2
+  if [ "${SUITE:-all}" = api ]; then run_api "$label" "$eps" "$@"; return; fi
   echo "RESULT op=idle cluster=$label rss_kb=$(rss_kb "$@")" | tee -a "$work/results"
   bench "$label" "$eps" "$@" -- --clients 1 --conns 1 put --total $n_small --key-size 8 --val-size 256 --key-space-size 100000
   bench "$label" "$eps" "$@" -- --clients 16 --conns 4 put --total $n_big --key-size 8 --val-size 256 --key-space-size 100000
@@ -87,6 +95,7 @@ run_suite() { # label eps pids...
   bench "$label" "$eps" "$@" -- --clients 16 --conns 4 range 000 --consistency l --total $n_big
   bench "$label" "$eps" "$@" -- --clients 16 --conns 4 range 000 --consistency s --total $n_big
   bench "$label" "$eps" "$@" -- --clients 64 --conns 8 range 000 --consistency l --total $n_big
+  run_api "$label" "$eps" "$@"
 }
 
 echo "==> etcd-node: two members + witness"
@@ -98,12 +107,13 @@ failover_ours() {
   echo "killing the leader on port ${ours_ports[$l]}"; kill -9 "${ours[$l]}"; wait $b
   echo "$(grep '^RESULT' "$work/fo") cluster=etcd-node" | tee -a "$work/results"
 }
-failover_ours
+[ "${SUITE:-all}" = api ] || failover_ours
 kill -9 "${ours[@]}" 2>/dev/null || true
 
 echo "==> etcd $(etcd --version | head -1 | awk '{print $3}'): three members"
 start_etcd; wait_healthy 51379; sleep 1
 run_suite etcd-3.4 "$theirs_eps" "${theirs[@]}"
+if [ "${SUITE:-all}" = api ]; then echo; echo "==> all results"; cat "$work/results"; exit 0; fi
 "$bin/etcd-bench" --endpoints "$theirs_eps" failover --duration 12 > "$work/fo" 2>&1 & b=$!
 sleep 4; l=$(leader_of "${theirs_ports[@]}"); [ "$l" -ge 0 ] || { echo "no leader found"; exit 1; }
 echo "killing the leader on port ${theirs_ports[$l]}"; kill -9 "${theirs[$l]}"; wait $b
