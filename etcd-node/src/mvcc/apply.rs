@@ -14,7 +14,9 @@ use redb::{ReadableTable, Table, WriteTransaction};
 use super::events::event;
 use super::range::{self, scan_current};
 use super::request::{Op, Response};
-use super::{ApiError, CURRENT, HISTORY, LEASE_KEYS, LEASES, META, decode_kv, meta_get};
+use super::{
+    ApiError, CURRENT, HISTORY, LEASE_KEYS, LEASES, META, decode_kv, lease_keys_of, meta_get,
+};
 
 /// The result of applying one entry (None: applied before a restart, skipped).
 pub type Applied = Option<Result<Response, ApiError>>;
@@ -173,15 +175,7 @@ impl<'t> Writer<'t> {
         if self.leases.remove(id)?.is_none() {
             return Ok(Err(lease_not_found()));
         }
-        let mut keys = Vec::new();
-        for row in self
-            .lease_keys
-            .range::<(i64, &[u8])>((id, &[][..])..(id.saturating_add(1), &[][..]))?
-        {
-            let (k, _) = row?;
-            keys.push(k.value().1.to_vec());
-        }
-        for key in keys {
+        for key in lease_keys_of(&self.lease_keys, id)? {
             self.delete(
                 s,
                 &PbDeleteRequest {

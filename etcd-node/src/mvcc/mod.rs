@@ -415,14 +415,7 @@ impl Mvcc {
             let Some(ttl) = tx.open_table(LEASES)?.get(id)?.map(|v| v.value()) else {
                 return Ok(None);
             };
-            let table = tx.open_table(LEASE_KEYS)?;
-            let mut keys = Vec::new();
-            for row in
-                table.range::<(i64, &[u8])>((id, &[][..])..(id.saturating_add(1), &[][..]))?
-            {
-                keys.push(row?.0.value().1.to_vec());
-            }
-            Ok(Some((ttl, keys)))
+            Ok(Some((ttl, lease_keys_of(&tx.open_table(LEASE_KEYS)?, id)?)))
         };
         read().map_err(|e| self.fail(e))
     }
@@ -561,6 +554,23 @@ fn decode_kv(key: &[u8], record: &[u8]) -> Result<PbKeyValue, redb::StorageError
         .map_err(|e| redb::StorageError::Corrupted(format!("record of key {key:?}: {e}")))?;
     kv.key = key.to_vec();
     Ok(kv)
+}
+
+/// The keys attached to lease `id`, in key order.
+fn lease_keys_of(
+    table: &impl ReadableTable<(i64, &'static [u8]), ()>,
+    id: i64,
+) -> Result<Vec<Vec<u8>>, redb::Error> {
+    let mut keys = Vec::new();
+    for row in table.range::<(i64, &[u8])>((id, &[][..])..)? {
+        let (k, _) = row?;
+        let (lease, key) = k.value();
+        if lease != id {
+            break;
+        }
+        keys.push(key.to_vec());
+    }
+    Ok(keys)
 }
 
 /// Reads a `meta` value (0 when unset).

@@ -53,6 +53,11 @@ fn timed_out() -> Status {
     Status::unavailable("etcdserver: request timed out")
 }
 
+/// The Raft loop is gone: the server is stopping.
+pub(super) fn stopped() -> Status {
+    Status::unavailable("etcdserver: server stopped")
+}
+
 impl Api {
     pub(super) fn header(&self, revision: i64) -> Option<PbResponseHeader> {
         Some(PbResponseHeader {
@@ -77,6 +82,20 @@ impl Api {
         Ok(())
     }
 
+    /// Hands the Raft loop `input` (built around the reply channel) and waits for its answer,
+    /// at most the request timeout.
+    pub(super) async fn ask<T>(
+        &self,
+        input: impl FnOnce(oneshot::Sender<Result<T, ApiError>>) -> Input,
+    ) -> Result<T, Status> {
+        let (reply, rx) = oneshot::channel();
+        self.inputs.send(input(reply)).map_err(|_| stopped())?;
+        match tokio::time::timeout(self.request_timeout, rx).await {
+            Ok(Ok(r)) => Ok(r?),
+            Ok(Err(_)) | Err(_) => Err(timed_out()),
+        }
+    }
+
     pub(super) async fn propose(&self, op: Op) -> Result<Applied, Status> {
         check(&op)?;
         self.require_leader()?;
@@ -87,14 +106,7 @@ impl Api {
         if prost::Message::encoded_len(&proposal) > MAX_REQUEST_BYTES {
             return Err(ApiError::invalid("etcdserver: request is too large").into());
         }
-        let (reply, rx) = oneshot::channel();
-        self.inputs
-            .send(Input::Propose { proposal, reply })
-            .map_err(|_| Status::unavailable("etcdserver: server stopped"))?;
-        let mut applied = match tokio::time::timeout(self.request_timeout, rx).await {
-            Ok(Ok(r)) => r?,
-            Ok(Err(_)) | Err(_) => return Err(timed_out()),
-        };
+        let mut applied = self.ask(|reply| Input::Propose { proposal, reply }).await?;
         let h = applied.header_mut();
         *h = self.header(h.as_ref().map_or(0, |h| h.revision));
         Ok(applied)
@@ -107,14 +119,14 @@ impl Api {
         let (reply, rx) = oneshot::channel();
         self.inputs
             .send(Input::Read { reply })
-            .map_err(|_| Status::unavailable("etcdserver: server stopped"))?;
+            .map_err(|_| stopped())?;
         let wait = async {
             let index = rx.await.map_err(|_| timed_out())??;
             let mut status = self.status.clone();
             status
                 .wait_for(|s| s.applied >= index)
                 .await
-                .map_err(|_| Status::unavailable("etcdserver: server stopped"))?;
+                .map_err(|_| stopped())?;
             Ok::<_, Status>(())
         };
         tokio::time::timeout(self.request_timeout, wait)
@@ -365,19 +377,13 @@ impl Api {
     /// Proposes a membership change and waits until this member has applied it.
     async fn change_member(&self, member: PbMember, remove: bool) -> Result<(), Status> {
         self.require_leader()?;
-        let (reply, rx) = oneshot::channel();
         let change = MemberChange {
             id: 0,
             member: Some(member),
             remove,
         };
-        self.inputs
-            .send(Input::ProposeMember { change, reply })
-            .map_err(|_| Status::unavailable("etcdserver: server stopped"))?;
-        match tokio::time::timeout(self.request_timeout, rx).await {
-            Ok(Ok(r)) => Ok(r?),
-            Ok(Err(_)) | Err(_) => Err(timed_out()),
-        }
+        self.ask(|reply| Input::ProposeMember { change, reply })
+            .await
     }
 }
 
@@ -482,16 +488,13 @@ impl PbMaintenanceService for Api {
         request: Request<PbMoveLeaderRequest>,
     ) -> Result<Response<PbMoveLeaderResponse>, Status> {
         let to = request.get_ref().target_id;
-        let (reply, rx) = oneshot::channel();
-        self.inputs
-            .send(Input::TransferLeader { to, reply })
-            .map_err(|_| Status::unavailable("etcdserver: server stopped"))?;
-        rx.await.map_err(|_| timed_out())??;
+        self.ask(|reply| Input::TransferLeader { to, reply })
+            .await?;
         let mut status = self.status.clone();
         tokio::time::timeout(self.request_timeout, status.wait_for(|s| s.leader == to))
             .await
             .map_err(|_| timed_out())?
-            .map_err(|_| Status::unavailable("etcdserver: server stopped"))?;
+            .map_err(|_| stopped())?;
         Ok(Response::new(PbMoveLeaderResponse {
             header: self.current_header(),
         }))

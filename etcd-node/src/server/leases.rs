@@ -10,7 +10,7 @@ use etcd_client::proto::{
     PbLeaseLeasesRequest, PbLeaseLeasesResponse, PbLeaseRevokeRequest, PbLeaseRevokeResponse,
     PbLeaseService, PbLeaseStatus, PbLeaseTimeToLiveRequest, PbLeaseTimeToLiveResponse,
 };
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::api::{Api, internal};
@@ -27,14 +27,7 @@ impl Api {
     /// The leader's answer about lease `id`: (remaining TTL, granted TTL), None if unknown.
     async fn ask_lease(&self, id: i64, renew: bool) -> Result<Option<(i64, i64)>, Status> {
         self.require_leader()?;
-        let (reply, rx) = oneshot::channel();
-        self.inputs
-            .send(Input::Lease { id, renew, reply })
-            .map_err(|_| Status::unavailable("etcdserver: server stopped"))?;
-        match tokio::time::timeout(self.request_timeout, rx).await {
-            Ok(Ok(answer)) => Ok(answer?),
-            Ok(Err(_)) | Err(_) => Err(Status::unavailable("etcdserver: request timed out")),
-        }
+        self.ask(|reply| Input::Lease { id, renew, reply }).await
     }
 }
 

@@ -255,10 +255,8 @@ impl RaftLoop {
                 st.next_id = st.next_id.wrapping_add(1);
                 proposal.id = st.next_id;
                 let data = proposal.encode_to_vec();
-                if self.raft.proposals_held() {
-                    st.held.push((data, Some(proposal.id)));
-                } else if self.raft.role() == Role::Leader {
-                    if let Err(r) = self.raft.propose(data) {
+                if self.raft.role() == Role::Leader {
+                    if let Err(r) = self.propose_or_hold(st, data, Some(proposal.id)) {
                         let _ = reply.send(Err(refused(&r)));
                         return;
                     }
@@ -321,12 +319,9 @@ impl RaftLoop {
             }
             Input::Peer { from, envelope } => match envelope {
                 Envelope::Raft(m) => self.raft.step(m),
-                Envelope::Forward(data) if self.raft.proposals_held() => {
-                    st.held.push((data, None));
-                }
                 Envelope::Forward(data) => {
                     // Refused (no longer the leader): the follower's client times out and retries.
-                    let _ = self.raft.propose(data);
+                    let _ = self.propose_or_hold(st, data, None);
                 }
                 Envelope::ForwardMember(data) => {
                     if let Err(e) = self.propose_member(data) {
@@ -416,12 +411,25 @@ impl RaftLoop {
                 op: Some(Op::LeaseRevoke(PbLeaseRevokeRequest { id })),
             }
             .encode_to_vec();
-            if self.raft.proposals_held() {
-                st.held.push((data, None));
-            } else if let Err(r) = self.raft.propose(data) {
+            if let Err(r) = self.propose_or_hold(st, data, None) {
                 tracing::info!(lease = id, error = %r, "could not propose an expired lease's revoke");
             }
         }
+    }
+
+    /// Proposes `data`, or keeps it for later while Raft holds proposals (with the id of its
+    /// local waiter, if any).
+    fn propose_or_hold(
+        &mut self,
+        st: &mut State,
+        data: Vec<u8>,
+        waiter: Option<u64>,
+    ) -> Result<(), Refused> {
+        if self.raft.proposals_held() {
+            st.held.push((data, waiter));
+            return Ok(());
+        }
+        self.raft.propose(data).map(drop)
     }
 
     /// Proposes what was held, once the hold is over.

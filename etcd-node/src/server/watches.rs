@@ -18,7 +18,7 @@ use prost::Message;
 use tokio::sync::{broadcast, mpsc};
 use tonic::{Request, Response, Status, Streaming};
 
-use super::api::{Api, MAX_REQUEST_BYTES};
+use super::api::{Api, MAX_REQUEST_BYTES, internal};
 use crate::mvcc::events::{DELETE, PUT};
 use crate::mvcc::request::in_range;
 
@@ -147,17 +147,12 @@ struct Stream {
 }
 
 fn store_error(e: impl std::fmt::Display) -> End {
-    End::Failed(Status::internal(e.to_string()))
+    End::Failed(internal(e))
 }
 
 impl Stream {
     fn header(&self, revision: u64) -> Option<PbResponseHeader> {
-        Some(PbResponseHeader {
-            cluster_id: self.api.cluster_id,
-            member_id: self.api.member_id,
-            revision: revision as i64,
-            raft_term: self.api.status.borrow().term,
-        })
+        self.api.header(revision as i64)
     }
 
     async fn send(&self, r: PbWatchResponse) -> Result<(), End> {
@@ -423,11 +418,7 @@ impl PbWatchService for Api {
         let (out, rx) = mpsc::channel(STREAM_BUFFER);
         // Subscribe before reading the revision: no batch after it can be missed.
         let hub = self.watches.subscribe();
-        let revision = self
-            .mvcc
-            .position()
-            .map_err(|e| Status::internal(e.to_string()))?
-            .revision;
+        let revision = self.mvcc.position().map_err(internal)?.revision;
         let stream = Stream {
             api: self.clone(),
             out: out.clone(),
