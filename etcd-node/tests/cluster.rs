@@ -1160,3 +1160,159 @@ fn etcdctl_moves_the_leader_and_hashes_the_key_space() {
         std::thread::sleep(Duration::from_millis(200));
     }
 }
+
+/// Runs etcdutl with `args`.
+fn etcdutl(args: &[&str]) -> Output {
+    std::process::Command::new(bins().1)
+        .args(args)
+        .output()
+        .expect("run etcdutl")
+}
+
+/// Disaster recovery, as docs/operations.md tells it: `etcdctl snapshot save`, every member
+/// lost, the old witness cleaned, `etcdutl snapshot restore` per member into a new cluster (new
+/// token, so new ids), then the restored cluster holds exactly the snapshot and its fresh
+/// witness works (a member killed, writes go on).
+#[test]
+fn a_snapshot_restores_into_a_new_cluster_with_a_clean_witness() {
+    let mut c = cluster();
+    let leader = c.wait_leader(LEADER_WAIT);
+    let eps: Vec<String> = c.members.iter().map(|m| m.endpoint()).collect();
+    for i in 0..40 {
+        ok(etcdctl(
+            &eps,
+            &["put", &format!("s/{i:02}"), &format!("v{i}")],
+            None,
+        ));
+    }
+    ok(etcdctl(&eps, &["del", "s/07"], None));
+    let granted = ok(etcdctl(&eps, &["lease", "grant", "600"], None));
+    let lease = granted
+        .split_whitespace()
+        .nth(1)
+        .expect("lease id")
+        .to_string();
+    ok(etcdctl(
+        &eps,
+        &["put", "--lease", &lease, "s/leased", "x"],
+        None,
+    ));
+    let file = c.dir.path().join("backup.db");
+    let file_arg = file.to_str().unwrap();
+    let saved = ok(etcdctl(
+        &[c.members[leader].endpoint()],
+        &["snapshot", "save", file_arg],
+        None,
+    ));
+    assert!(saved.contains("Snapshot saved"), "{saved}");
+    ok(etcdctl(&eps, &["put", "s/after", "lost"], None));
+    let old_ids = ok(etcdctl(&eps, &["member", "list"], None));
+
+    let status =
+        String::from_utf8(etcdutl(&["snapshot", "status", file_arg, "-w", "json"]).stdout).unwrap();
+    // 40 puts, a delete, a lease-attached put: revision 43; 39 + 1 live keys.
+    assert!(
+        status.contains("\"revision\":43") && status.contains("\"totalKey\":40"),
+        "{status}"
+    );
+
+    c.stop(0);
+    c.stop(1);
+    for i in 0..2 {
+        let dir = c.data_dir(i);
+        std::fs::rename(&dir, dir.with_extension("lost")).unwrap();
+    }
+    let restore = |c: &Cluster, i: usize| {
+        let m = &c.members[i];
+        let dir = c.data_dir(i);
+        etcdutl(&[
+            "snapshot",
+            "restore",
+            file_arg,
+            "--name",
+            &m.name,
+            "--data-dir",
+            dir.to_str().unwrap(),
+            "--initial-cluster",
+            c.initial_cluster(),
+            "--initial-cluster-token",
+            "restored",
+            "--initial-advertise-peer-urls",
+            &m.peer_url(),
+        ])
+    };
+    // The old witness still holds the old cluster's term and log position: refused, nothing
+    // written.
+    let refused = restore(&c, 0);
+    let why = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        !refused.status.success() && why.contains("witness init --force"),
+        "{why}"
+    );
+    assert!(!c.data_dir(0).exists());
+
+    let cleaned = etcdutl(&[
+        "witness",
+        "init",
+        "--force",
+        "--name",
+        "w",
+        "--advertise-peer-url",
+        &c.witness_url,
+    ]);
+    assert!(
+        cleaned.status.success(),
+        "{}",
+        String::from_utf8_lossy(&cleaned.stderr)
+    );
+    for i in 0..2 {
+        let out = restore(&c, i);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    c.start_member(0);
+    c.start_member(1);
+    c.wait_leader(LEADER_WAIT);
+
+    let keys = ok(etcdctl(
+        &eps,
+        &["get", "s/", "--prefix", "--keys-only"],
+        None,
+    ));
+    let keys: Vec<&str> = keys.lines().filter(|l| !l.is_empty()).collect();
+    let mut want: Vec<String> = (0..40)
+        .filter(|i| *i != 7)
+        .map(|i| format!("s/{i:02}"))
+        .collect();
+    want.push("s/leased".into());
+    assert_eq!(keys, want, "exactly the snapshot's keys");
+    let leases = ok(etcdctl(&eps, &["lease", "list"], None));
+    assert!(leases.contains(&lease), "{leases}");
+    let new_ids = ok(etcdctl(&eps, &["member", "list"], None));
+    assert_ne!(old_ids, new_ids, "a new token gives new member ids");
+    assert_eq!(new_ids.lines().count(), 3, "{new_ids}");
+    let hashes = ok(etcdctl(&eps, &["endpoint", "hashkv"], None));
+    let hashes: Vec<&str> = hashes
+        .lines()
+        .map(|l| l.rsplit(", ").next().unwrap())
+        .collect();
+    assert!(hashes.len() == 2 && hashes[0] == hashes[1], "{hashes:?}");
+    // The revision continues from the snapshot's.
+    let put = ok(etcdctl(&eps, &["put", "s/new", "1", "-w", "json"], None));
+    assert!(put.contains("\"revision\":44"), "{put}");
+
+    // The fresh witness serves the new cluster: lose a member, writes go on.
+    let leader = c.wait_leader(LEADER_WAIT);
+    c.kill(1 - leader);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let url = c.members[leader].url();
+    assert!(rt.block_on(put_until(
+        &url,
+        "s/with-witness",
+        "y",
+        Duration::from_secs(30)
+    )));
+}

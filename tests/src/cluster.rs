@@ -126,6 +126,18 @@ impl Cluster {
         c
     }
 
+    /// The `--initial-cluster` every member is started with.
+    pub fn initial_cluster(&self) -> &str {
+        &self.initial_cluster
+    }
+
+    /// Member `i`'s `--data-dir`.
+    pub fn data_dir(&self, i: usize) -> PathBuf {
+        self.dir
+            .path()
+            .join(format!("{}.etcd", self.members[i].name))
+    }
+
     pub fn endpoints(&self) -> Vec<String> {
         self.members.iter().map(Member::url).collect()
     }
@@ -165,7 +177,7 @@ impl Cluster {
         let child = Command::new(&self.node_bin)
             .args(["--name", &m.name])
             .arg("--data-dir")
-            .arg(self.dir.path().join(format!("{}.etcd", m.name)))
+            .arg(self.data_dir(i))
             .args(["--listen-client-urls", &m.url()])
             .args(["--advertise-client-urls", &m.url()])
             .args(["--listen-peer-urls", &peer])

@@ -1,9 +1,15 @@
-//! etcdutl: offline tools for etcd-node. `etcdutl witness init|status`.
+//! etcdutl: offline tools for etcd-node. `etcdutl witness init|status`, `etcdutl snapshot
+//! restore|status`.
 
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
+use etcd_node::config::ServerConfig;
+use etcd_node::mvcc::summarize;
+use etcd_node::server::restore::{RestoreOptions, restore};
+use etcd_node::storage::backup;
 use etcd_node::witness::{InitOptions, init, status};
 use witness_core::WitnessUrl;
 
@@ -19,6 +25,57 @@ enum Command {
     /// Manage a witness: a logless tie-breaker on shared storage.
     #[command(subcommand)]
     Witness(WitnessCommand),
+    /// Restore or inspect a snapshot file saved with `etcdctl snapshot save`.
+    #[command(subcommand)]
+    Snapshot(SnapshotCommand),
+}
+
+#[derive(Subcommand, Debug)]
+enum SnapshotCommand {
+    /// Build a new member's data directory from a snapshot, for a new cluster whose members
+    /// are given by --initial-cluster (run it once per regular member, with the same file and
+    /// the same cluster flags).
+    Restore {
+        /// The snapshot file.
+        file: PathBuf,
+        /// This member's name.
+        #[arg(long, default_value = "default")]
+        name: String,
+        /// The data directory to create (default <name>.etcd); it must not exist yet.
+        #[arg(long = "data-dir")]
+        data_dir: Option<PathBuf>,
+        /// The new cluster: NAME=peer URL,... including the witness (NAME=witness:...).
+        #[arg(long = "initial-cluster")]
+        initial_cluster: Option<String>,
+        /// The new cluster's token (member and cluster ids derive from it and the peer URLs).
+        #[arg(long = "initial-cluster-token", default_value = "etcd-cluster")]
+        initial_cluster_token: String,
+        /// This member's peer URLs, as in --initial-cluster.
+        #[arg(
+            long = "initial-advertise-peer-urls",
+            default_value = "http://localhost:2380"
+        )]
+        initial_advertise_peer_urls: String,
+        /// Restore even if the file's SHA-256 does not match its contents.
+        #[arg(long = "skip-hash-check")]
+        skip_hash_check: bool,
+        /// Raise the restored revision by this much (needs --mark-compacted), so clients that
+        /// remember a newer revision of the lost cluster are not confused.
+        #[arg(long = "bump-revision", default_value_t = 0)]
+        bump_revision: u64,
+        /// Compact everything before the restored revision: older reads and watches get
+        /// "required revision has been compacted" and start over.
+        #[arg(long = "mark-compacted")]
+        mark_compacted: bool,
+    },
+    /// Show what a snapshot file holds.
+    Status {
+        /// The snapshot file.
+        file: PathBuf,
+        /// Output format.
+        #[arg(short = 'w', long = "write-out", value_enum, default_value_t = Format::Table)]
+        write_out: Format,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -108,8 +165,90 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 Format::Json => println!("{}", serde_json::to_string_pretty(&report)?),
             }
         }
+        Command::Snapshot(SnapshotCommand::Restore {
+            file,
+            name,
+            data_dir,
+            initial_cluster,
+            initial_cluster_token,
+            initial_advertise_peer_urls,
+            skip_hash_check,
+            bump_revision,
+            mark_compacted,
+        }) => {
+            // The cluster flags mean what they mean to etcd-node: check them the same way.
+            let mut args = vec![
+                "etcdutl snapshot restore".to_string(),
+                format!("--name={name}"),
+                format!("--initial-cluster-token={initial_cluster_token}"),
+                format!("--initial-advertise-peer-urls={initial_advertise_peer_urls}"),
+            ];
+            args.extend(initial_cluster.map(|c| format!("--initial-cluster={c}")));
+            args.extend(data_dir.map(|d| format!("--data-dir={}", d.display())));
+            let cfg = ServerConfig::from_args(args).map_err(anyhow::Error::msg)?;
+            let bytes = read_snapshot(&file)?;
+            let opts = RestoreOptions {
+                skip_hash_check,
+                bump_revision,
+                mark_compacted,
+            };
+            let r = restore(&cfg, &bytes, &opts)
+                .await
+                .with_context(|| format!("etcdutl snapshot restore {}", file.display()))?;
+            println!(
+                "restored member {name} ({:x}) of cluster {:x} into {}: revision {}, {} keys",
+                r.member_id,
+                r.cluster_id,
+                r.data_dir.display(),
+                r.summary.revision,
+                r.summary.keys
+            );
+        }
+        Command::Snapshot(SnapshotCommand::Status { file, write_out }) => {
+            let bytes = read_snapshot(&file)?;
+            let what = || format!("etcdutl snapshot status {}", file.display());
+            let dump = backup::open(&bytes, true)
+                .map_err(anyhow::Error::msg)
+                .with_context(what)?;
+            let s = summarize(dump)
+                .map_err(anyhow::Error::msg)
+                .with_context(what)?;
+            let hash = crc32c::crc32c(dump);
+            match write_out {
+                Format::Table => {
+                    println!(
+                        "HASH      REVISION  TOTAL KEYS  TOTAL SIZE  COMPACTED  VERSIONS  LEASES"
+                    );
+                    println!(
+                        "{hash:08x}  {:<8}  {:<10}  {:<10}  {:<9}  {:<8}  {}",
+                        s.revision,
+                        s.keys,
+                        bytes.len(),
+                        s.compacted,
+                        s.versions,
+                        s.leases
+                    );
+                }
+                Format::Json => println!(
+                    "{}",
+                    serde_json::json!({
+                        "hash": hash,
+                        "revision": s.revision,
+                        "totalKey": s.keys,
+                        "totalSize": bytes.len(),
+                        "compactRevision": s.compacted,
+                        "versions": s.versions,
+                        "leases": s.leases,
+                    })
+                ),
+            }
+        }
     }
     Ok(())
+}
+
+fn read_snapshot(file: &std::path::Path) -> anyhow::Result<Vec<u8>> {
+    std::fs::read(file).with_context(|| format!("reading the snapshot file {}", file.display()))
 }
 
 fn main() -> ExitCode {

@@ -455,6 +455,11 @@ impl Mvcc {
 
     /// The whole key space as bytes (the data of a Raft snapshot).
     pub fn dump(&self) -> Result<Vec<u8>, StoreError> {
+        Ok(self.dump_with_revision()?.0)
+    }
+
+    /// As [`Mvcc::dump`], with the revision the dump is at.
+    pub fn dump_with_revision(&self) -> Result<(Vec<u8>, u64), StoreError> {
         let tx = self.db.begin_read().map_err(|e| self.fail(e))?;
         let history = tx.open_table(HISTORY).map_err(|e| self.fail(e))?;
         let meta = tx.open_table(META).map_err(|e| self.fail(e))?;
@@ -479,7 +484,7 @@ impl Mvcc {
                 record: v.value().to_vec(),
             });
         }
-        Ok(dump.encode_to_vec())
+        Ok((dump.encode_to_vec(), dump.revision))
     }
 
     /// Replaces the key space with a dump taken at Raft index `applied`, durably.
@@ -546,6 +551,72 @@ impl Mvcc {
         tx.commit().map_err(|e| self.fail(e))?;
         Ok(())
     }
+}
+
+/// What a dump holds (`etcdutl snapshot status`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DumpSummary {
+    pub revision: u64,
+    pub compacted: u64,
+    /// Live keys at `revision`.
+    pub keys: u64,
+    /// Rows of history (every kept version of every key, tombstones included).
+    pub versions: u64,
+    pub leases: u64,
+}
+
+fn decode_dump(data: &[u8]) -> Result<PbDump, String> {
+    PbDump::decode(data).map_err(|e| format!("the key space in the snapshot does not decode: {e}"))
+}
+
+/// Summarises a dump.
+pub fn summarize(data: &[u8]) -> Result<DumpSummary, String> {
+    let dump = decode_dump(data)?;
+    Ok(DumpSummary {
+        revision: dump.revision,
+        compacted: dump.compacted,
+        keys: newest_live(&dump.history)?.len() as u64,
+        versions: dump.history.len() as u64,
+        leases: dump.leases.len() as u64,
+    })
+}
+
+/// The newest row of each live key (rows come in (key, revision) order, so a key's last row
+/// says whether it is live).
+fn newest_live(history: &[PbDumpEntry]) -> Result<Vec<&PbDumpEntry>, String> {
+    let mut out = Vec::new();
+    for (i, e) in history.iter().enumerate() {
+        let last_of_key = history.get(i + 1).is_none_or(|n| n.key != e.key);
+        let kv = PbKeyValue::decode(e.record.as_slice())
+            .map_err(|err| format!("a record in the snapshot does not decode: {err}"))?;
+        if last_of_key && kv.version != 0 {
+            out.push(e);
+        }
+    }
+    Ok(out)
+}
+
+/// A dump for a restored cluster (`etcdutl snapshot restore`): its members replaced by
+/// `members`; the revision raised by `bump`; with `mark_compacted`, everything before the
+/// (bumped) revision compacted away, so watchers and readers of an older revision are told to
+/// start over instead of silently missing what happened after the snapshot.
+pub fn rewrite(
+    data: &[u8],
+    members: Vec<PbMember>,
+    bump: u64,
+    mark_compacted: bool,
+) -> Result<Vec<u8>, String> {
+    let mut dump = decode_dump(data)?;
+    dump.members = members;
+    dump.revision = dump
+        .revision
+        .checked_add(bump)
+        .ok_or("--bump-revision overflows the revision")?;
+    if mark_compacted {
+        dump.compacted = dump.revision;
+        dump.history = newest_live(&dump.history)?.into_iter().cloned().collect();
+    }
+    Ok(dump.encode_to_vec())
 }
 
 /// A stored record back into a `KeyValue` (the key is not stored in the record).

@@ -16,10 +16,13 @@ use super::watches::WatchHub;
 use crate::config::HttpUrl;
 use crate::mvcc::{ApiError, MemberChange, Mvcc, Op, Proposal, Response as Applied, check};
 use crate::raft::NodeId;
+use crate::storage::backup;
 use witness_core::WitnessUrl;
 
 /// etcd's default `--max-request-bytes`.
 pub const MAX_REQUEST_BYTES: usize = 1536 * 1024;
+/// The size of the pieces a snapshot is streamed in (etcd's).
+const SNAPSHOT_CHUNK: usize = 32 * 1024;
 /// How long Status reports a failed witness step (unless a later step succeeds).
 const WITNESS_ERROR_WINDOW: Duration = Duration::from_secs(30);
 /// The version reported by Status: etcd clients check it (this API matches etcd 3.5's).
@@ -475,11 +478,38 @@ impl PbMaintenanceService for Api {
     type SnapshotStream =
         tokio_stream::wrappers::ReceiverStream<Result<PbSnapshotResponse, Status>>;
 
+    /// This member's key space at one revision, as a sealed snapshot file
+    /// (`storage::backup`), in chunks; the header carries the revision.
     async fn snapshot(
         &self,
         _: Request<PbSnapshotRequest>,
     ) -> Result<Response<Self::SnapshotStream>, Status> {
-        Err(not_yet("Snapshot"))
+        let mvcc = self.mvcc.clone();
+        let (dump, revision) = tokio::task::spawn_blocking(move || mvcc.dump_with_revision())
+            .await
+            .map_err(internal)?
+            .map_err(internal)?;
+        let file = backup::seal(&dump);
+        let header = self.header(revision as i64);
+        let (tx, rx) = tokio::sync::mpsc::channel(4);
+        tokio::spawn(async move {
+            let mut remaining = file.len();
+            for chunk in file.chunks(SNAPSHOT_CHUNK) {
+                remaining -= chunk.len();
+                let message = PbSnapshotResponse {
+                    header: header.clone(),
+                    remaining_bytes: remaining as u64,
+                    blob: chunk.to_vec(),
+                    version: VERSION.into(),
+                };
+                if tx.send(Ok(message)).await.is_err() {
+                    return; // the client went away
+                }
+            }
+        });
+        Ok(Response::new(tokio_stream::wrappers::ReceiverStream::new(
+            rx,
+        )))
     }
     /// On the leader: hands leadership to a regular voter (never the witness) and answers once
     /// the target leads.

@@ -9,6 +9,7 @@ pub mod lessor;
 pub mod metrics;
 pub mod node;
 pub mod peer;
+pub mod restore;
 pub mod watches;
 pub mod wire;
 
@@ -85,31 +86,13 @@ async fn open_storage(cfg: &ServerConfig) -> anyhow::Result<(DiskStorage, Arc<Mv
         tracing::warn!(snapshot = %s, "skipped a snapshot file that failed its checks");
     }
     let mvcc = Arc::new(Mvcc::open(&member_dir.join("kv.redb"))?);
-    let from_flags = || -> Vec<PbMember> {
-        cfg.initial_cluster
-            .iter()
-            .map(|m| PbMember {
-                id: m.id,
-                name: m.name.clone(),
-                peer_ur_ls: m.peer_texts.clone(),
-                ..Default::default()
-            })
-            .collect()
-    };
     if disk.is_empty() {
         match cfg.initial_cluster_state {
             ClusterState::New => {
-                let regular = cfg
-                    .initial_cluster
-                    .iter()
-                    .filter(|m| matches!(m.peer, PeerUrls::Regular(_)))
-                    .map(|m| m.id);
-                let witness = cfg.witness().map(|(m, _)| m.id);
-                let membership = Membership::new(regular, witness)
-                    .map_err(|e| anyhow::anyhow!("--initial-cluster: {e}"))?;
-                mvcc.seed_members(&from_flags())?;
+                mvcc.seed_members(&initial_members(cfg))?;
                 mvcc.set_identity(cfg.member_id, cfg.cluster_id)?;
-                disk.bootstrap(membership).map_err(anyhow::Error::msg)?;
+                disk.bootstrap(initial_membership(cfg)?, Vec::new())
+                    .map_err(anyhow::Error::msg)?;
                 tracing::info!(
                     members = cfg.initial_cluster.len(),
                     "bootstrapped a new cluster"
@@ -130,7 +113,7 @@ async fn open_storage(cfg: &ServerConfig) -> anyhow::Result<(DiskStorage, Arc<Mv
     let ids = match mvcc.identity()? {
         (0, _) => {
             // A data directory from before the ids were stored: they are the flags' ones.
-            mvcc.seed_members(&from_flags())?;
+            mvcc.seed_members(&initial_members(cfg))?;
             mvcc.set_identity(cfg.member_id, cfg.cluster_id)?;
             Ids {
                 member: cfg.member_id,
@@ -158,6 +141,30 @@ async fn open_storage(cfg: &ServerConfig) -> anyhow::Result<(DiskStorage, Arc<Mv
         );
     }
     Ok((disk, mvcc, ids))
+}
+
+/// The members `--initial-cluster` names, as the key space stores them.
+fn initial_members(cfg: &ServerConfig) -> Vec<PbMember> {
+    cfg.initial_cluster
+        .iter()
+        .map(|m| PbMember {
+            id: m.id,
+            name: m.name.clone(),
+            peer_ur_ls: m.peer_texts.clone(),
+            ..Default::default()
+        })
+        .collect()
+}
+
+/// The voters `--initial-cluster` names.
+fn initial_membership(cfg: &ServerConfig) -> anyhow::Result<Membership> {
+    let regular = cfg
+        .initial_cluster
+        .iter()
+        .filter(|m| matches!(m.peer, PeerUrls::Regular(_)))
+        .map(|m| m.id);
+    let witness = cfg.witness().map(|(m, _)| m.id);
+    Membership::new(regular, witness).map_err(|e| anyhow::anyhow!("--initial-cluster: {e}"))
 }
 
 /// For `--initial-cluster-state existing` on an empty data directory: asks the running members

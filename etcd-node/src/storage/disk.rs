@@ -102,9 +102,13 @@ impl DiskStorage {
     }
 
     /// Makes a new member of a new cluster: the committed starting position every member shares
-    /// (see [`crate::raft::MemStorage::bootstrap`]).
-    pub fn bootstrap(&mut self, membership: Membership) -> Result<(), String> {
+    /// (see [`crate::raft::MemStorage::bootstrap`]), holding the key space `data` (empty, or a
+    /// restored snapshot's).
+    pub fn bootstrap(&mut self, membership: Membership, data: Vec<u8>) -> Result<(), String> {
         let boot = MemStorage::bootstrap(membership);
+        let mut snapshot = boot.snapshot();
+        snapshot.data = data;
+        let boot = MemStorage::from_parts(boot.hard_state(), snapshot, Vec::new());
         self.write_snapshot(&boot.snapshot())?;
         self.wal
             .save(Some(boot.hard_state()), &[])
@@ -204,7 +208,7 @@ mod tests {
         {
             let (mut s, _) = DiskStorage::open(dir.path()).unwrap();
             assert!(s.is_empty());
-            s.bootstrap(membership.clone()).unwrap();
+            s.bootstrap(membership.clone(), Vec::new()).unwrap();
             s.persist(&batch(vec![entry(2, 2), entry(3, 2)], 2))
                 .unwrap();
             s.persist(&batch(vec![entry(3, 3)], 2)).unwrap();
@@ -222,7 +226,8 @@ mod tests {
     fn compaction_drops_covered_segments_and_restart_sees_snapshot_plus_tail() {
         let dir = tempfile::tempdir().unwrap();
         let (mut s, _) = DiskStorage::open_with(dir.path(), 2048).unwrap();
-        s.bootstrap(Membership::new([1], None).unwrap()).unwrap();
+        s.bootstrap(Membership::new([1], None).unwrap(), Vec::new())
+            .unwrap();
         for i in 2..=200 {
             s.persist(&batch(vec![entry(i, 2)], i - 1)).unwrap();
         }
@@ -256,7 +261,8 @@ mod tests {
         };
         let (mut s, _) = DiskStorage::open_with(Path::new(&dir), 4096).unwrap();
         if s.is_empty() {
-            s.bootstrap(Membership::new([1], None).unwrap()).unwrap();
+            s.bootstrap(Membership::new([1], None).unwrap(), Vec::new())
+                .unwrap();
         }
         let start = s.entries().last().map_or(2, |e| e.index + 1);
         for i in start..start + 1000 {

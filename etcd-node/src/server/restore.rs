@@ -1,0 +1,151 @@
+//! `etcdutl snapshot restore`: a new member's data directory from a snapshot file, for a new
+//! cluster whose membership is given by etcd's flags (`--initial-cluster` and friends).
+//!
+//! Invariants: the data directory is built aside and renamed into place only when complete, so
+//! a failed restore leaves nothing a member could start from; every member restored from the
+//! same file with the same flags starts from the same committed position holding the same key
+//! space (the bootstrap snapshot at index 1 carries it); an existing data directory is never
+//! touched; a witness that still holds another cluster's (or the old cluster's) state is
+//! refused, because its term and log position would outvote the restored members' logs.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, bail};
+use witness_core::WitnessUrl;
+
+use super::{initial_members, initial_membership};
+use crate::config::ServerConfig;
+use crate::mvcc::{self, DumpSummary, Mvcc};
+use crate::storage::backup;
+use crate::storage::disk::DiskStorage;
+use crate::witness::open_store;
+
+/// How to restore.
+#[derive(Debug, Clone, Default)]
+pub struct RestoreOptions {
+    /// Restore even when the file's SHA-256 does not match.
+    pub skip_hash_check: bool,
+    /// Raise the restored revision by this much (etcd's `--bump-revision`).
+    pub bump_revision: u64,
+    /// Compact everything before the restored revision (etcd's `--mark-compacted`).
+    pub mark_compacted: bool,
+}
+
+/// What a restore produced.
+#[derive(Debug, Clone)]
+pub struct RestoreReport {
+    pub data_dir: PathBuf,
+    pub member_id: u64,
+    pub cluster_id: u64,
+    /// The restored key space (after any bump).
+    pub summary: DumpSummary,
+}
+
+/// Builds `cfg.data_dir` for member `cfg.name` from the snapshot file `file`.
+pub async fn restore(
+    cfg: &ServerConfig,
+    file: &[u8],
+    opts: &RestoreOptions,
+) -> anyhow::Result<RestoreReport> {
+    if opts.bump_revision > 0 && !opts.mark_compacted {
+        bail!(
+            "--bump-revision needs --mark-compacted: readers and watchers of a revision from \
+             before the restore must be told it is gone, not shown a different history"
+        );
+    }
+    let dir = &cfg.data_dir;
+    if dir.exists() && std::fs::read_dir(dir).map_or(true, |mut d| d.next().is_some()) {
+        bail!(
+            "--data-dir {} already exists and is not empty; restore into a new directory (a \
+             restore never overwrites a member's data)",
+            dir.display()
+        );
+    }
+    let dump = backup::open(file, !opts.skip_hash_check).map_err(anyhow::Error::msg)?;
+    if let Some((member, url)) = cfg.witness() {
+        check_witness_is_fresh(&member.name, url).await?;
+    }
+    let data = mvcc::rewrite(
+        dump,
+        initial_members(cfg),
+        opts.bump_revision,
+        opts.mark_compacted,
+    )
+    .map_err(anyhow::Error::msg)?;
+    let summary = mvcc::summarize(&data).map_err(anyhow::Error::msg)?;
+
+    let aside = aside_path(dir);
+    if aside.exists() {
+        // A restore that failed earlier: nothing could have used it.
+        std::fs::remove_dir_all(&aside)
+            .with_context(|| format!("removing the unfinished restore {}", aside.display()))?;
+    }
+    build(cfg, &aside, data).with_context(|| format!("restoring into {}", aside.display()))?;
+    std::fs::rename(&aside, dir)
+        .with_context(|| format!("renaming {} to {}", aside.display(), dir.display()))?;
+    if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+        std::fs::File::open(parent)
+            .and_then(|d| d.sync_all())
+            .with_context(|| format!("syncing {}", parent.display()))?;
+    }
+    Ok(RestoreReport {
+        data_dir: dir.clone(),
+        member_id: cfg.member_id,
+        cluster_id: cfg.cluster_id,
+        summary,
+    })
+}
+
+/// `<data-dir>.restoring`, next to the data directory (same file system, so the rename is
+/// atomic).
+fn aside_path(dir: &Path) -> PathBuf {
+    let mut name = dir.file_name().unwrap_or_default().to_os_string();
+    name.push(".restoring");
+    dir.with_file_name(name)
+}
+
+/// Writes the member's storage under `root`: the key space (durably), then the bootstrap
+/// snapshot that holds it.
+fn build(cfg: &ServerConfig, root: &Path, data: Vec<u8>) -> anyhow::Result<()> {
+    let member_dir = root.join("member");
+    std::fs::create_dir_all(&member_dir)?;
+    let mvcc = Mvcc::open(&member_dir.join("kv.redb"))?;
+    mvcc.restore(&data, 1)?;
+    mvcc.set_identity(cfg.member_id, cfg.cluster_id)?;
+    let (mut disk, _) = DiskStorage::open(&member_dir).map_err(anyhow::Error::msg)?;
+    disk.bootstrap(initial_membership(cfg)?, data)
+        .map_err(anyhow::Error::msg)?;
+    Ok(())
+}
+
+/// The restored cluster needs a witness with no past: the old one's term and log position
+/// come from the old cluster's log, which the restored members do not have.
+async fn check_witness_is_fresh(name: &str, url: &WitnessUrl) -> anyhow::Result<()> {
+    let clean = format!(
+        "stop every member of the old cluster, then clean it with `etcdutl witness init --force \
+         --name {name} --advertise-peer-url '{url}'` (or initialise a witness at a new location \
+         and name that in --initial-cluster)"
+    );
+    let store = open_store(url).with_context(|| format!("--initial-cluster {name}={url}"))?;
+    let loaded = store
+        .load()
+        .await
+        .with_context(|| format!("reading the witness {name}={url}"))?;
+    let Some(loaded) = loaded else {
+        bail!(
+            "the witness {name}={url} is not initialised: run `etcdutl witness init --name \
+             {name} --advertise-peer-url '{url}'` first"
+        );
+    };
+    let s = &loaded.state;
+    if s.cluster_id != 0 || s.term != 0 || s.last_log_term != 0 {
+        bail!(
+            "the witness {name}={url} still holds a cluster's state (cluster {:x}, term {}, \
+             last entry term {}): {clean}",
+            s.cluster_id,
+            s.term,
+            s.last_log_term
+        );
+    }
+    Ok(())
+}
