@@ -571,3 +571,70 @@ fn leases_attach_keys_and_a_revoke_deletes_them_in_one_revision() {
         "etcdserver: requested lease not found"
     );
 }
+
+#[test]
+fn a_restore_dump_gets_new_members_and_optionally_a_bumped_compacted_revision() {
+    let mut f = fixture();
+    f.apply(put("a", "1")).unwrap();
+    f.apply(put("a", "2")).unwrap();
+    f.apply(put("b", "1")).unwrap();
+    f.apply(del("b", "")).unwrap();
+    f.apply(put("c", "1")).unwrap(); // revision 6
+    let dump = f.mvcc.dump().unwrap();
+    let s = summarize(&dump).unwrap();
+    assert_eq!((s.revision, s.compacted, s.keys, s.versions), (6, 0, 2, 5));
+
+    let new = PbMember {
+        id: 42,
+        name: "fresh".into(),
+        ..Default::default()
+    };
+    let same = rewrite(&dump, vec![new.clone()], 0, false).unwrap();
+    let restored = fixture();
+    restored.mvcc.restore(&same, 1).unwrap();
+    assert_eq!(restored.mvcc.members().unwrap(), vec![new.clone()]);
+    assert_eq!(restored.mvcc.position().unwrap().revision, 6);
+    assert_eq!(
+        restored.mvcc.range(&get("a", "")).unwrap(),
+        f.mvcc.range(&get("a", "")).unwrap(),
+        "the same history, revisions and versions"
+    );
+
+    let bumped = rewrite(&dump, vec![new], 100, true).unwrap();
+    let s = summarize(&bumped).unwrap();
+    assert_eq!(
+        (s.revision, s.compacted, s.keys, s.versions),
+        (106, 106, 2, 2)
+    );
+    let mut restored = fixture();
+    restored.mvcc.restore(&bumped, 1).unwrap();
+    let old = PbRangeRequest {
+        revision: 5,
+        ..get("a", "")
+    };
+    assert_eq!(
+        restored.mvcc.range(&old).unwrap().unwrap_err().message,
+        ApiError::compacted().message
+    );
+    let r = restored.mvcc.range(&get("\0", "\0")).unwrap().unwrap();
+    let values: Vec<_> = r
+        .kvs
+        .iter()
+        .map(|kv| (kv.key.clone(), kv.value.clone()))
+        .collect();
+    assert_eq!(
+        values,
+        vec![
+            (b"a".to_vec(), b"2".to_vec()),
+            (b"c".to_vec(), b"1".to_vec())
+        ]
+    );
+    restored.index = 1;
+    let mut next = restored.apply(put("d", "1")).unwrap();
+    assert_eq!(
+        next.header_mut().as_ref().unwrap().revision,
+        107,
+        "writes continue after the bump"
+    );
+    assert!(rewrite(b"\xff\xff", Vec::new(), 0, false).is_err());
+}
