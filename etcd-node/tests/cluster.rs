@@ -1316,3 +1316,72 @@ fn a_snapshot_restores_into_a_new_cluster_with_a_clean_witness() {
         Duration::from_secs(30)
     )));
 }
+
+/// `--quota-backend-bytes` as etcd: writes fill the file until one is refused with etcd's
+/// error and NOSPACE is raised for the whole cluster (the other member refuses writes too);
+/// reads and deletes still work; after compaction, `etcdctl defrag` on both members and
+/// `etcdctl alarm disarm`, writes are accepted again.
+#[test]
+fn a_full_quota_raises_nospace_until_compact_defrag_and_disarm() {
+    let (node, etcdutl) = bins();
+    let c = Cluster::start(node, etcdutl, &["--quota-backend-bytes", "6000000"]);
+    c.wait_leader(LEADER_WAIT);
+    let eps: Vec<String> = c.members.iter().map(|m| m.endpoint()).collect();
+    let first = std::slice::from_ref(&eps[0]);
+    let second = std::slice::from_ref(&eps[1]);
+    let value = "x".repeat(100_000);
+    let mut refused = None;
+    for i in 0..200 {
+        let out = etcdctl(first, &["put", &format!("q/{}", i % 5), &value], None);
+        if !out.status.success() {
+            refused = Some((i, String::from_utf8_lossy(&out.stderr).to_string()));
+            break;
+        }
+    }
+    let (at, why) = refused.expect("200 puts of 100 kB never reached a 6 MB quota");
+    assert!(at > 10, "refused too early, at put {at}: {why}");
+    assert!(
+        why.contains("etcdserver: mvcc: database space exceeded"),
+        "{why}"
+    );
+    for ep in [first, second] {
+        let alarms = ok(etcdctl(ep, &["alarm", "list"], None));
+        assert!(alarms.contains("alarm:NOSPACE"), "{ep:?}: {alarms}");
+        let out = etcdctl(ep, &["put", "q/more", "1"], None);
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("database space exceeded"),
+            "{ep:?} refuses writes"
+        );
+    }
+    let status = ok(etcdctl(&eps, &["endpoint", "status"], None));
+    assert!(status.contains("alarm:NOSPACE"), "{status}");
+    assert_eq!(
+        ok(etcdctl(second, &["get", "q/1", "--print-value-only"], None)).len(),
+        100_001
+    );
+
+    ok(etcdctl(first, &["del", "q/", "--prefix"], None));
+    let put = etcdctl(first, &["put", "q/more", "1"], None);
+    assert!(!put.status.success(), "still refused before disarm");
+    let rev = ok(etcdctl(first, &["get", "q/", "-w", "json"], None));
+    let rev = rev
+        .split("\"revision\":")
+        .nth(1)
+        .and_then(|s| s.split(|c: char| !c.is_ascii_digit()).next())
+        .expect("a revision in the header")
+        .to_string();
+    ok(etcdctl(first, &["compact", &rev], None));
+    let before = c.metric(0, "etcd_mvcc_db_total_size_in_bytes").unwrap();
+    let defrag = ok(etcdctl(&eps, &["defrag"], None));
+    assert_eq!(
+        defrag.matches("Finished defragmenting").count(),
+        2,
+        "{defrag}"
+    );
+    let after = c.metric(0, "etcd_mvcc_db_total_size_in_bytes").unwrap();
+    assert!(after < 6_000_000.0 && after < before, "{before} -> {after}");
+    let disarmed = ok(etcdctl(first, &["alarm", "disarm"], None));
+    assert!(disarmed.contains("alarm:NOSPACE"), "{disarmed}");
+    assert_eq!(ok(etcdctl(second, &["alarm", "list"], None)), "");
+    assert_eq!(ok(etcdctl(second, &["put", "q/more", "1"], None)), "OK\n");
+}

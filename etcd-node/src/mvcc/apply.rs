@@ -3,20 +3,26 @@
 //! nothing (a delete of no key, a read-only Txn) leaves the revision alone, as in etcd.
 
 use etcd_client::proto::{
-    PbCompactionResponse, PbDeleteRequest, PbDeleteResponse, PbEvent, PbKeyValue,
-    PbLeaseGrantRequest, PbLeaseGrantResponse, PbLeaseRevokeResponse, PbPutRequest, PbPutResponse,
-    PbRangeResponse, PbResponseHeader, PbResponseOp, PbTargetUnion, PbTxnOpRequest,
-    PbTxnOpResponse, PbTxnRequest, PbTxnRequestOp, PbTxnResponse,
+    PbAlarmMember, PbAlarmRequest, PbAlarmResponse, PbCompactionResponse, PbDeleteRequest,
+    PbDeleteResponse, PbEvent, PbKeyValue, PbLeaseGrantRequest, PbLeaseGrantResponse,
+    PbLeaseRevokeResponse, PbPutRequest, PbPutResponse, PbRangeResponse, PbResponseHeader,
+    PbResponseOp, PbTargetUnion, PbTxnOpRequest, PbTxnOpResponse, PbTxnRequest, PbTxnRequestOp,
+    PbTxnResponse,
 };
 use prost::Message;
 use redb::{ReadableTable, Table, WriteTransaction};
 
 use super::events::event;
 use super::range::{self, scan_current};
-use super::request::{Op, Response};
+use super::request::{Op, Response, needs_space};
 use super::{
-    ApiError, CURRENT, HISTORY, LEASE_KEYS, LEASES, META, decode_kv, lease_keys_of, meta_get,
+    ALARMS, ApiError, CURRENT, HISTORY, LEASE_KEYS, LEASES, META, decode_kv, lease_keys_of,
+    meta_get,
 };
+
+/// etcd's alarm types (`AlarmType`).
+const NOSPACE: i32 = 1;
+const CORRUPT: i32 = 2;
 
 /// The result of applying one entry (None: applied before a restart, skipped).
 pub type Applied = Option<Result<Response, ApiError>>;
@@ -27,6 +33,7 @@ pub(super) struct Writer<'t> {
     meta: Table<'t, &'static str, u64>,
     leases: Table<'t, i64, i64>,
     lease_keys: Table<'t, (i64, &'static [u8]), ()>,
+    alarms: Table<'t, (u64, i32), ()>,
     pub applied: u64,
     pub revision: u64,
     compacted: u64,
@@ -72,6 +79,7 @@ impl<'t> Writer<'t> {
             meta,
             leases: tx.open_table(LEASES)?,
             lease_keys: tx.open_table(LEASE_KEYS)?,
+            alarms: tx.open_table(ALARMS)?,
             applied,
             revision,
             compacted,
@@ -91,11 +99,20 @@ impl<'t> Writer<'t> {
         let Some(op) = op else {
             return Ok(Err(ApiError::invalid("etcdserver: empty request")));
         };
+        if !matches!(op, Op::Alarm(_)) {
+            if self.raised(CORRUPT)? {
+                return Ok(Err(ApiError::corrupt()));
+            }
+            if needs_space(op) && self.raised(NOSPACE)? {
+                return Ok(Err(ApiError::no_space()));
+            }
+        }
         let mut step = Step {
             rev: self.revision + 1,
             changed: false,
         };
         let out = match op {
+            Op::Alarm(r) => Ok(Response::Alarm(self.alarm(r)?)),
             Op::Compaction(c) => {
                 return self
                     .compact(c.revision)
@@ -126,6 +143,39 @@ impl<'t> Writer<'t> {
         }
         *out.header_mut() = header(self.revision);
         Ok(Ok(out))
+    }
+
+    /// Is an alarm of type `alarm` raised (by any member)?
+    fn raised(&self, alarm: i32) -> Result<bool, redb::Error> {
+        for row in self.alarms.iter()? {
+            if row?.0.value().1 == alarm {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
+    /// Raises or clears an alarm, as etcd's alarm store: the response lists the alarm that
+    /// changed (none when it already was so, and for GET, which is answered without Raft).
+    fn alarm(&mut self, r: &PbAlarmRequest) -> Result<PbAlarmResponse, redb::Error> {
+        let key = (r.member_id, r.alarm);
+        let changed = match r.action {
+            1 if r.alarm != 0 => self.alarms.insert(key, ())?.is_none(),
+            2 => self.alarms.remove(key)?.is_some(),
+            _ => false,
+        };
+        let alarms = if changed {
+            vec![PbAlarmMember {
+                member_id: r.member_id,
+                alarm: r.alarm,
+            }]
+        } else {
+            Vec::new()
+        };
+        Ok(PbAlarmResponse {
+            header: None,
+            alarms,
+        })
     }
 
     fn get(&self, key: &[u8]) -> Result<Option<PbKeyValue>, redb::Error> {

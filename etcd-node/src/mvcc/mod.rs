@@ -15,7 +15,9 @@
 //!   `--initial-cluster`;
 //! - `leases`: lease id -> its granted TTL in seconds (when it expires is the leader's business,
 //!   in memory: a revoke goes through Raft);
-//! - `lease_keys`: (lease id, key) -> nothing: the live keys attached to each lease.
+//! - `lease_keys`: (lease id, key) -> nothing: the live keys attached to each lease;
+//! - `alarms`: (member id, alarm type) -> nothing: the raised alarms (NOSPACE, CORRUPT), as
+//!   etcd keeps them, applied through Raft so every member refuses the same writes.
 //!
 //! Applying is deterministic: every node computes the same revisions, results and errors from
 //! the same entries. Requests are checked ([`check`]) before they are proposed; what can only
@@ -28,8 +30,9 @@ mod range;
 pub mod request;
 
 use std::path::Path;
+use std::sync::{PoisonError, RwLock, RwLockReadGuard};
 
-use etcd_client::proto::{PbEvent, PbKeyValue, PbMember};
+use etcd_client::proto::{PbAlarmMember, PbEvent, PbKeyValue, PbMember};
 use prost::Message;
 use redb::{
     Database, Durability, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition,
@@ -37,7 +40,7 @@ use redb::{
 
 pub use apply::Applied;
 pub use range::RangeOutput;
-pub use request::{MemberChange, Op, Proposal, Response, check};
+pub use request::{MemberChange, Op, Proposal, Response, check, needs_space};
 
 const HISTORY: TableDefinition<(&[u8], u64), &[u8]> = TableDefinition::new("history");
 const CURRENT: TableDefinition<&[u8], &[u8]> = TableDefinition::new("current");
@@ -45,6 +48,7 @@ const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 const MEMBERS: TableDefinition<u64, &[u8]> = TableDefinition::new("members");
 const LEASES: TableDefinition<i64, i64> = TableDefinition::new("leases");
 const LEASE_KEYS: TableDefinition<(i64, &[u8]), ()> = TableDefinition::new("lease_keys");
+const ALARMS: TableDefinition<(u64, i32), ()> = TableDefinition::new("alarms");
 
 /// What a committed entry asks of the store.
 #[derive(Debug, Clone, PartialEq)]
@@ -85,6 +89,17 @@ impl ApiError {
     pub fn invalid(message: &str) -> Self {
         Self::new(tonic::Code::InvalidArgument, message)
     }
+    /// A write while NOSPACE is raised (or that would pass the quota).
+    pub fn no_space() -> Self {
+        Self::new(
+            tonic::Code::ResourceExhausted,
+            "etcdserver: mvcc: database space exceeded",
+        )
+    }
+    /// A write while CORRUPT is raised.
+    pub fn corrupt() -> Self {
+        Self::new(tonic::Code::DataLoss, "etcdserver: corrupt cluster")
+    }
 }
 
 impl From<ApiError> for tonic::Status {
@@ -118,7 +133,9 @@ pub type LeaseRecord = (i64, Vec<Vec<u8>>);
 /// The MVCC store of one member.
 #[derive(Debug)]
 pub struct Mvcc {
-    db: Database,
+    /// Shared by every reader and writer; held exclusively only to compact the file
+    /// (Defragment), which redb allows only with no transaction open.
+    db: RwLock<Database>,
     path: String,
 }
 
@@ -155,6 +172,8 @@ struct PbDump {
     members: Vec<PbMember>,
     #[prost(message, repeated, tag = "5")]
     leases: Vec<PbDumpLease>,
+    #[prost(message, repeated, tag = "6")]
+    alarms: Vec<PbAlarmMember>,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
@@ -175,16 +194,17 @@ impl Mvcc {
         };
         let db = Database::create(path).map_err(|e| err(&e))?;
         let mvcc = Mvcc {
-            db,
+            db: RwLock::new(db),
             path: name.clone(),
         };
-        let tx = mvcc.db.begin_write().map_err(|e| err(&e))?;
+        let tx = mvcc.db().begin_write().map_err(|e| err(&e))?;
         {
             tx.open_table(HISTORY).map_err(|e| err(&e))?;
             tx.open_table(CURRENT).map_err(|e| err(&e))?;
             tx.open_table(MEMBERS).map_err(|e| err(&e))?;
             tx.open_table(LEASES).map_err(|e| err(&e))?;
             tx.open_table(LEASE_KEYS).map_err(|e| err(&e))?;
+            tx.open_table(ALARMS).map_err(|e| err(&e))?;
             let mut meta = tx.open_table(META).map_err(|e| err(&e))?;
             if meta.get("revision").map_err(|e| err(&e))?.is_none() {
                 meta.insert("revision", 1).map_err(|e| err(&e))?;
@@ -192,6 +212,20 @@ impl Mvcc {
         }
         tx.commit().map_err(|e| err(&e))?;
         Ok(mvcc)
+    }
+
+    /// The database, for the length of one operation (its transactions end before the guard
+    /// does, so Defragment never finds one open).
+    fn db(&self) -> RwLockReadGuard<'_, Database> {
+        self.db.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Compacts the database file (etcd's Defragment): waits for the operations under way,
+    /// holds off new ones until done; the file shrinks to what the key space uses.
+    pub fn defragment(&self) -> Result<(), StoreError> {
+        let mut db = self.db.write().unwrap_or_else(PoisonError::into_inner);
+        while db.compact().map_err(|e| self.fail(e))? {}
+        Ok(())
     }
 
     fn fail(&self, e: impl std::fmt::Display) -> StoreError {
@@ -203,7 +237,8 @@ impl Mvcc {
 
     /// Revision, compacted revision and applied index.
     pub fn position(&self) -> Result<Position, StoreError> {
-        let tx = self.db.begin_read().map_err(|e| self.fail(e))?;
+        let db = self.db();
+        let tx = db.begin_read().map_err(|e| self.fail(e))?;
         let meta = tx.open_table(META).map_err(|e| self.fail(e))?;
         let get = |k: &str| -> Result<u64, StoreError> {
             Ok(meta
@@ -223,9 +258,17 @@ impl Mvcc {
         std::fs::metadata(&self.path).map_or(0, |m| m.len())
     }
 
+    /// The raised alarms, by member.
+    pub fn alarms(&self) -> Result<Vec<PbAlarmMember>, StoreError> {
+        let db = self.db();
+        let tx = db.begin_read().map_err(|e| self.fail(e))?;
+        read_alarms(&tx).map_err(|e| self.fail(e))
+    }
+
     /// This member's id and its cluster's id, once stored (0 before).
     pub fn identity(&self) -> Result<(u64, u64), StoreError> {
-        let tx = self.db.begin_read().map_err(|e| self.fail(e))?;
+        let db = self.db();
+        let tx = db.begin_read().map_err(|e| self.fail(e))?;
         let meta = tx.open_table(META).map_err(|e| self.fail(e))?;
         let get = |k| meta_get(&meta, k).map_err(|e| self.fail(e));
         Ok((get("member_id")?, get("cluster_id")?))
@@ -233,7 +276,8 @@ impl Mvcc {
 
     /// Stores this member's id and its cluster's id, durably.
     pub fn set_identity(&self, member_id: u64, cluster_id: u64) -> Result<(), StoreError> {
-        let mut tx = self.db.begin_write().map_err(|e| self.fail(e))?;
+        let db = self.db();
+        let mut tx = db.begin_write().map_err(|e| self.fail(e))?;
         tx.set_durability(Durability::Immediate)
             .map_err(|e| self.fail(e))?;
         {
@@ -248,7 +292,8 @@ impl Mvcc {
 
     /// The members, by id.
     pub fn members(&self) -> Result<Vec<PbMember>, StoreError> {
-        let tx = self.db.begin_read().map_err(|e| self.fail(e))?;
+        let db = self.db();
+        let tx = db.begin_read().map_err(|e| self.fail(e))?;
         self.read_members(&tx)
     }
 
@@ -269,7 +314,8 @@ impl Mvcc {
     /// Stores `members` durably unless members are stored already (bootstrap, and stores from
     /// before the table existed).
     pub fn seed_members(&self, members: &[PbMember]) -> Result<(), StoreError> {
-        let mut tx = self.db.begin_write().map_err(|e| self.fail(e))?;
+        let db = self.db();
+        let mut tx = db.begin_write().map_err(|e| self.fail(e))?;
         tx.set_durability(Durability::Immediate)
             .map_err(|e| self.fail(e))?;
         {
@@ -290,7 +336,8 @@ impl Mvcc {
     /// stored applied index were applied before a restart and are skipped (`None`), as are
     /// commands that answer nothing (`Noop`, `Member`).
     pub fn apply(&self, entries: &[(u64, Command)], durable: bool) -> Result<Outcome, StoreError> {
-        let mut tx = self.db.begin_write().map_err(|e| self.fail(e))?;
+        let db = self.db();
+        let mut tx = db.begin_write().map_err(|e| self.fail(e))?;
         let durability = if durable {
             Durability::Immediate
         } else {
@@ -349,7 +396,8 @@ impl Mvcc {
         end: &[u8],
         from: u64,
     ) -> Result<Result<(Vec<PbEvent>, u64), u64>, StoreError> {
-        let tx = self.db.begin_read().map_err(|e| self.fail(e))?;
+        let db = self.db();
+        let tx = db.begin_read().map_err(|e| self.fail(e))?;
         let read = || -> Result<Result<(Vec<PbEvent>, u64), u64>, redb::Error> {
             let meta = tx.open_table(META)?;
             let (revision, compacted) = (
@@ -378,7 +426,8 @@ impl Mvcc {
         &self,
         req: &etcd_client::proto::PbRangeRequest,
     ) -> Result<Result<RangeOutput, ApiError>, StoreError> {
-        let tx = self.db.begin_read().map_err(|e| self.fail(e))?;
+        let db = self.db();
+        let tx = db.begin_read().map_err(|e| self.fail(e))?;
         let read = || -> Result<Result<RangeOutput, ApiError>, redb::Error> {
             let meta = tx.open_table(META)?;
             range::range(
@@ -394,7 +443,8 @@ impl Mvcc {
 
     /// Every lease: (id, granted TTL in seconds).
     pub fn leases(&self) -> Result<Vec<(i64, i64)>, StoreError> {
-        let tx = self.db.begin_read().map_err(|e| self.fail(e))?;
+        let db = self.db();
+        let tx = db.begin_read().map_err(|e| self.fail(e))?;
         self.read_leases(&tx)
     }
 
@@ -410,7 +460,8 @@ impl Mvcc {
 
     /// The granted TTL of lease `id` and its keys; None when there is no such lease.
     pub fn lease(&self, id: i64) -> Result<Option<LeaseRecord>, StoreError> {
-        let tx = self.db.begin_read().map_err(|e| self.fail(e))?;
+        let db = self.db();
+        let tx = db.begin_read().map_err(|e| self.fail(e))?;
         let read = || -> Result<Option<LeaseRecord>, redb::Error> {
             let Some(ttl) = tx.open_table(LEASES)?.get(id)?.map(|v| v.value()) else {
                 return Ok(None);
@@ -424,7 +475,8 @@ impl Mvcc {
     /// (0: the newest), in key order; with the compacted revision and the revision hashed.
     /// Members that applied the same log (compactions included) answer the same hash.
     pub fn hash_kv(&self, revision: u64) -> Result<Result<(u32, u64, u64), ApiError>, StoreError> {
-        let tx = self.db.begin_read().map_err(|e| self.fail(e))?;
+        let db = self.db();
+        let tx = db.begin_read().map_err(|e| self.fail(e))?;
         let read = || -> Result<Result<(u32, u64, u64), ApiError>, redb::Error> {
             let meta = tx.open_table(META)?;
             let (newest, compacted) = (
@@ -460,7 +512,8 @@ impl Mvcc {
 
     /// As [`Mvcc::dump`], with the revision the dump is at.
     pub fn dump_with_revision(&self) -> Result<(Vec<u8>, u64), StoreError> {
-        let tx = self.db.begin_read().map_err(|e| self.fail(e))?;
+        let db = self.db();
+        let tx = db.begin_read().map_err(|e| self.fail(e))?;
         let history = tx.open_table(HISTORY).map_err(|e| self.fail(e))?;
         let meta = tx.open_table(META).map_err(|e| self.fail(e))?;
         let get = |k| meta_get(&meta, k).map_err(|e| self.fail(e));
@@ -474,6 +527,7 @@ impl Mvcc {
                 .into_iter()
                 .map(|(id, ttl)| PbDumpLease { id, ttl })
                 .collect(),
+            alarms: read_alarms(&tx).map_err(|e| self.fail(e))?,
         };
         for row in history.iter().map_err(|e| self.fail(e))? {
             let (k, v) = row.map_err(|e| self.fail(e))?;
@@ -490,13 +544,15 @@ impl Mvcc {
     /// Replaces the key space with a dump taken at Raft index `applied`, durably.
     pub fn restore(&self, data: &[u8], applied: u64) -> Result<(), StoreError> {
         let dump = PbDump::decode(data).map_err(|e| self.fail(format!("snapshot data: {e}")))?;
-        let mut tx = self.db.begin_write().map_err(|e| self.fail(e))?;
+        let db = self.db();
+        let mut tx = db.begin_write().map_err(|e| self.fail(e))?;
         tx.set_durability(Durability::Immediate)
             .map_err(|e| self.fail(e))?;
         tx.delete_table(HISTORY).map_err(|e| self.fail(e))?;
         tx.delete_table(CURRENT).map_err(|e| self.fail(e))?;
         tx.delete_table(LEASES).map_err(|e| self.fail(e))?;
         tx.delete_table(LEASE_KEYS).map_err(|e| self.fail(e))?;
+        tx.delete_table(ALARMS).map_err(|e| self.fail(e))?;
         if !dump.members.is_empty() {
             // (a snapshot from before the members table carries none: keep ours)
             tx.delete_table(MEMBERS).map_err(|e| self.fail(e))?;
@@ -516,6 +572,12 @@ impl Mvcc {
             let mut lease_keys = tx.open_table(LEASE_KEYS).map_err(|e| self.fail(e))?;
             for l in &dump.leases {
                 leases.insert(l.id, l.ttl).map_err(|e| self.fail(e))?;
+            }
+            let mut alarms = tx.open_table(ALARMS).map_err(|e| self.fail(e))?;
+            for a in &dump.alarms {
+                alarms
+                    .insert((a.member_id, a.alarm), ())
+                    .map_err(|e| self.fail(e))?;
             }
             for e in &dump.history {
                 history
@@ -608,6 +670,8 @@ pub fn rewrite(
 ) -> Result<Vec<u8>, String> {
     let mut dump = decode_dump(data)?;
     dump.members = members;
+    // The old members' alarms: the new cluster raises its own.
+    dump.alarms.clear();
     dump.revision = dump
         .revision
         .checked_add(bump)
@@ -625,6 +689,16 @@ fn decode_kv(key: &[u8], record: &[u8]) -> Result<PbKeyValue, redb::StorageError
         .map_err(|e| redb::StorageError::Corrupted(format!("record of key {key:?}: {e}")))?;
     kv.key = key.to_vec();
     Ok(kv)
+}
+
+/// The raised alarms, by member.
+fn read_alarms(tx: &redb::ReadTransaction) -> Result<Vec<PbAlarmMember>, redb::Error> {
+    let mut out = Vec::new();
+    for row in tx.open_table(ALARMS)?.iter()? {
+        let (member_id, alarm) = row?.0.value();
+        out.push(PbAlarmMember { member_id, alarm });
+    }
+    Ok(out)
 }
 
 /// The keys attached to lease `id`, in key order.

@@ -4,9 +4,10 @@
 use std::collections::BTreeSet;
 
 use etcd_client::proto::{
-    PbCompactionRequest, PbCompactionResponse, PbDeleteRequest, PbDeleteResponse,
-    PbLeaseGrantRequest, PbLeaseGrantResponse, PbLeaseRevokeRequest, PbLeaseRevokeResponse,
-    PbPutRequest, PbPutResponse, PbRangeRequest, PbTxnOpRequest, PbTxnRequest, PbTxnResponse,
+    PbAlarmRequest, PbAlarmResponse, PbCompactionRequest, PbCompactionResponse, PbDeleteRequest,
+    PbDeleteResponse, PbLeaseGrantRequest, PbLeaseGrantResponse, PbLeaseRevokeRequest,
+    PbLeaseRevokeResponse, PbPutRequest, PbPutResponse, PbRangeRequest, PbTxnOpRequest,
+    PbTxnRequest, PbTxnResponse,
 };
 
 use super::ApiError;
@@ -31,6 +32,30 @@ pub enum Op {
     /// A client's revoke, or the leader's when the lease expired.
     #[prost(message, tag = "7")]
     LeaseRevoke(PbLeaseRevokeRequest),
+    /// Raise or clear an alarm (a member over its quota raises NOSPACE; `etcdctl alarm
+    /// disarm` clears).
+    #[prost(message, tag = "8")]
+    Alarm(PbAlarmRequest),
+}
+
+/// Does `op` need space: a Put, a lease grant, or a Txn with a Put in any branch (what etcd
+/// refuses while NOSPACE is raised)?
+pub fn needs_space(op: &Op) -> bool {
+    fn txn_puts(t: &PbTxnRequest) -> bool {
+        t.success
+            .iter()
+            .chain(&t.failure)
+            .any(|o| match &o.request {
+                Some(PbTxnOpRequest::RequestPut(_)) => true,
+                Some(PbTxnOpRequest::RequestTxn(t)) => txn_puts(t),
+                _ => false,
+            })
+    }
+    match op {
+        Op::Put(_) | Op::LeaseGrant(_) => true,
+        Op::Txn(t) => txn_puts(t),
+        Op::DeleteRange(_) | Op::Compaction(_) | Op::LeaseRevoke(_) | Op::Alarm(_) => false,
+    }
 }
 
 /// The data of a normal Raft entry. `id` lets the proposing node answer its client.
@@ -38,7 +63,7 @@ pub enum Op {
 pub struct Proposal {
     #[prost(uint64, tag = "1")]
     pub id: u64,
-    #[prost(oneof = "Op", tags = "2, 3, 4, 5, 6, 7")]
+    #[prost(oneof = "Op", tags = "2, 3, 4, 5, 6, 7, 8")]
     pub op: Option<Op>,
 }
 
@@ -64,6 +89,7 @@ pub enum Response {
     Compaction(PbCompactionResponse),
     LeaseGrant(PbLeaseGrantResponse),
     LeaseRevoke(PbLeaseRevokeResponse),
+    Alarm(PbAlarmResponse),
 }
 
 impl Response {
@@ -76,6 +102,7 @@ impl Response {
             Response::Compaction(r) => &mut r.header,
             Response::LeaseGrant(r) => &mut r.header,
             Response::LeaseRevoke(r) => &mut r.header,
+            Response::Alarm(r) => &mut r.header,
         }
     }
 }
@@ -147,7 +174,11 @@ pub fn check(op: &Op) -> Result<(), ApiError> {
             tonic::Code::OutOfRange,
             "etcdserver: too large lease TTL",
         )),
-        Op::DeleteRange(_) | Op::Compaction(_) | Op::LeaseGrant(_) | Op::LeaseRevoke(_) => Ok(()),
+        Op::DeleteRange(_)
+        | Op::Compaction(_)
+        | Op::LeaseGrant(_)
+        | Op::LeaseRevoke(_)
+        | Op::Alarm(_) => Ok(()),
     }
 }
 

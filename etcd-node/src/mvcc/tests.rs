@@ -61,7 +61,7 @@ fn op(o: Op) -> PbTxnRequestOp {
             Op::Put(p) => PbTxnOpRequest::RequestPut(p),
             Op::DeleteRange(d) => PbTxnOpRequest::RequestDeleteRange(d),
             Op::Txn(t) => PbTxnOpRequest::RequestTxn(t),
-            Op::Compaction(_) | Op::LeaseGrant(_) | Op::LeaseRevoke(_) => panic!("not a txn op"),
+            _ => panic!("not a txn op"),
         }),
     }
 }
@@ -637,4 +637,65 @@ fn a_restore_dump_gets_new_members_and_optionally_a_bumped_compacted_revision() 
         "writes continue after the bump"
     );
     assert!(rewrite(b"\xff\xff", Vec::new(), 0, false).is_err());
+}
+
+#[test]
+fn alarms_refuse_the_writes_etcd_refuses_and_travel_in_snapshots() {
+    use etcd_client::proto::{PbAlarmRequest, PbLeaseGrantRequest};
+    let alarm = |action, alarm| {
+        Op::Alarm(PbAlarmRequest {
+            action,
+            member_id: 7,
+            alarm,
+        })
+    };
+    let raised = |r: Result<Response, ApiError>| match r.unwrap() {
+        Response::Alarm(a) => a.alarms.len(),
+        other => panic!("{other:?}"),
+    };
+    let mut f = fixture();
+    f.apply(put("a", "1")).unwrap();
+    assert_eq!(raised(f.apply(alarm(1, 1))), 1, "NOSPACE raised");
+    assert_eq!(raised(f.apply(alarm(1, 1))), 0, "already raised");
+    let no_space = Err(ApiError::no_space());
+    assert_eq!(f.apply(put("b", "1")), no_space);
+    let grant = Op::LeaseGrant(PbLeaseGrantRequest { ttl: 10, id: 5 });
+    assert_eq!(f.apply(grant.clone()), no_space);
+    let nested_put = PbTxnRequest {
+        failure: vec![op(Op::Txn(PbTxnRequest {
+            success: vec![op(put("c", "1"))],
+            ..Default::default()
+        }))],
+        ..Default::default()
+    };
+    assert_eq!(f.apply(Op::Txn(nested_put.clone())), no_space);
+    let deletes_only = PbTxnRequest {
+        success: vec![op(del("a", ""))],
+        ..Default::default()
+    };
+    assert!(f.apply(Op::Txn(deletes_only)).is_ok(), "deletes free space");
+    assert!(
+        f.apply(Op::Compaction(PbCompactionRequest {
+            revision: 2,
+            physical: false
+        }))
+        .is_ok()
+    );
+    assert_eq!(f.mvcc.alarms().unwrap().len(), 1);
+
+    let other = fixture();
+    other.mvcc.restore(&f.mvcc.dump().unwrap(), 9).unwrap();
+    assert_eq!(other.mvcc.alarms().unwrap(), f.mvcc.alarms().unwrap());
+
+    assert_eq!(raised(f.apply(alarm(2, 1))), 1, "disarmed");
+    assert!(f.apply(put("b", "1")).is_ok());
+    assert!(f.apply(grant).is_ok());
+    f.apply(alarm(1, 2)).unwrap();
+    assert_eq!(
+        f.apply(del("b", "")),
+        Err(ApiError::corrupt()),
+        "CORRUPT refuses every write"
+    );
+    assert_eq!(raised(f.apply(alarm(2, 2))), 1);
+    assert!(f.apply(Op::Txn(nested_put)).is_ok());
 }

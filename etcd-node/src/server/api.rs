@@ -14,7 +14,9 @@ use super::metrics::Metrics;
 use super::node::{Announced, ClientUrls, Input, Status as NodeStatus, no_leader};
 use super::watches::WatchHub;
 use crate::config::HttpUrl;
-use crate::mvcc::{ApiError, MemberChange, Mvcc, Op, Proposal, Response as Applied, check};
+use crate::mvcc::{
+    ApiError, MemberChange, Mvcc, Op, Proposal, Response as Applied, check, needs_space,
+};
 use crate::raft::NodeId;
 use crate::storage::backup;
 use witness_core::WitnessUrl;
@@ -46,6 +48,8 @@ pub struct Api {
     pub min_lease_ttl: i64,
     /// How often watchers that asked for it get a progress notification.
     pub watch_progress: Duration,
+    /// `--quota-backend-bytes`: past it, writes are refused and NOSPACE is raised.
+    pub quota_bytes: u64,
 }
 
 pub(super) fn internal(e: impl std::fmt::Display) -> Status {
@@ -102,12 +106,37 @@ impl Api {
     pub(super) async fn propose(&self, op: Op) -> Result<Applied, Status> {
         check(&op)?;
         self.require_leader()?;
+        let space = needs_space(&op);
         let proposal = Proposal {
             id: 0,
             op: Some(op),
         };
-        if prost::Message::encoded_len(&proposal) > MAX_REQUEST_BYTES {
+        let size = prost::Message::encoded_len(&proposal);
+        if size > MAX_REQUEST_BYTES {
             return Err(ApiError::invalid("etcdserver: request is too large").into());
+        }
+        // As etcd: a write that would take the file past the quota raises NOSPACE for this
+        // member (through Raft, so every member then refuses such writes) and is refused.
+        // (Twice the request: the record goes into the history and the live-key table.)
+        if space && self.mvcc.db_size() + 2 * size as u64 > self.quota_bytes {
+            let raise = PbAlarmRequest {
+                action: 1,
+                member_id: self.member_id,
+                alarm: 1,
+            };
+            let raised = self.mvcc.alarms().map_err(internal)?;
+            let mine = |a: &PbAlarmMember| (a.member_id, a.alarm) == (raise.member_id, raise.alarm);
+            if !raised.iter().any(mine)
+                && let Err(e) = Box::pin(self.propose(Op::Alarm(raise))).await
+            {
+                tracing::warn!(error = %e, "could not raise the NOSPACE alarm");
+            }
+            tracing::warn!(
+                quota = self.quota_bytes,
+                size = self.mvcc.db_size(),
+                "refused a write: the key space reached --quota-backend-bytes (NOSPACE raised)"
+            );
+            return Err(ApiError::no_space().into());
         }
         let mut applied = self.ask(|reply| Input::Propose { proposal, reply }).await?;
         let h = applied.header_mut();
@@ -396,15 +425,25 @@ impl PbMaintenanceService for Api {
         &self,
         request: Request<PbAlarmRequest>,
     ) -> Result<Response<PbAlarmResponse>, Status> {
-        // No alarm is ever raised yet (no quota enforcement): GET answers the truth, an empty
-        // list; activating or deactivating one is not supported.
-        if request.get_ref().action != 0 {
-            return Err(not_yet("raising or disarming alarms"));
+        // GET reads the alarms this member has applied; ACTIVATE and DEACTIVATE go through
+        // Raft (etcdctl's `alarm disarm` deactivates each listed alarm in turn).
+        let req = request.into_inner();
+        if req.action != 0 {
+            return match self.propose(Op::Alarm(req)).await? {
+                Applied::Alarm(r) => Ok(Response::new(r)),
+                other => Err(internal(format!("unexpected result {other:?}"))),
+            };
         }
-        let revision = self.mvcc.position().map_err(internal)?.revision as i64;
+        let alarms = self
+            .mvcc
+            .alarms()
+            .map_err(internal)?
+            .into_iter()
+            .filter(|a| req.alarm == 0 || a.alarm == req.alarm)
+            .collect();
         Ok(Response::new(PbAlarmResponse {
-            header: self.header(revision),
-            alarms: Vec::new(),
+            header: self.current_header(),
+            alarms,
         }))
     }
 
@@ -423,6 +462,11 @@ impl PbMaintenanceService for Api {
         // storage did not answer; the retries come within an election timeout.
         if let Some(why) = self.metrics.witness_unavailable(WITNESS_ERROR_WINDOW) {
             errors.push(format!("etcdserver: witness unavailable: {why}"));
+        }
+        for a in self.mvcc.alarms().map_err(internal)? {
+            let name =
+                etcd_client::AlarmType::try_from(a.alarm).map_or("UNKNOWN", |t| t.as_str_name());
+            errors.push(format!("memberID:{} alarm:{name} ", a.member_id));
         }
         let is_learner = self
             .mvcc
@@ -445,11 +489,21 @@ impl PbMaintenanceService for Api {
         }))
     }
 
+    /// Compacts this member's database file (writes and reads wait meanwhile, as in etcd).
     async fn defragment(
         &self,
         _: Request<PbDefragmentRequest>,
     ) -> Result<Response<PbDefragmentResponse>, Status> {
-        Err(not_yet("Defragment"))
+        let mvcc = self.mvcc.clone();
+        let before = mvcc.db_size();
+        tokio::task::spawn_blocking(move || mvcc.defragment())
+            .await
+            .map_err(internal)?
+            .map_err(internal)?;
+        tracing::info!(before, after = self.mvcc.db_size(), "defragmented");
+        Ok(Response::new(PbDefragmentResponse {
+            header: self.current_header(),
+        }))
     }
     /// A CRC-32C of the whole key space as a snapshot carries it (history, members, leases):
     /// equal on members that applied the same entries.

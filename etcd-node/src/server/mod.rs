@@ -317,6 +317,7 @@ pub async fn run(
         watches,
         min_lease_ttl: leases::min_lease_ttl(cfg.election_timeout),
         watch_progress: cfg.watch_progress_notify_interval,
+        quota_bytes: cfg.quota_backend_bytes,
     };
     let (stop_tx, stop_rx) = watch::channel(false);
     let stopped = move || {
