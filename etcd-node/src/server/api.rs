@@ -551,7 +551,7 @@ impl PbMaintenanceService for Api {
             for chunk in file.chunks(SNAPSHOT_CHUNK) {
                 remaining -= chunk.len();
                 let message = PbSnapshotResponse {
-                    header: header.clone(),
+                    header,
                     remaining_bytes: remaining as u64,
                     blob: chunk.to_vec(),
                     version: VERSION.into(),
