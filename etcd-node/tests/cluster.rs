@@ -1385,3 +1385,87 @@ fn a_full_quota_raises_nospace_until_compact_defrag_and_disarm() {
     assert_eq!(ok(etcdctl(second, &["alarm", "list"], None)), "");
     assert_eq!(ok(etcdctl(second, &["put", "q/more", "1"], None)), "OK\n");
 }
+
+/// Changes `key`'s live value in a stopped member's key space behind Raft's back (as a bad
+/// disk or a bug would): the row in `history` and in `current`.
+fn tamper(db_path: &Path, key: &[u8], value: &[u8]) {
+    use prost::Message;
+    use redb::{ReadableTable, TableDefinition};
+    let history: TableDefinition<(&[u8], u64), &[u8]> = TableDefinition::new("history");
+    let current: TableDefinition<&[u8], &[u8]> = TableDefinition::new("current");
+    let db = redb::Database::open(db_path).expect("open the member's kv.redb");
+    let tx = db.begin_write().unwrap();
+    {
+        let mut live = tx.open_table(current).unwrap();
+        let record = live
+            .get(key)
+            .unwrap()
+            .expect("the key is live")
+            .value()
+            .to_vec();
+        let mut kv = etcd_client::proto::PbKeyValue::decode(record.as_slice()).unwrap();
+        kv.value = value.to_vec();
+        let record = kv.encode_to_vec();
+        live.insert(key, record.as_slice()).unwrap();
+        let mut rows = tx.open_table(history).unwrap();
+        rows.insert((key, kv.mod_revision as u64), record.as_slice())
+            .unwrap();
+    }
+    tx.commit().unwrap();
+}
+
+/// The periodic corruption check: members that agree raise nothing; once one member's key
+/// space is changed behind Raft's back, the leader finds the hashes differ at the same
+/// revision, logs it and raises CORRUPT, and every write is refused as by etcd.
+#[test]
+fn the_leader_raises_corrupt_when_a_members_key_space_diverges() {
+    let (node, etcdutl) = bins();
+    let mut c = Cluster::start(node, etcdutl, &["--experimental-corrupt-check-time", "1s"]);
+    let leader = c.wait_leader(LEADER_WAIT);
+    let follower = 1 - leader;
+    let eps: Vec<String> = c.members.iter().map(|m| m.endpoint()).collect();
+    for i in 0..10 {
+        ok(etcdctl(&eps, &["put", &format!("c/{i}"), "v"], None));
+    }
+    let want: Vec<(String, String)> = (0..10).map(|i| (format!("c/{i}"), "v".into())).collect();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(wait_caught_up(&c.members[follower].url(), "c/", &want));
+    // A few rounds of the check while the members agree.
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(
+        ok(etcdctl(&eps, &["alarm", "list"], None)),
+        "",
+        "no false alarm"
+    );
+
+    c.stop(follower);
+    tamper(
+        &c.data_dir(follower).join("member/kv.redb"),
+        b"c/3",
+        b"tampered",
+    );
+    c.start_member(follower);
+    let started = Instant::now();
+    loop {
+        let alarms = ok(etcdctl(&eps, &["alarm", "list"], None));
+        if alarms.contains("alarm:CORRUPT") {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "no CORRUPT alarm: {alarms:?}"
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    let refused = etcdctl(&eps, &["put", "c/new", "x"], None);
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("etcdserver: corrupt cluster"),
+        "{}",
+        String::from_utf8_lossy(&refused.stderr)
+    );
+    let log = c.log(c.wait_leader(LEADER_WAIT));
+    assert!(
+        log.contains("the key spaces differ at the same revision"),
+        "{log}"
+    );
+}

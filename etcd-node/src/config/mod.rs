@@ -95,6 +95,14 @@ pub struct Flags {
         default_value = "10m"
     )]
     pub experimental_watch_progress_notify_interval: String,
+    /// How often the leader compares its key space's hash with the other members' (a Go
+    /// duration; 0s turns the check off; etcd's default is off).
+    #[arg(
+        long,
+        env = "ETCD_EXPERIMENTAL_CORRUPT_CHECK_TIME",
+        default_value = "5m"
+    )]
+    pub experimental_corrupt_check_time: String,
     /// Log level: debug, info, warn or error.
     #[arg(long, env = "ETCD_LOG_LEVEL", default_value = "info")]
     pub log_level: String,
@@ -209,6 +217,8 @@ pub struct ServerConfig {
     pub log_level: String,
     pub listen_metrics_urls: Vec<HttpUrl>,
     pub watch_progress_notify_interval: Duration,
+    /// How often the leader runs the corruption check (None: never).
+    pub corrupt_check: Option<Duration>,
 }
 
 /// A Go duration (`10m`, `1m30s`, `500ms`, `2h`): what etcd's duration flags take.
@@ -368,6 +378,10 @@ impl ServerConfig {
         if watch_progress_notify_interval.is_zero() {
             return Err("--experimental-watch-progress-notify-interval must be above 0".into());
         }
+        let corrupt_check = parse_go_duration(
+            "experimental-corrupt-check-time",
+            &f.experimental_corrupt_check_time,
+        )?;
         let listen_client_urls = url_list("listen-client-urls", &f.listen_client_urls)?;
         let advertise_client_urls = url_list("advertise-client-urls", &f.advertise_client_urls)?;
         let listen_peer_urls = url_list("listen-peer-urls", &f.listen_peer_urls)?;
@@ -468,6 +482,7 @@ impl ServerConfig {
             log_level: f.log_level,
             listen_metrics_urls,
             watch_progress_notify_interval,
+            corrupt_check: (!corrupt_check.is_zero()).then_some(corrupt_check),
         })
     }
 

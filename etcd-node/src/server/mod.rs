@@ -4,6 +4,7 @@
 //! locally: witness steps run against the storage its `witness:` URL names.
 
 pub mod api;
+pub mod corruption;
 pub mod leases;
 pub mod lessor;
 pub mod metrics;
@@ -366,6 +367,10 @@ pub async fn run(
         cluster = format!("{:x}", ids.cluster),
         "serving"
     );
+    if let Some(every) = cfg.corrupt_check {
+        // (ends with the runtime, like the other background tasks)
+        tokio::spawn(corruption::run(api.clone(), every));
+    }
 
     let result = tokio::select! {
         () = shutdown => Ok(()),

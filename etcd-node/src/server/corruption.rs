@@ -1,0 +1,129 @@
+//! The periodic corruption check (etcd's `--experimental-corrupt-check-time`): the leader
+//! hashes its key space at its newest revision (HashKV) and asks every other member, over
+//! its client URLs, for the hash at the same revision. Members that applied the same log
+//! answer the same hash; a different hash at the same compacted revision means one key space
+//! diverged (a disk or a bug changed data behind Raft's back): the leader logs it and raises
+//! the CORRUPT alarm for that member, which stops every write until an operator looks (as
+//! etcd's leader does).
+//!
+//! A member that is behind (the revision is in its future) or compacted differently is
+//! skipped until the next round; so is one that does not answer.
+
+use std::time::Duration;
+
+use etcd_client::proto::PbAlarmRequest;
+use etcd_client::{Client, ConnectOptions};
+
+use super::api::Api;
+use crate::mvcc::Op;
+use crate::raft::NodeId;
+
+/// etcd's alarm type CORRUPT.
+const CORRUPT: i32 = 2;
+
+/// Runs the check every `every` while this member leads, until the task is dropped.
+pub async fn run(api: Api, every: Duration) {
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick.tick().await; // (the first tick is immediate)
+    loop {
+        tick.tick().await;
+        if api.status.borrow().leader != api.member_id {
+            continue;
+        }
+        for (member, outcome) in check(&api).await {
+            match outcome {
+                Outcome::Same => tracing::debug!(member = format!("{member:x}"), "hashes agree"),
+                Outcome::Skipped(why) => {
+                    tracing::debug!(member = format!("{member:x}"), why, "hash check skipped")
+                }
+                Outcome::Differs {
+                    revision,
+                    ours,
+                    theirs,
+                } => {
+                    tracing::error!(
+                        member = format!("{member:x}"),
+                        revision,
+                        ours = format!("{ours:08x}"),
+                        theirs = format!("{theirs:08x}"),
+                        "the key spaces differ at the same revision: raising CORRUPT"
+                    );
+                    let raise = PbAlarmRequest {
+                        action: 1,
+                        member_id: member,
+                        alarm: CORRUPT,
+                    };
+                    if let Err(e) = api.propose(Op::Alarm(raise)).await {
+                        tracing::warn!(error = %e, "could not raise the CORRUPT alarm");
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// What comparing with one member found.
+#[derive(Debug)]
+enum Outcome {
+    Same,
+    Skipped(String),
+    Differs {
+        revision: u64,
+        ours: u32,
+        theirs: u32,
+    },
+}
+
+/// Compares this member's hash with every other member's that announced client URLs.
+async fn check(api: &Api) -> Vec<(NodeId, Outcome)> {
+    let revision = match api.mvcc.position() {
+        Ok(p) => p.revision,
+        Err(e) => return vec![(api.member_id, Outcome::Skipped(e.to_string()))],
+    };
+    let (ours, compacted) = match api.mvcc.hash_kv(revision) {
+        Ok(Ok((hash, compacted, _))) => (hash, compacted),
+        Ok(Err(e)) => return vec![(api.member_id, Outcome::Skipped(e.to_string()))],
+        Err(e) => return vec![(api.member_id, Outcome::Skipped(e.to_string()))],
+    };
+    let others: Vec<(NodeId, Vec<String>)> = api
+        .client_urls
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .iter()
+        .filter(|(id, a)| **id != api.member_id && !a.client_urls.is_empty())
+        .map(|(id, a)| (*id, a.client_urls.clone()))
+        .collect();
+    let mut out = Vec::new();
+    for (member, urls) in others {
+        let outcome = match ask(&urls, revision, api.request_timeout).await {
+            Err(why) => Outcome::Skipped(why),
+            Ok((_, theirs_compacted)) if theirs_compacted != compacted => Outcome::Skipped(
+                format!("compacted at {theirs_compacted}, this member at {compacted}"),
+            ),
+            Ok((theirs, _)) if theirs == ours => Outcome::Same,
+            Ok((theirs, _)) => Outcome::Differs {
+                revision,
+                ours,
+                theirs,
+            },
+        };
+        out.push((member, outcome));
+    }
+    out
+}
+
+/// Another member's (hash, compacted revision) at `revision`.
+async fn ask(urls: &[String], revision: u64, timeout: Duration) -> Result<(u32, u64), String> {
+    let options = ConnectOptions::new()
+        .with_connect_timeout(timeout)
+        .with_timeout(timeout);
+    let mut client = Client::connect(urls, Some(options))
+        .await
+        .map_err(|e| e.to_string())?;
+    let r = client
+        .hash_kv(revision as i64)
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok((r.hash(), u64::try_from(r.compact_version()).unwrap_or(0)))
+}
