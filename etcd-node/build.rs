@@ -1,12 +1,65 @@
-//! Generates the peer transport's gRPC code from proto/peer.proto (needs `protoc`: Debian's
-//! `protobuf-compiler`, which scripts/test.sh installs).
+//! Generates gRPC code (needs `protoc`: Debian's `protobuf-compiler`, which scripts/test.sh
+//! installs): the peer transport from proto/peer.proto, and the server side of etcd's Auth
+//! service from proto/auth.proto, whose messages (but AuthStatus's) are etcd-client's types.
+
+/// Messages of proto/auth.proto that are etcd-client's (`etcd_client::proto::Pb<name>`).
+const ETCD_CLIENT_MESSAGES: &[&str] = &[
+    "ResponseHeader",
+    "AuthEnableRequest",
+    "AuthEnableResponse",
+    "AuthDisableRequest",
+    "AuthDisableResponse",
+    "AuthenticateRequest",
+    "AuthenticateResponse",
+    "AuthUserAddRequest",
+    "AuthUserAddResponse",
+    "AuthUserGetRequest",
+    "AuthUserGetResponse",
+    "AuthUserListRequest",
+    "AuthUserListResponse",
+    "AuthUserDeleteRequest",
+    "AuthUserDeleteResponse",
+    "AuthUserChangePasswordRequest",
+    "AuthUserChangePasswordResponse",
+    "AuthUserGrantRoleRequest",
+    "AuthUserGrantRoleResponse",
+    "AuthUserRevokeRoleRequest",
+    "AuthUserRevokeRoleResponse",
+    "AuthRoleAddRequest",
+    "AuthRoleAddResponse",
+    "AuthRoleGetRequest",
+    "AuthRoleGetResponse",
+    "AuthRoleListRequest",
+    "AuthRoleListResponse",
+    "AuthRoleDeleteRequest",
+    "AuthRoleDeleteResponse",
+    "AuthRoleGrantPermissionRequest",
+    "AuthRoleGrantPermissionResponse",
+    "AuthRoleRevokePermissionRequest",
+    "AuthRoleRevokePermissionResponse",
+];
+
+fn fail(file: &str, e: std::io::Error) -> ! {
+    eprintln!("error: compiling {file}: {e}");
+    eprintln!("help: install protoc (Debian: apt-get install protobuf-compiler) or set PROTOC");
+    std::process::exit(1);
+}
 
 fn main() {
     println!("cargo:rerun-if-changed=proto/peer.proto");
+    println!("cargo:rerun-if-changed=proto/auth.proto");
     if let Err(e) = tonic_prost_build::configure().compile_protos(&["proto/peer.proto"], &["proto"])
     {
-        eprintln!("error: compiling proto/peer.proto: {e}");
-        eprintln!("help: install protoc (Debian: apt-get install protobuf-compiler) or set PROTOC");
-        std::process::exit(1);
+        fail("proto/peer.proto", e);
+    }
+    let mut auth = tonic_prost_build::configure().build_client(false);
+    for m in ETCD_CLIENT_MESSAGES {
+        auth = auth.extern_path(
+            format!(".etcdserverpb.{m}"),
+            format!("::etcd_client::proto::Pb{m}"),
+        );
+    }
+    if let Err(e) = auth.compile_protos(&["proto/auth.proto"], &["proto"]) {
+        fail("proto/auth.proto", e);
     }
 }

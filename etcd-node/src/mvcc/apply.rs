@@ -12,11 +12,12 @@ use etcd_client::proto::{
 use prost::Message;
 use redb::{ReadableTable, Table, WriteTransaction};
 
+use super::auth;
 use super::events::event;
 use super::range::{self, scan_current};
 use super::request::{Op, Response, needs_space};
 use super::{
-    ALARMS, ApiError, CURRENT, HISTORY, LEASE_KEYS, LEASES, META, decode_kv, lease_keys_of,
+    ALARMS, AUTH, ApiError, CURRENT, HISTORY, LEASE_KEYS, LEASES, META, decode_kv, lease_keys_of,
     meta_get,
 };
 
@@ -34,6 +35,7 @@ pub(super) struct Writer<'t> {
     leases: Table<'t, i64, i64>,
     lease_keys: Table<'t, (i64, &'static [u8]), ()>,
     alarms: Table<'t, (u64, i32), ()>,
+    auth: Table<'t, &'static str, &'static [u8]>,
     pub applied: u64,
     pub revision: u64,
     compacted: u64,
@@ -80,6 +82,7 @@ impl<'t> Writer<'t> {
             leases: tx.open_table(LEASES)?,
             lease_keys: tx.open_table(LEASE_KEYS)?,
             alarms: tx.open_table(ALARMS)?,
+            auth: tx.open_table(AUTH)?,
             applied,
             revision,
             compacted,
@@ -113,6 +116,10 @@ impl<'t> Writer<'t> {
         };
         let out = match op {
             Op::Alarm(r) => Ok(Response::Alarm(self.alarm(r)?)),
+            Op::Auth(c) => match &c.op {
+                Some(op) => auth::apply(&mut self.auth, op)?.map(|()| Response::Auth(None)),
+                None => Err(ApiError::invalid("etcdserver: empty request")),
+            },
             Op::Compaction(c) => {
                 return self
                     .compact(c.revision)

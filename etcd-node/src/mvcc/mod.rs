@@ -17,7 +17,8 @@
 //!   in memory: a revoke goes through Raft);
 //! - `lease_keys`: (lease id, key) -> nothing: the live keys attached to each lease;
 //! - `alarms`: (member id, alarm type) -> nothing: the raised alarms (NOSPACE, CORRUPT), as
-//!   etcd keeps them, applied through Raft so every member refuses the same writes.
+//!   etcd keeps them, applied through Raft so every member refuses the same writes;
+//! - `auth`: users, roles, permissions and whether auth is on ([`auth`]).
 //!
 //! Applying is deterministic: every node computes the same revisions, results and errors from
 //! the same entries. Requests are checked ([`check`]) before they are proposed; what can only
@@ -25,6 +26,7 @@
 //! here and is the same on every node.
 
 mod apply;
+pub mod auth;
 pub mod events;
 mod range;
 pub mod request;
@@ -49,6 +51,7 @@ const MEMBERS: TableDefinition<u64, &[u8]> = TableDefinition::new("members");
 const LEASES: TableDefinition<i64, i64> = TableDefinition::new("leases");
 const LEASE_KEYS: TableDefinition<(i64, &[u8]), ()> = TableDefinition::new("lease_keys");
 const ALARMS: TableDefinition<(u64, i32), ()> = TableDefinition::new("alarms");
+const AUTH: TableDefinition<&str, &[u8]> = TableDefinition::new("auth");
 
 /// What a committed entry asks of the store.
 #[derive(Debug, Clone, PartialEq)]
@@ -174,6 +177,16 @@ struct PbDump {
     leases: Vec<PbDumpLease>,
     #[prost(message, repeated, tag = "6")]
     alarms: Vec<PbAlarmMember>,
+    #[prost(message, repeated, tag = "7")]
+    auth: Vec<PbDumpAuthRow>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+struct PbDumpAuthRow {
+    #[prost(string, tag = "1")]
+    key: String,
+    #[prost(bytes = "vec", tag = "2")]
+    value: Vec<u8>,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
@@ -205,6 +218,7 @@ impl Mvcc {
             tx.open_table(LEASES).map_err(|e| err(&e))?;
             tx.open_table(LEASE_KEYS).map_err(|e| err(&e))?;
             tx.open_table(ALARMS).map_err(|e| err(&e))?;
+            tx.open_table(AUTH).map_err(|e| err(&e))?;
             let mut meta = tx.open_table(META).map_err(|e| err(&e))?;
             if meta.get("revision").map_err(|e| err(&e))?.is_none() {
                 meta.insert("revision", 1).map_err(|e| err(&e))?;
@@ -256,6 +270,22 @@ impl Mvcc {
     /// Size of the database file in bytes.
     pub fn db_size(&self) -> u64 {
         std::fs::metadata(&self.path).map_or(0, |m| m.len())
+    }
+
+    /// The auth rows whose key starts with `prefix` ([`auth`] lists them), in key order.
+    pub fn auth_rows(&self, prefix: &str) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
+        let db = self.db();
+        let tx = db.begin_read().map_err(|e| self.fail(e))?;
+        read_auth(&tx, prefix).map_err(|e| self.fail(e))
+    }
+
+    /// One auth row.
+    pub fn auth_row(&self, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        let db = self.db();
+        let tx = db.begin_read().map_err(|e| self.fail(e))?;
+        let table = tx.open_table(AUTH).map_err(|e| self.fail(e))?;
+        let row = table.get(key).map_err(|e| self.fail(e))?;
+        Ok(row.map(|v| v.value().to_vec()))
     }
 
     /// The raised alarms, by member.
@@ -528,6 +558,11 @@ impl Mvcc {
                 .map(|(id, ttl)| PbDumpLease { id, ttl })
                 .collect(),
             alarms: read_alarms(&tx).map_err(|e| self.fail(e))?,
+            auth: read_auth(&tx, "")
+                .map_err(|e| self.fail(e))?
+                .into_iter()
+                .map(|(key, value)| PbDumpAuthRow { key, value })
+                .collect(),
         };
         for row in history.iter().map_err(|e| self.fail(e))? {
             let (k, v) = row.map_err(|e| self.fail(e))?;
@@ -553,6 +588,7 @@ impl Mvcc {
         tx.delete_table(LEASES).map_err(|e| self.fail(e))?;
         tx.delete_table(LEASE_KEYS).map_err(|e| self.fail(e))?;
         tx.delete_table(ALARMS).map_err(|e| self.fail(e))?;
+        tx.delete_table(AUTH).map_err(|e| self.fail(e))?;
         if !dump.members.is_empty() {
             // (a snapshot from before the members table carries none: keep ours)
             tx.delete_table(MEMBERS).map_err(|e| self.fail(e))?;
@@ -572,6 +608,11 @@ impl Mvcc {
             let mut lease_keys = tx.open_table(LEASE_KEYS).map_err(|e| self.fail(e))?;
             for l in &dump.leases {
                 leases.insert(l.id, l.ttl).map_err(|e| self.fail(e))?;
+            }
+            let mut auth = tx.open_table(AUTH).map_err(|e| self.fail(e))?;
+            for row in &dump.auth {
+                auth.insert(row.key.as_str(), row.value.as_slice())
+                    .map_err(|e| self.fail(e))?;
             }
             let mut alarms = tx.open_table(ALARMS).map_err(|e| self.fail(e))?;
             for a in &dump.alarms {
@@ -689,6 +730,22 @@ fn decode_kv(key: &[u8], record: &[u8]) -> Result<PbKeyValue, redb::StorageError
         .map_err(|e| redb::StorageError::Corrupted(format!("record of key {key:?}: {e}")))?;
     kv.key = key.to_vec();
     Ok(kv)
+}
+
+/// The auth rows whose key starts with `prefix`, in key order.
+fn read_auth(
+    tx: &redb::ReadTransaction,
+    prefix: &str,
+) -> Result<Vec<(String, Vec<u8>)>, redb::Error> {
+    let mut out = Vec::new();
+    for row in tx.open_table(AUTH)?.range(prefix..)? {
+        let (k, v) = row?;
+        if !k.value().starts_with(prefix) {
+            break;
+        }
+        out.push((k.value().to_string(), v.value().to_vec()));
+    }
+    Ok(out)
 }
 
 /// The raised alarms, by member.

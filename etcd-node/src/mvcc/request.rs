@@ -11,6 +11,7 @@ use etcd_client::proto::{
 };
 
 use super::ApiError;
+use super::auth::AuthChange;
 
 /// etcd's default `--max-txn-ops`.
 pub const MAX_TXN_OPS: usize = 128;
@@ -36,6 +37,9 @@ pub enum Op {
     /// disarm` clears).
     #[prost(message, tag = "8")]
     Alarm(PbAlarmRequest),
+    /// A change of users, roles, permissions, or auth on/off.
+    #[prost(message, tag = "9")]
+    Auth(AuthChange),
 }
 
 /// Does `op` need space: a Put, a lease grant, or a Txn with a Put in any branch (what etcd
@@ -54,7 +58,11 @@ pub fn needs_space(op: &Op) -> bool {
     match op {
         Op::Put(_) | Op::LeaseGrant(_) => true,
         Op::Txn(t) => txn_puts(t),
-        Op::DeleteRange(_) | Op::Compaction(_) | Op::LeaseRevoke(_) | Op::Alarm(_) => false,
+        Op::DeleteRange(_)
+        | Op::Compaction(_)
+        | Op::LeaseRevoke(_)
+        | Op::Alarm(_)
+        | Op::Auth(_) => false,
     }
 }
 
@@ -63,7 +71,7 @@ pub fn needs_space(op: &Op) -> bool {
 pub struct Proposal {
     #[prost(uint64, tag = "1")]
     pub id: u64,
-    #[prost(oneof = "Op", tags = "2, 3, 4, 5, 6, 7, 8")]
+    #[prost(oneof = "Op", tags = "2, 3, 4, 5, 6, 7, 8, 9")]
     pub op: Option<Op>,
 }
 
@@ -90,6 +98,8 @@ pub enum Response {
     LeaseGrant(PbLeaseGrantResponse),
     LeaseRevoke(PbLeaseRevokeResponse),
     Alarm(PbAlarmResponse),
+    /// An auth change applied (the API builds the response of its kind).
+    Auth(Option<etcd_client::proto::PbResponseHeader>),
 }
 
 impl Response {
@@ -103,6 +113,7 @@ impl Response {
             Response::LeaseGrant(r) => &mut r.header,
             Response::LeaseRevoke(r) => &mut r.header,
             Response::Alarm(r) => &mut r.header,
+            Response::Auth(header) => header,
         }
     }
 }
@@ -178,7 +189,8 @@ pub fn check(op: &Op) -> Result<(), ApiError> {
         | Op::Compaction(_)
         | Op::LeaseGrant(_)
         | Op::LeaseRevoke(_)
-        | Op::Alarm(_) => Ok(()),
+        | Op::Alarm(_)
+        | Op::Auth(_) => Ok(()),
     }
 }
 

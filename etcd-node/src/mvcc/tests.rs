@@ -699,3 +699,98 @@ fn alarms_refuse_the_writes_etcd_refuses_and_travel_in_snapshots() {
     assert_eq!(raised(f.apply(alarm(2, 2))), 1);
     assert!(f.apply(Op::Txn(nested_put)).is_ok());
 }
+
+#[test]
+fn auth_changes_follow_etcds_rules_and_travel_in_snapshots() {
+    use super::auth::{AuthChange, AuthOp, StoredUser, decode, user_key};
+    use etcd_client::proto::{
+        PbAuthRoleAddRequest, PbAuthRoleDeleteRequest, PbAuthUserAddRequest,
+        PbAuthUserDeleteRequest, PbAuthUserGrantRoleRequest, PbAuthUserRevokeRoleRequest,
+    };
+    let auth = |op| Op::Auth(AuthChange { op: Some(op) });
+    let add_user = |name: &str| {
+        auth(AuthOp::UserAdd(PbAuthUserAddRequest {
+            name: name.into(),
+            hashed_password: "$2b$hash".into(),
+            ..Default::default()
+        }))
+    };
+    let grant = |user: &str, role: &str| {
+        auth(AuthOp::UserGrantRole(PbAuthUserGrantRoleRequest {
+            user: user.into(),
+            role: role.into(),
+        }))
+    };
+    let message = |r: Result<Response, ApiError>| r.unwrap_err().message;
+    let mut f = fixture();
+    assert_eq!(
+        message(f.apply(auth(AuthOp::Enable(vec![1])))),
+        "etcdserver: root user does not exist"
+    );
+    f.apply(add_user("root")).unwrap();
+    assert_eq!(
+        message(f.apply(add_user("root"))),
+        "etcdserver: user name already exists"
+    );
+    assert_eq!(
+        message(f.apply(auth(AuthOp::Enable(vec![1])))),
+        "etcdserver: root user does not have root role"
+    );
+    f.apply(grant("root", "root")).unwrap();
+    assert_eq!(
+        message(f.apply(grant("bob", "root"))),
+        "etcdserver: user name not found"
+    );
+    assert_eq!(
+        message(f.apply(grant("root", "nope"))),
+        "etcdserver: role name not found"
+    );
+    f.apply(auth(AuthOp::Enable(vec![1]))).unwrap();
+    let revoke_root = auth(AuthOp::UserRevokeRole(PbAuthUserRevokeRoleRequest {
+        name: "root".into(),
+        role: "root".into(),
+    }));
+    assert_eq!(
+        message(f.apply(revoke_root)),
+        "etcdserver: invalid auth management"
+    );
+    let delete_root = auth(AuthOp::UserDelete(PbAuthUserDeleteRequest {
+        name: "root".into(),
+    }));
+    assert_eq!(
+        message(f.apply(delete_root)),
+        "etcdserver: invalid auth management"
+    );
+
+    f.apply(add_user("alice")).unwrap();
+    f.apply(auth(AuthOp::RoleAdd(PbAuthRoleAddRequest {
+        name: "r".into(),
+    })))
+    .unwrap();
+    f.apply(grant("alice", "r")).unwrap();
+    f.apply(grant("alice", "r")).unwrap(); // again: no change, no error
+    let alice = |m: &Mvcc| -> StoredUser {
+        decode(&m.auth_row(&user_key("alice")).unwrap().unwrap()).unwrap()
+    };
+    assert_eq!(alice(&f.mvcc).roles, vec!["r".to_string()]);
+    assert_eq!(alice(&f.mvcc).password_hash, "$2b$hash");
+
+    let other = fixture();
+    other.mvcc.restore(&f.mvcc.dump().unwrap(), 20).unwrap();
+    assert_eq!(
+        other.mvcc.auth_rows("").unwrap(),
+        f.mvcc.auth_rows("").unwrap()
+    );
+
+    f.apply(auth(AuthOp::RoleDelete(PbAuthRoleDeleteRequest {
+        role: "r".into(),
+    })))
+    .unwrap();
+    assert!(
+        alice(&f.mvcc).roles.is_empty(),
+        "a deleted role leaves its users"
+    );
+    assert!(f.mvcc.auth_row("enabled").unwrap().is_some());
+    f.apply(auth(AuthOp::Disable(true))).unwrap();
+    assert!(f.mvcc.auth_row("enabled").unwrap().is_none());
+}

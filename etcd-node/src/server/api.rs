@@ -10,6 +10,7 @@ use etcd_client::proto::*;
 use tokio::sync::{oneshot, watch};
 use tonic::{Request, Response, Status};
 
+use super::auth::{Need, needs_of, token_of};
 use super::metrics::Metrics;
 use super::node::{Announced, ClientUrls, Input, Status as NodeStatus, no_leader};
 use super::watches::WatchHub;
@@ -103,6 +104,12 @@ impl Api {
         }
     }
 
+    /// Proposes a KV write once the request's token allows it (auth).
+    async fn propose_as(&self, token: Option<String>, op: Op) -> Result<Applied, Status> {
+        self.authorize(token.as_deref(), &needs_of(&op))?;
+        self.propose(op).await
+    }
+
     pub(super) async fn propose(&self, op: Op) -> Result<Applied, Status> {
         check(&op)?;
         self.require_leader()?;
@@ -189,7 +196,9 @@ impl PbKvService for Api {
         &self,
         request: Request<PbRangeRequest>,
     ) -> Result<Response<PbRangeResponse>, Status> {
+        let token = token_of(request.metadata());
         let req = request.into_inner();
+        self.authorize(token.as_deref(), &[Need::Read(&req.key, &req.range_end)])?;
         if !req.serializable {
             self.barrier().await?;
         }
@@ -203,7 +212,11 @@ impl PbKvService for Api {
     }
 
     async fn put(&self, request: Request<PbPutRequest>) -> Result<Response<PbPutResponse>, Status> {
-        match self.propose(Op::Put(request.into_inner())).await? {
+        let token = token_of(request.metadata());
+        match self
+            .propose_as(token, Op::Put(request.into_inner()))
+            .await?
+        {
             Applied::Put(r) => Ok(Response::new(r)),
             other => Err(internal(format!("unexpected result {other:?}"))),
         }
@@ -213,14 +226,22 @@ impl PbKvService for Api {
         &self,
         request: Request<PbDeleteRequest>,
     ) -> Result<Response<PbDeleteResponse>, Status> {
-        match self.propose(Op::DeleteRange(request.into_inner())).await? {
+        let token = token_of(request.metadata());
+        match self
+            .propose_as(token, Op::DeleteRange(request.into_inner()))
+            .await?
+        {
             Applied::DeleteRange(r) => Ok(Response::new(r)),
             other => Err(internal(format!("unexpected result {other:?}"))),
         }
     }
 
     async fn txn(&self, request: Request<PbTxnRequest>) -> Result<Response<PbTxnResponse>, Status> {
-        match self.propose(Op::Txn(request.into_inner())).await? {
+        let token = token_of(request.metadata());
+        match self
+            .propose_as(token, Op::Txn(request.into_inner()))
+            .await?
+        {
             Applied::Txn(r) => Ok(Response::new(r)),
             other => Err(internal(format!("unexpected result {other:?}"))),
         }
@@ -241,6 +262,7 @@ impl PbKvService for Api {
         &self,
         request: Request<PbCompactionRequest>,
     ) -> Result<Response<PbCompactionResponse>, Status> {
+        self.require_root(token_of(request.metadata()).as_deref())?;
         match self.propose(Op::Compaction(request.into_inner())).await? {
             Applied::Compaction(r) => Ok(Response::new(r)),
             other => Err(internal(format!("unexpected result {other:?}"))),
@@ -260,6 +282,7 @@ impl PbClusterService for Api {
         &self,
         request: Request<PbMemberAddRequest>,
     ) -> Result<Response<PbMemberAddResponse>, Status> {
+        self.require_root(token_of(request.metadata()).as_deref())?;
         let r = request.into_inner();
         if r.peer_ur_ls.is_empty() {
             return Err(bad_urls("no peer URL given"));
@@ -309,6 +332,7 @@ impl PbClusterService for Api {
         &self,
         request: Request<PbMemberRemoveRequest>,
     ) -> Result<Response<PbMemberRemoveResponse>, Status> {
+        self.require_root(token_of(request.metadata()).as_deref())?;
         let member = self.member(request.get_ref().id)?;
         if member.id == self.status.borrow().leader {
             return Err(Status::failed_precondition(format!(
@@ -333,6 +357,7 @@ impl PbClusterService for Api {
         &self,
         request: Request<PbMemberPromoteRequest>,
     ) -> Result<Response<PbMemberPromoteResponse>, Status> {
+        self.require_root(token_of(request.metadata()).as_deref())?;
         let mut member = self.member(request.get_ref().id)?;
         if !member.is_learner {
             return Err(Status::failed_precondition(
@@ -427,6 +452,9 @@ impl PbMaintenanceService for Api {
     ) -> Result<Response<PbAlarmResponse>, Status> {
         // GET reads the alarms this member has applied; ACTIVATE and DEACTIVATE go through
         // Raft (etcdctl's `alarm disarm` deactivates each listed alarm in turn).
+        if request.get_ref().action != 0 {
+            self.require_root(token_of(request.metadata()).as_deref())?;
+        }
         let req = request.into_inner();
         if req.action != 0 {
             return match self.propose(Op::Alarm(req)).await? {
@@ -492,8 +520,9 @@ impl PbMaintenanceService for Api {
     /// Compacts this member's database file (writes and reads wait meanwhile, as in etcd).
     async fn defragment(
         &self,
-        _: Request<PbDefragmentRequest>,
+        request: Request<PbDefragmentRequest>,
     ) -> Result<Response<PbDefragmentResponse>, Status> {
+        self.require_root(token_of(request.metadata()).as_deref())?;
         let mvcc = self.mvcc.clone();
         let before = mvcc.db_size();
         tokio::task::spawn_blocking(move || mvcc.defragment())
@@ -507,7 +536,11 @@ impl PbMaintenanceService for Api {
     }
     /// A CRC-32C of the whole key space as a snapshot carries it (history, members, leases):
     /// equal on members that applied the same entries.
-    async fn hash(&self, _: Request<PbHashRequest>) -> Result<Response<PbHashResponse>, Status> {
+    async fn hash(
+        &self,
+        request: Request<PbHashRequest>,
+    ) -> Result<Response<PbHashResponse>, Status> {
+        self.require_root(token_of(request.metadata()).as_deref())?;
         let dump = self.mvcc.dump().map_err(internal)?;
         Ok(Response::new(PbHashResponse {
             header: self.current_header(),
@@ -519,6 +552,7 @@ impl PbMaintenanceService for Api {
         &self,
         request: Request<PbHashKvRequest>,
     ) -> Result<Response<PbHashKvResponse>, Status> {
+        self.require_root(token_of(request.metadata()).as_deref())?;
         let asked = u64::try_from(request.get_ref().revision).unwrap_or(0);
         let (hash, compacted, at) = self.mvcc.hash_kv(asked).map_err(internal)??;
         Ok(Response::new(PbHashKvResponse {
@@ -536,8 +570,9 @@ impl PbMaintenanceService for Api {
     /// (`storage::backup`), in chunks; the header carries the revision.
     async fn snapshot(
         &self,
-        _: Request<PbSnapshotRequest>,
+        request: Request<PbSnapshotRequest>,
     ) -> Result<Response<Self::SnapshotStream>, Status> {
+        self.require_root(token_of(request.metadata()).as_deref())?;
         let mvcc = self.mvcc.clone();
         let (dump, revision) = tokio::task::spawn_blocking(move || mvcc.dump_with_revision())
             .await
@@ -571,6 +606,7 @@ impl PbMaintenanceService for Api {
         &self,
         request: Request<PbMoveLeaderRequest>,
     ) -> Result<Response<PbMoveLeaderResponse>, Status> {
+        self.require_root(token_of(request.metadata()).as_deref())?;
         let to = request.get_ref().target_id;
         self.ask(|reply| Input::TransferLeader { to, reply })
             .await?;

@@ -14,6 +14,7 @@ use tokio::sync::mpsc;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::api::{Api, internal};
+use super::auth::{Need, token_of};
 use super::node::Input;
 use crate::mvcc::{Op, Response as Applied};
 
@@ -37,6 +38,7 @@ impl PbLeaseService for Api {
         &self,
         request: Request<PbLeaseGrantRequest>,
     ) -> Result<Response<PbLeaseGrantResponse>, Status> {
+        self.rights(token_of(request.metadata()).as_deref())?;
         let mut req = request.into_inner();
         if req.id == 0 {
             // Positive and non-zero, as etcd's generated ids.
@@ -53,6 +55,15 @@ impl PbLeaseService for Api {
         &self,
         request: Request<PbLeaseRevokeRequest>,
     ) -> Result<Response<PbLeaseRevokeResponse>, Status> {
+        // As etcd: revoking deletes the lease's keys, so it needs write access to each.
+        let keys = self
+            .mvcc
+            .lease(request.get_ref().id)
+            .map_err(internal)?
+            .map(|(_, keys)| keys)
+            .unwrap_or_default();
+        let needs: Vec<Need<'_>> = keys.iter().map(|k| Need::Write(k, &[])).collect();
+        self.authorize(token_of(request.metadata()).as_deref(), &needs)?;
         match self.propose(Op::LeaseRevoke(request.into_inner())).await? {
             Applied::LeaseRevoke(r) => Ok(Response::new(r)),
             other => Err(internal(format!("unexpected result {other:?}"))),
@@ -66,6 +77,7 @@ impl PbLeaseService for Api {
         &self,
         request: Request<Streaming<PbLeaseKeepAliveRequest>>,
     ) -> Result<Response<Self::LeaseKeepAliveStream>, Status> {
+        self.rights(token_of(request.metadata()).as_deref())?;
         let mut requests = request.into_inner();
         let (out, rx) = mpsc::channel(16);
         let api = self.clone();
@@ -95,6 +107,7 @@ impl PbLeaseService for Api {
         &self,
         request: Request<PbLeaseTimeToLiveRequest>,
     ) -> Result<Response<PbLeaseTimeToLiveResponse>, Status> {
+        self.rights(token_of(request.metadata()).as_deref())?;
         let req = request.into_inner();
         let Some((ttl, granted_ttl)) = self.ask_lease(req.id, false).await? else {
             // etcd answers an unknown lease with TTL -1, not an error.
@@ -125,8 +138,9 @@ impl PbLeaseService for Api {
 
     async fn lease_leases(
         &self,
-        _: Request<PbLeaseLeasesRequest>,
+        request: Request<PbLeaseLeasesRequest>,
     ) -> Result<Response<PbLeaseLeasesResponse>, Status> {
+        self.rights(token_of(request.metadata()).as_deref())?;
         let leases = self.mvcc.leases().map_err(internal)?;
         Ok(Response::new(PbLeaseLeasesResponse {
             header: self.current_header(),

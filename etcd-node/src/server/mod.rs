@@ -4,6 +4,7 @@
 //! locally: witness steps run against the storage its `witness:` URL names.
 
 pub mod api;
+pub mod auth;
 pub mod corruption;
 pub mod leases;
 pub mod lessor;
@@ -351,7 +352,8 @@ pub async fn run(
         .add_service(PbClusterServer::new(api.clone()))
         .add_service(PbMaintenanceServer::new(api.clone()))
         .add_service(PbWatchServer::new(api.clone()))
-        .add_service(PbLeaseServer::new(api.clone()));
+        .add_service(PbLeaseServer::new(api.clone()))
+        .add_service(auth::pb::auth_server::AuthServer::new(api.clone()));
         with_http(grpc.into_axum_router(), &api)
     };
     for l in bind("--listen-client-urls", &cfg.listen_client_urls).await? {

@@ -19,6 +19,7 @@ use tokio::sync::{broadcast, mpsc};
 use tonic::{Request, Response, Status, Streaming};
 
 use super::api::{Api, MAX_REQUEST_BYTES, internal};
+use super::auth::{Need, token_of};
 use crate::mvcc::events::{DELETE, PUT};
 use crate::mvcc::request::in_range;
 
@@ -144,6 +145,8 @@ struct Stream {
     next_id: i64,
     /// Every event up to this revision was sent to every watcher (that wanted it).
     revision: u64,
+    /// The client's auth token (each watch is checked for read access when created).
+    token: Option<String>,
 }
 
 fn store_error(e: impl std::fmt::Display) -> End {
@@ -282,19 +285,27 @@ impl Stream {
         match r.request_union {
             Some(PbWatchRequestUnion::CreateRequest(c)) => {
                 let taken = c.watch_id != 0 && self.watchers.contains_key(&c.watch_id);
-                if taken || c.watch_id < 0 {
+                let denied = self
+                    .api
+                    .authorize(self.token.as_deref(), &[Need::Read(&c.key, &c.range_end)])
+                    .err();
+                let refusal = if let Some(status) = denied {
+                    Some(status.message().to_string())
+                } else if taken {
+                    Some("etcdserver: mvcc: duplicate watch ID provided on the WatchStream".into())
+                } else if c.watch_id < 0 {
+                    Some("etcdserver: mvcc: watch ID must not be negative".into())
+                } else {
+                    None
+                };
+                if let Some(cancel_reason) = refusal {
                     return self
                         .send(PbWatchResponse {
                             header: self.header(self.revision),
                             watch_id: c.watch_id,
                             created: true,
                             canceled: true,
-                            cancel_reason: if taken {
-                                "etcdserver: mvcc: duplicate watch ID provided on the WatchStream"
-                            } else {
-                                "etcdserver: mvcc: watch ID must not be negative"
-                            }
-                            .into(),
+                            cancel_reason,
                             ..Default::default()
                         })
                         .await;
@@ -425,6 +436,7 @@ impl PbWatchService for Api {
             watchers: BTreeMap::new(),
             next_id: 0,
             revision,
+            token: token_of(request.metadata()),
         };
         let every = self.watch_progress;
         let requests = request.into_inner();
