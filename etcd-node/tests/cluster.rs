@@ -1416,7 +1416,8 @@ fn tamper(db_path: &Path, key: &[u8], value: &[u8]) {
 
 /// The periodic corruption check: members that agree raise nothing; once one member's key
 /// space is changed behind Raft's back, the leader finds the hashes differ at the same
-/// revision, logs it and raises CORRUPT, and every write is refused as by etcd.
+/// revision, logs it and raises CORRUPT, and every write is refused as by etcd. Auth is on
+/// meanwhile: the members' own HashKV requests carry the token they sign for themselves.
 #[test]
 fn the_leader_raises_corrupt_when_a_members_key_space_diverges() {
     let (node, etcdutl) = bins();
@@ -1430,13 +1431,18 @@ fn the_leader_raises_corrupt_when_a_members_key_space_diverges() {
     let want: Vec<(String, String)> = (0..10).map(|i| (format!("c/{i}"), "v".into())).collect();
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(wait_caught_up(&c.members[follower].url(), "c/", &want));
+    ok(etcdctl(&eps, &["user", "add", "root:pw"], None));
+    ok(etcdctl(&eps, &["user", "grant-role", "root", "root"], None));
+    ok(etcdctl(&eps, &["auth", "enable"], None));
+    let root = |args: &[&str]| {
+        let all: Vec<&str> = std::iter::once("--user=root:pw")
+            .chain(args.iter().copied())
+            .collect();
+        etcdctl(&eps, &all, None)
+    };
     // A few rounds of the check while the members agree.
     std::thread::sleep(Duration::from_secs(3));
-    assert_eq!(
-        ok(etcdctl(&eps, &["alarm", "list"], None)),
-        "",
-        "no false alarm"
-    );
+    assert_eq!(ok(root(&["alarm", "list"])), "", "no false alarm");
 
     c.stop(follower);
     tamper(
@@ -1447,7 +1453,7 @@ fn the_leader_raises_corrupt_when_a_members_key_space_diverges() {
     c.start_member(follower);
     let started = Instant::now();
     loop {
-        let alarms = ok(etcdctl(&eps, &["alarm", "list"], None));
+        let alarms = ok(root(&["alarm", "list"]));
         if alarms.contains("alarm:CORRUPT") {
             break;
         }
@@ -1457,7 +1463,7 @@ fn the_leader_raises_corrupt_when_a_members_key_space_diverges() {
         );
         std::thread::sleep(Duration::from_millis(300));
     }
-    let refused = etcdctl(&eps, &["put", "c/new", "x"], None);
+    let refused = root(&["put", "c/new", "x"]);
     assert!(
         String::from_utf8_lossy(&refused.stderr).contains("etcdserver: corrupt cluster"),
         "{}",

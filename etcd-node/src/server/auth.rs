@@ -222,6 +222,17 @@ impl Api {
         }
     }
 
+    /// A root token this member signs for its own requests to other members (None while auth
+    /// is off).
+    pub(super) fn member_token(&self) -> Result<Option<String>, Status> {
+        if !self.auth_enabled()? {
+            return Ok(None);
+        }
+        let secret = self.mvcc.auth_row("secret").map_err(internal)?;
+        let root = self.stored::<StoredUser>(&user_key(ROOT))?;
+        Ok(secret.zip(root).map(|(s, u)| sign(&s, &u)))
+    }
+
     /// Refuses the request unless auth is off or the token's user has the root role.
     pub(super) fn require_root(&self, token: Option<&str>) -> Result<(), Status> {
         match self.rights(token)? {

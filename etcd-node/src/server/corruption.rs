@@ -11,8 +11,9 @@
 
 use std::time::Duration;
 
-use etcd_client::proto::PbAlarmRequest;
-use etcd_client::{Client, ConnectOptions};
+use etcd_client::proto::{PbAlarmRequest, PbHashKvRequest, PbHashKvResponse};
+use tonic::codegen::http::uri::PathAndQuery;
+use tonic::transport::Endpoint;
 
 use super::api::Api;
 use crate::mvcc::Op;
@@ -94,9 +95,14 @@ async fn check(api: &Api) -> Vec<(NodeId, Outcome)> {
         .filter(|(id, a)| **id != api.member_id && !a.client_urls.is_empty())
         .map(|(id, a)| (*id, a.client_urls.clone()))
         .collect();
+    // While auth is on, the member vouches for itself as root (it holds the signing secret).
+    let token = match api.member_token() {
+        Ok(t) => t,
+        Err(e) => return vec![(api.member_id, Outcome::Skipped(e.message().to_string()))],
+    };
     let mut out = Vec::new();
     for (member, urls) in others {
-        let outcome = match ask(&urls, revision, api.request_timeout).await {
+        let outcome = match ask(&urls, revision, token.as_deref(), api.request_timeout).await {
             Err(why) => Outcome::Skipped(why),
             Ok((_, theirs_compacted)) if theirs_compacted != compacted => Outcome::Skipped(
                 format!("compacted at {theirs_compacted}, this member at {compacted}"),
@@ -113,17 +119,53 @@ async fn check(api: &Api) -> Vec<(NodeId, Outcome)> {
     out
 }
 
-/// Another member's (hash, compacted revision) at `revision`.
-async fn ask(urls: &[String], revision: u64, timeout: Duration) -> Result<(u32, u64), String> {
-    let options = ConnectOptions::new()
-        .with_connect_timeout(timeout)
-        .with_timeout(timeout);
-    let mut client = Client::connect(urls, Some(options))
+/// Another member's (hash, compacted revision) at `revision`, from the first of its client
+/// URLs that answers (etcd's Maintenance.HashKV, called as a plain gRPC request so it can
+/// carry the member's token).
+async fn ask(
+    urls: &[String],
+    revision: u64,
+    token: Option<&str>,
+    timeout: Duration,
+) -> Result<(u32, u64), String> {
+    let mut why = String::from("no client URL");
+    for url in urls {
+        match ask_one(url, revision, token, timeout).await {
+            Ok(r) => return Ok((r.hash, u64::try_from(r.compact_revision).unwrap_or(0))),
+            Err(e) => why = format!("{url}: {e}"),
+        }
+    }
+    Err(why)
+}
+
+async fn ask_one(
+    url: &str,
+    revision: u64,
+    token: Option<&str>,
+    timeout: Duration,
+) -> Result<PbHashKvResponse, String> {
+    let channel = Endpoint::from_shared(url.to_string())
+        .map_err(|e| e.to_string())?
+        .connect_timeout(timeout)
+        .timeout(timeout)
+        .connect()
         .await
         .map_err(|e| e.to_string())?;
-    let r = client
-        .hash_kv(revision as i64)
+    let mut grpc = tonic::client::Grpc::new(channel);
+    grpc.ready().await.map_err(|e| e.to_string())?;
+    let mut request = tonic::Request::new(PbHashKvRequest {
+        revision: revision as i64,
+    });
+    if let Some(t) = token {
+        request
+            .metadata_mut()
+            .insert("token", t.parse().map_err(|_| "an unsendable token")?);
+    }
+    let path = PathAndQuery::from_static("/etcdserverpb.Maintenance/HashKV");
+    let codec = tonic_prost::ProstCodec::default();
+    let response = grpc
+        .unary(request, path, codec)
         .await
-        .map_err(|e| e.to_string())?;
-    Ok((r.hash(), u64::try_from(r.compact_version()).unwrap_or(0)))
+        .map_err(|e| e.message().to_string())?;
+    Ok(response.into_inner())
 }
