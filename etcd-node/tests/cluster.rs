@@ -1604,3 +1604,327 @@ fn etcdctl_auth_users_roles_and_permissions() {
     ok(run(root, &["auth", "disable"]));
     assert_eq!(ok(run(None, &["put", "a/1", "open"])), "OK\n");
 }
+
+/// Retries `op` (a kube-apiserver request) until it succeeds, for at most 30 s: through a
+/// leader kill some attempts fail, and some of those were applied anyway.
+async fn retried<T, F, Fut>(what: &str, client: &Client, mut op: F) -> T
+where
+    F: FnMut(Client) -> Fut,
+    Fut: std::future::Future<Output = Result<T, etcd_client::Error>>,
+{
+    let started = Instant::now();
+    loop {
+        match op(client.clone()).await {
+            Ok(t) => return t,
+            Err(e) => assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "{what} kept failing: {e}"
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// What one kube-apiserver-shaped client does to the store (`k8s.io/apiserver`'s etcd3 store,
+/// request by request): creates with `mod_revision == 0`, GuaranteedUpdate and Delete as
+/// Txns comparing the `mod_revision` they read (the else branch reads the key back), events
+/// attached to a lease, and the compactor's Txn on `compact_rev_key` followed by Compact.
+struct Apiserver {
+    client: Client,
+    lease: i64,
+    /// The pods as they must end up.
+    want: std::collections::BTreeMap<String, String>,
+    compact_version: i64,
+}
+
+impl Apiserver {
+    async fn txn(&self, what: &str, txn: etcd_client::Txn) -> etcd_client::TxnResponse {
+        retried(what, &self.client, |mut c| {
+            let t = txn.clone();
+            async move { c.txn(t).await }
+        })
+        .await
+    }
+
+    async fn get(&self, what: &str, key: &str) -> etcd_client::GetResponse {
+        retried(what, &self.client, |mut c| {
+            let k = key.to_string();
+            async move { c.get(k, None).await }
+        })
+        .await
+    }
+
+    async fn create(&mut self, key: &str, value: &str, lease: bool) {
+        use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
+        let opts = lease.then(|| PutOptions::new().with_lease(self.lease));
+        let txn = Txn::new()
+            .when([Compare::mod_revision(key, CompareOp::Equal, 0)])
+            .and_then([TxnOp::put(key, value, opts)])
+            .or_else([TxnOp::get(key, None)]);
+        let r = self.txn("create", txn).await;
+        if !r.succeeded() {
+            // An earlier attempt was applied though its answer was lost.
+            let got = self.client.get(key, None).await.unwrap();
+            assert_eq!(
+                got.kvs()[0].value(),
+                value.as_bytes(),
+                "{key} exists already"
+            );
+        }
+        if !lease {
+            self.want.insert(key.into(), value.into());
+        }
+    }
+
+    /// GuaranteedUpdate: read, then write only if nothing changed since the read.
+    async fn update(&mut self, key: &str, value: &str) {
+        use etcd_client::{Compare, CompareOp, Txn, TxnOp};
+        loop {
+            let current = self.get("read for update", key).await;
+            let kv = &current.kvs()[0];
+            if kv.value() == value.as_bytes() {
+                break; // (applied by an attempt whose answer was lost: nothing to change)
+            }
+            let txn = Txn::new()
+                .when([Compare::mod_revision(
+                    key,
+                    CompareOp::Equal,
+                    kv.mod_revision(),
+                )])
+                .and_then([TxnOp::put(key, value, None)])
+                .or_else([TxnOp::get(key, None)]);
+            if self.txn("update", txn).await.succeeded() {
+                break;
+            }
+        }
+        self.want.insert(key.into(), value.into());
+    }
+
+    async fn delete(&mut self, key: &str) {
+        use etcd_client::{Compare, CompareOp, Txn, TxnOp};
+        loop {
+            let current = self.get("read for delete", key).await;
+            let Some(kv) = current.kvs().first() else {
+                break; // (deleted by an attempt whose answer was lost)
+            };
+            let txn = Txn::new()
+                .when([Compare::mod_revision(
+                    key,
+                    CompareOp::Equal,
+                    kv.mod_revision(),
+                )])
+                .and_then([TxnOp::delete(key, None)])
+                .or_else([TxnOp::get(key, None)]);
+            if self.txn("delete", txn).await.succeeded() {
+                break;
+            }
+        }
+        self.want.remove(key);
+    }
+
+    /// The compactor: whoever wins the Txn on `compact_rev_key` compacts.
+    async fn compact(&mut self) {
+        use etcd_client::{Compare, CompareOp, Txn, TxnOp};
+        let now = self.get("revision", "compact_rev_key").await;
+        let rev = now.header().unwrap().revision();
+        let txn = Txn::new()
+            .when([Compare::version(
+                "compact_rev_key",
+                CompareOp::Equal,
+                self.compact_version,
+            )])
+            .and_then([TxnOp::put("compact_rev_key", rev.to_string(), None)])
+            .or_else([TxnOp::get("compact_rev_key", None)]);
+        let r = self.txn("compaction txn", txn).await;
+        self.compact_version += 1;
+        if r.succeeded() {
+            retried("compact", &self.client, |mut c| async move {
+                c.compact(rev - 5, None).await
+            })
+            .await;
+        }
+    }
+
+    /// A paged list at one revision, as a LIST with `limit`: every page at the first page's
+    /// revision. Returns (revision, pods).
+    async fn paged_list(&mut self, limit: i64) -> (i64, Vec<(String, String)>) {
+        let (mut key, end) = (b"/registry/pods/".to_vec(), b"/registry/pods0".to_vec());
+        let (mut revision, mut out) = (0, Vec::new());
+        loop {
+            let opts = GetOptions::new()
+                .with_range(end.clone())
+                .with_limit(limit)
+                .with_revision(revision);
+            let page = retried("list page", &self.client, |mut c| {
+                let (k, o) = (key.clone(), opts.clone());
+                async move { c.get(k, Some(o)).await }
+            })
+            .await;
+            if revision == 0 {
+                revision = page.header().unwrap().revision();
+            }
+            for kv in page.kvs() {
+                out.push((kv.key_str().unwrap().into(), kv.value_str().unwrap().into()));
+            }
+            if !page.more() {
+                return (revision, out);
+            }
+            key = [page.kvs().last().unwrap().key(), b"\0"].concat();
+        }
+    }
+}
+
+/// What the watch cache saw: (revision, type, key, value) per event, and the progress
+/// notifications' revisions with how many events had arrived before each.
+#[derive(Debug, Default)]
+struct CacheView {
+    events: Vec<(i64, EventType, String, String)>,
+    progress: Vec<(i64, usize)>,
+}
+
+/// A kube-apiserver-shaped workload through a leader kill: creates, updates, deletes, lease-
+/// attached events and compactions as kube's store issues them, while a watch cache on the
+/// surviving member watches `/registry/` with prev_kv and progress notifications. Then a paged
+/// LIST at one revision, a progress request whose answer must mean "every event up to here was
+/// sent" (kube's consistent reads from the cache rely on it), and the events' lease revoked.
+#[test]
+fn a_kube_apiserver_shaped_workload_survives_a_leader_kill() {
+    let mut c = cluster();
+    let leader = c.wait_leader(LEADER_WAIT);
+    let survivor = c.members[1 - leader].url();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(CacheView::default()));
+    let (mut api, mut progress) = rt.block_on(async {
+        let mut client = Client::connect(c.endpoints(), None).await.unwrap();
+        let lease = client.lease_grant(3600, None).await.unwrap().id();
+        let start = client.get("compact_rev_key", None).await.unwrap();
+        let start = start.header().unwrap().revision();
+        let mut cache = Client::connect([survivor.as_str()], None).await.unwrap();
+        let opts = WatchOptions::new()
+            .with_prefix()
+            .with_prev_key()
+            .with_progress_notify()
+            .with_start_revision(start + 1);
+        let (progress, mut stream) = cache.watch("/registry/", Some(opts)).await.unwrap().split();
+        let sink = seen.clone();
+        tokio::spawn(async move {
+            while let Ok(Some(r)) = stream.message().await {
+                let mut s = sink.lock().unwrap();
+                if r.events().is_empty() && !r.created() && !r.canceled() {
+                    let n = s.events.len();
+                    s.progress.push((r.header().unwrap().revision(), n));
+                }
+                for e in r.events() {
+                    let kv = e.kv().unwrap();
+                    let v = kv.value_str().unwrap().to_string();
+                    let k = kv.key_str().unwrap().to_string();
+                    s.events.push((kv.mod_revision(), e.event_type(), k, v));
+                }
+            }
+        });
+        let api = Apiserver {
+            client,
+            lease,
+            want: Default::default(),
+            compact_version: 0,
+        };
+        (api, progress)
+    });
+
+    let workload = |api: &mut Apiserver, from: usize, to: usize| {
+        rt.block_on(async {
+            for i in from..to {
+                api.create(&format!("/registry/pods/p{i:03}"), "created", false)
+                    .await;
+                api.create(&format!("/registry/events/e{i:03}"), "event", true)
+                    .await;
+                if i % 3 == 2 {
+                    api.update(&format!("/registry/pods/p{:03}", i - 1), "updated")
+                        .await;
+                }
+                if i % 5 == 4 {
+                    api.delete(&format!("/registry/pods/p{:03}", i - 2)).await;
+                }
+                if i % 20 == 19 {
+                    api.compact().await;
+                }
+            }
+        })
+    };
+    workload(&mut api, 0, 60);
+    c.kill(leader);
+    workload(&mut api, 60, 120);
+
+    rt.block_on(async {
+        // A paged LIST: every page at one revision, together exactly the pods.
+        let (revision, pods) = api.paged_list(7).await;
+        let want: Vec<(String, String)> = api.want.clone().into_iter().collect();
+        assert_eq!(pods, want, "paged list at revision {revision}");
+
+        // A progress request: its revision promises every event up to it was already sent.
+        let now = api.get("revision", "compact_rev_key").await;
+        let now = now.header().unwrap().revision();
+        progress.request_progress().await.unwrap();
+        let started = Instant::now();
+        let (at, count) = loop {
+            let last = seen.lock().unwrap().progress.last().copied();
+            if let Some((at, count)) = last.filter(|(at, _)| *at >= now) {
+                break (at, count);
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "no progress at {now}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        let s = seen.lock().unwrap();
+        let before = &s.events[..count];
+        assert!(before.iter().all(|e| e.0 <= at));
+        let mut state = std::collections::BTreeMap::new();
+        let mut last_rev = 0;
+        for (rev, kind, key, value) in before {
+            assert!(
+                *rev > last_rev,
+                "events in revision order, once each: {rev} after {last_rev}"
+            );
+            last_rev = *rev;
+            if key.starts_with("/registry/pods/") {
+                match kind {
+                    EventType::Put => state.insert(key.clone(), value.clone()),
+                    EventType::Delete => state.remove(key),
+                };
+            }
+        }
+        assert_eq!(
+            state, api.want,
+            "the events up to the progress revision replay to the pods"
+        );
+        drop(s);
+
+        // The events' lease ends: all of them deleted in one revision, seen by the cache.
+        let before_revoke = seen.lock().unwrap().events.len();
+        let lease = api.lease;
+        retried("revoke", &api.client, |mut c| async move {
+            c.lease_revoke(lease).await
+        })
+        .await;
+        let started = Instant::now();
+        loop {
+            let s = seen.lock().unwrap();
+            let deletes: Vec<_> = s.events[before_revoke..]
+                .iter()
+                .filter(|e| e.1 == EventType::Delete && e.2.starts_with("/registry/events/"))
+                .collect();
+            if deletes.len() == 120 {
+                assert!(deletes.iter().all(|e| e.0 == deletes[0].0), "one revision");
+                break;
+            }
+            drop(s);
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "lease-attached deletes missing"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    });
+}
