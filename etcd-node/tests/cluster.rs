@@ -1877,12 +1877,11 @@ fn a_kube_apiserver_shaped_workload_survives_a_leader_kill() {
             );
             tokio::time::sleep(Duration::from_millis(20)).await;
         };
-        let s = seen.lock().unwrap();
-        let before = &s.events[..count];
+        let before = seen.lock().unwrap().events[..count].to_vec();
         assert!(before.iter().all(|e| e.0 <= at));
         let mut state = std::collections::BTreeMap::new();
         let mut last_rev = 0;
-        for (rev, kind, key, value) in before {
+        for (rev, kind, key, value) in &before {
             assert!(
                 *rev > last_rev,
                 "events in revision order, once each: {rev} after {last_rev}"
@@ -1899,7 +1898,6 @@ fn a_kube_apiserver_shaped_workload_survives_a_leader_kill() {
             state, api.want,
             "the events up to the progress revision replay to the pods"
         );
-        drop(s);
 
         // The events' lease ends: all of them deleted in one revision, seen by the cache.
         let before_revoke = seen.lock().unwrap().events.len();
@@ -1910,16 +1908,15 @@ fn a_kube_apiserver_shaped_workload_survives_a_leader_kill() {
         .await;
         let started = Instant::now();
         loop {
-            let s = seen.lock().unwrap();
-            let deletes: Vec<_> = s.events[before_revoke..]
+            let deletes: Vec<i64> = seen.lock().unwrap().events[before_revoke..]
                 .iter()
                 .filter(|e| e.1 == EventType::Delete && e.2.starts_with("/registry/events/"))
+                .map(|e| e.0)
                 .collect();
             if deletes.len() == 120 {
-                assert!(deletes.iter().all(|e| e.0 == deletes[0].0), "one revision");
+                assert!(deletes.iter().all(|r| *r == deletes[0]), "one revision");
                 break;
             }
-            drop(s);
             assert!(
                 started.elapsed() < Duration::from_secs(10),
                 "lease-attached deletes missing"
