@@ -32,6 +32,7 @@ mod range;
 pub mod request;
 
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{PoisonError, RwLock, RwLockReadGuard};
 
 use etcd_client::proto::{PbAlarmMember, PbEvent, PbKeyValue, PbMember};
@@ -140,6 +141,8 @@ pub struct Mvcc {
     /// (Defragment), which redb allows only with no transaction open.
     db: RwLock<Database>,
     path: String,
+    /// Whether auth is on, as applied (every request asks: kept here, not read from redb).
+    auth_on: AtomicBool,
 }
 
 /// Where the store stands.
@@ -209,6 +212,7 @@ impl Mvcc {
         let mvcc = Mvcc {
             db: RwLock::new(db),
             path: name.clone(),
+            auth_on: AtomicBool::new(false),
         };
         let tx = mvcc.db().begin_write().map_err(|e| err(&e))?;
         {
@@ -225,7 +229,19 @@ impl Mvcc {
             }
         }
         tx.commit().map_err(|e| err(&e))?;
+        mvcc.refresh_auth_on()?;
         Ok(mvcc)
+    }
+
+    /// Is auth on (as applied)?
+    pub fn auth_enabled(&self) -> bool {
+        self.auth_on.load(Ordering::Acquire)
+    }
+
+    fn refresh_auth_on(&self) -> Result<(), StoreError> {
+        let on = self.auth_row("enabled")?.is_some();
+        self.auth_on.store(on, Ordering::Release);
+        Ok(())
     }
 
     /// The database, for the length of one operation (its transactions end before the guard
@@ -414,6 +430,12 @@ impl Mvcc {
         crate::failpoint::hit("apply-before-commit");
         tx.commit().map_err(|e| self.fail(e))?;
         crate::failpoint::hit("apply-after-commit");
+        let auth_changed = entries.iter().any(|(_, c)| {
+            matches!(c, Command::Kv(Proposal { op: Some(Op::Auth(_)), .. }))
+        });
+        if auth_changed {
+            self.refresh_auth_on()?;
+        }
         Ok(outcome)
     }
 
@@ -652,7 +674,7 @@ impl Mvcc {
             meta.insert("applied", applied).map_err(|e| self.fail(e))?;
         }
         tx.commit().map_err(|e| self.fail(e))?;
-        Ok(())
+        self.refresh_auth_on()
     }
 }
 

@@ -144,9 +144,6 @@ fn sign(secret: &[u8], user: &StoredUser) -> String {
 }
 
 impl Api {
-    fn auth_enabled(&self) -> Result<bool, Status> {
-        Ok(self.mvcc.auth_row("enabled").map_err(internal)?.is_some())
-    }
 
     fn stored<T: prost::Message + Default>(&self, key: &str) -> Result<Option<T>, Status> {
         match self.mvcc.auth_row(key).map_err(internal)? {
@@ -157,7 +154,7 @@ impl Api {
 
     /// The rights of the token's user; None while auth is off (everything is allowed).
     pub(super) fn rights(&self, token: Option<&str>) -> Result<Option<Rights>, Status> {
-        if !self.auth_enabled()? {
+        if !self.mvcc.auth_enabled() {
             return Ok(None);
         }
         let Some(token) = token else {
@@ -225,7 +222,7 @@ impl Api {
     /// A root token this member signs for its own requests to other members (None while auth
     /// is off).
     pub(super) fn member_token(&self) -> Result<Option<String>, Status> {
-        if !self.auth_enabled()? {
+        if !self.mvcc.auth_enabled() {
             return Ok(None);
         }
         let secret = self.mvcc.auth_row("secret").map_err(internal)?;
@@ -305,7 +302,7 @@ impl PbAuthService for Api {
             .unwrap_or(0);
         Ok(Response::new(PbAuthStatusResponse {
             header: self.current_header(),
-            enabled: self.auth_enabled()?,
+            enabled: self.mvcc.auth_enabled(),
             auth_revision: revision,
         }))
     }
@@ -318,7 +315,7 @@ impl PbAuthService for Api {
     ) -> Result<Response<PbAuthenticateResponse>, Status> {
         let req = request.into_inner();
         self.barrier().await?;
-        if !self.auth_enabled()? {
+        if !self.mvcc.auth_enabled() {
             return Err(Status::failed_precondition(
                 "etcdserver: authentication is not enabled",
             ));
