@@ -15,6 +15,8 @@ command -v protoc >/dev/null 2>&1 || need_apt+=(protobuf-compiler)
 command -v etcdctl >/dev/null 2>&1 || need_apt+=(etcd-client)
 command -v etcd >/dev/null 2>&1 || need_apt+=(etcd-server)
 command -v curl >/dev/null 2>&1 || need_apt+=(curl)
+# (the Python client check builds a venv: Debian splits venv/ensurepip out of python3)
+python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || need_apt+=(python3 python3-venv)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "==> installing Debian packages: ${need_apt[*]}"
   apt-get update -qq

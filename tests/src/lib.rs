@@ -1,5 +1,6 @@
 //! Test support shared by the workspace's tests: a real Azurite for the blob backend and account
-//! SAS tokens for it; a real sshd with sshfs mounts for two clients of one directory.
+//! SAS tokens for it; a real sshd with sshfs mounts for two clients of one directory; a local
+//! etcd-node cluster of real processes; a Python venv with a PyPI etcd client.
 //!
 //! Invariants: every server started here is stopped when its handle drops, with SIGTERM (never
 //! SIGKILL: Azurite loses acknowledged writes when killed); a missing tool is a test failure
@@ -7,6 +8,7 @@
 
 pub mod azurite;
 pub mod cluster;
+pub mod python;
 pub mod sshfs;
 
 use std::path::PathBuf;

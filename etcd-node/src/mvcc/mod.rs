@@ -431,7 +431,13 @@ impl Mvcc {
         tx.commit().map_err(|e| self.fail(e))?;
         crate::failpoint::hit("apply-after-commit");
         let auth_changed = entries.iter().any(|(_, c)| {
-            matches!(c, Command::Kv(Proposal { op: Some(Op::Auth(_)), .. }))
+            matches!(
+                c,
+                Command::Kv(Proposal {
+                    op: Some(Op::Auth(_)),
+                    ..
+                })
+            )
         });
         if auth_changed {
             self.refresh_auth_on()?;

@@ -144,7 +144,6 @@ fn sign(secret: &[u8], user: &StoredUser) -> String {
 }
 
 impl Api {
-
     fn stored<T: prost::Message + Default>(&self, key: &str) -> Result<Option<T>, Status> {
         match self.mvcc.auth_row(key).map_err(internal)? {
             Some(bytes) => Ok(Some(decode(&bytes).map_err(internal)?)),
