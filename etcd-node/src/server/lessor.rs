@@ -68,13 +68,12 @@ impl Lessor {
         Some(t.ttl)
     }
 
-    /// (remaining TTL in whole seconds, rounded up; granted TTL), None when there is no such
-    /// lease.
+    /// (remaining TTL in whole seconds, rounded down as etcd does; granted TTL), None when
+    /// there is no such lease.
     pub fn remaining(&self, id: i64, now: Instant) -> Option<(i64, i64)> {
         let t = self.leases.get(&id)?;
         let left = t.expiry.saturating_duration_since(now);
-        let whole = left.as_secs() + u64::from(left.subsec_nanos() > 0);
-        Some((i64::try_from(whole).unwrap_or(i64::MAX), t.ttl))
+        Some((i64::try_from(left.as_secs()).unwrap_or(i64::MAX), t.ttl))
     }
 
     /// The leases to revoke now: expired, and not already being revoked (or their revoke was
@@ -104,8 +103,8 @@ mod tests {
         assert_eq!(l.remaining(1, t0), Some((5, 5)));
         assert_eq!(
             l.remaining(1, t0 + Duration::from_millis(1500)),
-            Some((4, 5)),
-            "rounded up"
+            Some((3, 5)),
+            "rounded down, as etcd"
         );
         assert_eq!(l.remaining(3, t0), None);
         let retry = Duration::from_millis(500);
