@@ -430,6 +430,8 @@ impl Mvcc {
         crate::failpoint::hit("apply-before-commit");
         tx.commit().map_err(|e| self.fail(e))?;
         crate::failpoint::hit("apply-after-commit");
+        // (the guard goes first: reading it again while Defragment waits would deadlock)
+        drop(db);
         let auth_changed = entries.iter().any(|(_, c)| {
             matches!(
                 c,
@@ -680,6 +682,7 @@ impl Mvcc {
             meta.insert("applied", applied).map_err(|e| self.fail(e))?;
         }
         tx.commit().map_err(|e| self.fail(e))?;
+        drop(db); // (see `apply`)
         self.refresh_auth_on()
     }
 }
