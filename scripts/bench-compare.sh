@@ -7,6 +7,7 @@
 #   bash scripts/bench-compare.sh            # full run (a few minutes)
 #   QUICK=1 bash scripts/bench-compare.sh    # fewer requests
 #   SUITE=api bash scripts/bench-compare.sh  # only watch fan-out and lease churn
+#   SUITE=put bash scripts/bench-compare.sh  # only the puts (1, 16, 64 clients)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -91,6 +92,7 @@ run_suite() { # label eps pids...
   bench "$label" "$eps" "$@" -- --clients 1 --conns 1 put --total $n_small --key-size 8 --val-size 256 --key-space-size 100000
   bench "$label" "$eps" "$@" -- --clients 16 --conns 4 put --total $n_big --key-size 8 --val-size 256 --key-space-size 100000
   bench "$label" "$eps" "$@" -- --clients 64 --conns 8 put --total $n_big --key-size 8 --val-size 256 --key-space-size 100000
+  if [ "${SUITE:-all}" = put ]; then return; fi
   "$bin/etcd-bench" --endpoints "$eps" put --total 1 --key-size 3 >/dev/null
   bench "$label" "$eps" "$@" -- --clients 16 --conns 4 range 000 --consistency l --total $n_big
   bench "$label" "$eps" "$@" -- --clients 16 --conns 4 range 000 --consistency s --total $n_big
@@ -107,13 +109,13 @@ failover_ours() {
   echo "killing the leader on port ${ours_ports[$l]}"; kill -9 "${ours[$l]}"; wait $b
   echo "$(grep '^RESULT' "$work/fo") cluster=etcd-node" | tee -a "$work/results"
 }
-[ "${SUITE:-all}" = api ] || failover_ours
+case "${SUITE:-all}" in api|put) ;; *) failover_ours ;; esac
 kill -9 "${ours[@]}" 2>/dev/null || true
 
 echo "==> etcd $(etcd --version | head -1 | awk '{print $3}'): three members"
 start_etcd; wait_healthy 51379; sleep 1
 run_suite etcd-3.4 "$theirs_eps" "${theirs[@]}"
-if [ "${SUITE:-all}" = api ]; then echo; echo "==> all results"; cat "$work/results"; exit 0; fi
+case "${SUITE:-all}" in api|put) echo; echo "==> all results"; cat "$work/results"; exit 0 ;; esac
 "$bin/etcd-bench" --endpoints "$theirs_eps" failover --duration 12 > "$work/fo" 2>&1 & b=$!
 sleep 4; l=$(leader_of "${theirs_ports[@]}"); [ "$l" -ge 0 ] || { echo "no leader found"; exit 1; }
 echo "killing the leader on port ${theirs_ports[$l]}"; kill -9 "${theirs[$l]}"; wait $b

@@ -69,6 +69,21 @@ fn re_entering_r_before_catching_up_is_caught() {
 }
 
 #[test]
+fn acknowledging_before_persisting_is_caught() {
+    // Seen only through the simulator's crash between a node's early sends and its fsync.
+    assert_caught(
+        Mutation::SendBeforePersist,
+        2,
+        600,
+        &[
+            "leader completeness",
+            "state machine safety",
+            "log matching",
+        ],
+    );
+}
+
+#[test]
 fn reading_without_confirming_leadership_is_caught() {
     assert_caught(
         Mutation::ReadWithoutConfirmation,

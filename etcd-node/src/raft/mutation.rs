@@ -14,4 +14,7 @@ pub enum Mutation {
     ReenterBeforeCatchUp,
     /// The leader answers linearizable reads without confirming its leadership.
     ReadWithoutConfirmation,
+    /// Every node sends every message before persisting (votes and append acknowledgements
+    /// too), not only a leader's appends and heartbeats.
+    SendBeforePersist,
 }

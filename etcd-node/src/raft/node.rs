@@ -1542,6 +1542,23 @@ impl Raft {
         assert!(!self.awaiting_advance, "ready() twice without advance()");
         self.awaiting_advance = true;
         let hs = self.hard_state();
+        let mut messages = std::mem::take(&mut self.msgs);
+        // A leader's appends and heartbeats carry its log and its commit index (which counts
+        // only persisted entries of its own), never a promise about its disk; but they carry its
+        // term, so only once term and vote are durable.
+        let early_messages = if self.mutated(Mutation::SendBeforePersist) {
+            std::mem::take(&mut messages)
+        } else if self.role == Role::Leader
+            && (hs.term, hs.vote) == (self.persisted_hs.term, self.persisted_hs.vote)
+        {
+            let (early, late) = messages
+                .into_iter()
+                .partition(|m| matches!(m.body, Body::Append { .. } | Body::Heartbeat { .. }));
+            messages = late;
+            early
+        } else {
+            Vec::new()
+        };
         Ready {
             snapshot: self.pending_snapshot.take(),
             hard_state: (hs != self.persisted_hs).then_some(hs),
@@ -1549,7 +1566,8 @@ impl Raft {
                 .log
                 .slice(self.persisted + 1, self.last_index())
                 .to_vec(),
-            messages: std::mem::take(&mut self.msgs),
+            early_messages,
+            messages,
             witness_requests: std::mem::take(&mut self.witness_out),
             committed: self.log.slice(self.applied + 1, self.commit).to_vec(),
             read_states: std::mem::take(&mut self.read_states),

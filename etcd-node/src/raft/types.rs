@@ -176,8 +176,9 @@ pub enum WitnessResponse {
     Failed { request: WitnessRequest },
 }
 
-/// What the host must do, in this order: persist `snapshot`, `entries` and `hard_state`; then
-/// send `messages` and run `witness_requests`; then apply `snapshot` to the state machine, then
+/// What the host must do, in this order: send `early_messages` (it may, and should, do so
+/// before or while it persists); persist `snapshot`, `entries` and `hard_state`; then send
+/// `messages` and run `witness_requests`; then apply `snapshot` to the state machine, then
 /// `committed`; serve `read_states` once their index is applied; then call `advance`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Ready {
@@ -186,6 +187,12 @@ pub struct Ready {
     pub hard_state: Option<HardState>,
     /// Entries to persist, replacing any persisted entries at the same indexes and after.
     pub entries: Vec<Entry>,
+    /// A leader's appends and heartbeats, which promise nothing about this node's disk: sending
+    /// them while the leader's own fsync runs overlaps the two members' fsyncs (the leader counts
+    /// itself toward commit only once `advance` says its entries are persisted). Only a leader
+    /// whose term and vote are already persisted has any.
+    pub early_messages: Vec<Message>,
+    /// Messages that may leave only after this Ready is persisted (votes, append responses...).
     pub messages: Vec<Message>,
     pub witness_requests: Vec<WitnessRequest>,
     pub committed: Vec<Entry>,
@@ -198,6 +205,7 @@ impl Ready {
             && self.read_states.is_empty()
             && self.hard_state.is_none()
             && self.entries.is_empty()
+            && self.early_messages.is_empty()
             && self.messages.is_empty()
             && self.witness_requests.is_empty()
             && self.committed.is_empty()

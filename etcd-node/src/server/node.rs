@@ -1,7 +1,7 @@
 //! The Raft loop: one thread that owns the Raft core, the durable log and the key space's
 //! writer. It ticks, takes inputs (client proposals and reads, peer envelopes, witness
-//! answers), and processes each `Ready` in the order the core asks: persist (one fsync per
-//! batch), send, run witness steps, apply, answer. Witness steps run on the async runtime
+//! answers), and processes each `Ready` in the order the core asks: send a leader's appends,
+//! persist (one fsync per batch), send the rest, run witness steps, apply, answer. Witness steps run on the async runtime
 //! against the witness's storage, right here in this process: no witness server exists.
 
 use std::collections::HashMap;
@@ -484,9 +484,12 @@ impl RaftLoop {
                 id => tracing::info!(leader = format!("{id:x}"), term = seen.1, "leader elected"),
             }
         }
+        // The leader's appends leave before its own fsync, so both members' fsyncs overlap.
+        for m in &ready.early_messages {
+            self.peers.send(m.to, Envelope::Raft(m.clone()));
+        }
         let started = Instant::now();
-        self.disk.persist(&ready)?;
-        if !ready.entries.is_empty() || ready.hard_state.is_some() {
+        if self.disk.persist(&ready)? {
             self.metrics.wal_fsync(started.elapsed());
         }
         for m in &ready.messages {

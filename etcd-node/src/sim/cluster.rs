@@ -20,6 +20,8 @@ pub struct Faults {
     /// Delivery delay range [min, max] in ticks (reordering comes from different delays).
     pub min_delay: u64,
     pub max_delay: u64,
+    /// Per Ready with early messages: the node sends them, then crashes before persisting.
+    pub crash_before_persist: f64,
 }
 
 impl Faults {
@@ -30,6 +32,7 @@ impl Faults {
             duplicate: 0.0,
             min_delay: 1,
             max_delay: 1,
+            crash_before_persist: 0.0,
         }
     }
 }
@@ -43,6 +46,8 @@ pub struct Stats {
     pub witness_writes: u64,
     pub committed: u64,
     pub crashes: u64,
+    /// Crashes of a leader between sending its appends and persisting them.
+    pub crashes_before_persist: u64,
     pub snapshots_installed: u64,
     pub reads_served: u64,
     pub conf_changes: u64,
@@ -417,6 +422,22 @@ impl Cluster {
                 return;
             }
             let ready = raft.ready();
+            // (no draw when the fault is off: the random sequence stays as it was)
+            let crash = !ready.early_messages.is_empty()
+                && self.faults.crash_before_persist > 0.0
+                && self.rng.random_bool(self.faults.crash_before_persist);
+            for m in ready.early_messages.iter().cloned() {
+                self.stats.messages += 1;
+                let to = m.to;
+                self.schedule(Event::Message(m), id, to);
+            }
+            if crash {
+                // Dies with its appends on the wire and its own fsync not done.
+                self.stats.crashes_before_persist += 1;
+                self.crash(id);
+                return;
+            }
+            let node = self.nodes.get_mut(&id).expect("node");
             if let Some(snapshot) = &ready.snapshot {
                 node.storage.install(snapshot.clone());
             }
@@ -424,6 +445,7 @@ impl Cluster {
             if let Some(hs) = ready.hard_state {
                 node.storage.set_hard_state(hs);
             }
+            let raft = node.raft.as_mut().expect("a live node");
             raft.advance(&ready);
             self.max_commit = self.max_commit.max(raft.commit());
             if let Some(snapshot) = &ready.snapshot {

@@ -65,6 +65,9 @@ pub struct RandomRun {
     /// Check-quorum on the nodes. Off, a deposed leader keeps believing it leads until it hears
     /// a higher term, which makes reads on it a sharper test.
     pub check_quorum: bool,
+    /// Now and then a leader crashes after sending its appends and before persisting them.
+    /// Off, runs follow the random sequence they had before that fault existed.
+    pub crash_before_persist: bool,
     /// A deliberate bug on every node and the witness (tests of the simulator only).
     #[cfg(feature = "mutations")]
     pub mutation: Option<crate::raft::Mutation>,
@@ -79,6 +82,7 @@ impl RandomRun {
             ticks: 2000,
             liveness_ticks: 2000,
             check_quorum: true,
+            crash_before_persist: true,
             #[cfg(feature = "mutations")]
             mutation: None,
         }
@@ -97,6 +101,11 @@ impl RandomRun {
             },
             self.ticks
         );
+        let command = if self.crash_before_persist {
+            command
+        } else {
+            format!("{command} --no-crash-before-persist")
+        };
         #[cfg(feature = "mutations")]
         if let Some(m) = self.mutation {
             return format!(
@@ -131,6 +140,11 @@ pub fn run_seed(seed: u64, run: &RandomRun) -> Result<Stats, String> {
         duplicate: 0.02,
         min_delay: 1,
         max_delay: 4,
+        crash_before_persist: if run.crash_before_persist {
+            0.0005
+        } else {
+            0.0
+        },
     };
     let mut payload = 0u64;
     let mut next_id: NodeId = 10;

@@ -128,20 +128,22 @@ impl DiskStorage {
     }
 
     /// Makes everything `ready` asks to persist durable: a received snapshot, then entries and
-    /// hard state in one WAL batch (one fsync).
-    pub fn persist(&mut self, ready: &Ready) -> Result<(), String> {
+    /// hard state in one WAL batch (one fsync; none when only the commit index moved, see
+    /// [`super::wal`]). Says whether the WAL fsynced.
+    pub fn persist(&mut self, ready: &Ready) -> Result<bool, String> {
         if let Some(snapshot) = &ready.snapshot {
             self.write_snapshot(snapshot)?;
             self.mem.install(snapshot.clone());
         }
-        self.wal
+        let synced = self
+            .wal
             .save(ready.hard_state, &ready.entries)
             .map_err(|e| e.to_string())?;
         self.mem.append(&ready.entries);
         if let Some(hs) = ready.hard_state {
             self.mem.set_hard_state(hs);
         }
-        Ok(())
+        Ok(synced)
     }
 
     /// Keeps `snapshot` (of this member's own state machine, from `Raft::compact`), drops the

@@ -15,7 +15,11 @@
 //! - entries replace any earlier entries at the same index and after (a follower's overwritten
 //!   suffix); hard states replace each other; a snapshot marker drops the entries it covers.
 //!
-//! Invariants: a batch is acknowledged (the call returns) only after its bytes are fsynced; a
+//! Invariants: a batch is acknowledged (the call returns) only after its bytes are fsynced,
+//! except a batch that only moves the commit index (no entries, same term and vote), which is
+//! written without an fsync and becomes durable with the next batch, as etcd does: a crash may
+//! lose it, and the member then learns the commit index again from the leader (replaying the
+//! key space is idempotent, so a key space ahead of the recovered commit index is harmless); a
 //! new segment is fully preallocated, fsynced and renamed into place (directory fsynced) before
 //! it is written; every segment starts with the snapshot marker and hard state current when it
 //! was opened, so removing older segments ([`Wal::release_to`]) never loses the hard state; a
@@ -257,14 +261,15 @@ impl Wal {
     }
 
     /// Appends a hard state and entries as one batch and fsyncs once. Returns after the bytes
-    /// are durable.
+    /// are durable, except for a batch that only moves the commit index (see the module notes);
+    /// says whether it fsynced.
     pub fn save(
         &mut self,
         hard_state: Option<HardState>,
         entries: &[Entry],
-    ) -> Result<(), WalError> {
+    ) -> Result<bool, WalError> {
         if hard_state.is_none() && entries.is_empty() {
-            return Ok(());
+            return Ok(false);
         }
         let mut buf = Vec::new();
         for e in entries {
@@ -274,14 +279,18 @@ impl Wal {
             frame(&mut buf, KIND_HARD_STATE, &encode(&PbHardState::from(hs)));
         }
         let first = entries.first().map_or(self.next_index, |e| e.index);
-        self.write(&buf, first)?;
+        let commit_only = entries.is_empty()
+            && hard_state.is_some_and(|hs| {
+                (hs.term, hs.vote) == (self.hard_state.term, self.hard_state.vote)
+            });
+        self.write(&buf, first, !commit_only)?;
         if let Some(last) = entries.last() {
             self.next_index = last.index + 1;
         }
         if let Some(hs) = hard_state {
             self.hard_state = hs;
         }
-        Ok(())
+        Ok(!commit_only)
     }
 
     /// Records that a snapshot at (index, term) is durable: recovery drops entries up to it, and
@@ -289,23 +298,26 @@ impl Wal {
     pub fn mark_snapshot(&mut self, index: u64, term: u64) -> Result<(), WalError> {
         let mut buf = Vec::new();
         frame_snapshot(&mut buf, (index, term));
-        self.write(&buf, self.next_index.max(index + 1))?;
+        self.write(&buf, self.next_index.max(index + 1), true)?;
         self.snapshot = (index, term);
         self.next_index = self.next_index.max(index + 1);
         Ok(())
     }
 
-    /// Writes `buf`, in a new segment (named with `first_index`) if it does not fit.
-    fn write(&mut self, buf: &[u8], first_index: u64) -> Result<(), WalError> {
+    /// Writes `buf`, in a new segment (named with `first_index`) if it does not fit; fsyncs if
+    /// `sync`.
+    fn write(&mut self, buf: &[u8], first_index: u64, sync: bool) -> Result<(), WalError> {
         let prologue = 2 * pad(64) as u64; // the repeated snapshot marker and hard state
         if self.offset > 0 && self.offset + buf.len() as u64 + prologue > self.segment_bytes {
             self.roll(first_index)?;
         }
         self.file.write_all(buf).map_err(io_err(&self.path))?;
         self.offset += buf.len() as u64;
-        failpoint::hit("wal-before-fsync");
-        self.file.sync_data().map_err(io_err(&self.path))?;
-        failpoint::hit("wal-after-fsync");
+        if sync {
+            failpoint::hit("wal-before-fsync");
+            self.file.sync_data().map_err(io_err(&self.path))?;
+            failpoint::hit("wal-after-fsync");
+        }
         Ok(())
     }
 
@@ -460,6 +472,27 @@ mod tests {
         drop(wal);
         let (_, rec) = Wal::open(dir.path(), 4096).unwrap();
         assert_eq!(rec.entries.len(), 4);
+    }
+
+    #[test]
+    fn only_a_batch_that_moves_nothing_but_the_commit_index_skips_the_fsync() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut wal, _) = Wal::open(dir.path(), 4096).unwrap();
+        assert!(wal.save(Some(hs(1, 0)), &[]).unwrap(), "a new term");
+        assert!(wal.save(Some(hs(1, 0)), &[entry(1, 1)]).unwrap(), "entries");
+        assert!(!wal.save(Some(hs(1, 1)), &[]).unwrap(), "commit only");
+        assert!(wal.save(None, &[entry(2, 1)]).unwrap(), "entries");
+        let vote = HardState {
+            vote: 2,
+            ..hs(1, 1)
+        };
+        assert!(wal.save(Some(vote), &[]).unwrap(), "a vote");
+        assert!(wal.save(Some(hs(2, 1)), &[]).unwrap(), "a term");
+        assert!(!wal.save(Some(hs(2, 2)), &[]).unwrap(), "commit only");
+        drop(wal);
+        // Written all the same: a clean reopen finds it.
+        let (_, rec) = Wal::open(dir.path(), 4096).unwrap();
+        assert_eq!(rec.hard_state, hs(2, 2));
     }
 
     #[test]
