@@ -1,0 +1,160 @@
+//! The README's main job, as a user runs it: `scripts/run-cluster.sh` initialises a witness in a
+//! local directory, starts two members that the real `etcdctl` can use, stops both on Ctrl-C
+//! (SIGINT to the script) and keeps the data for the next run. The test passes the binaries of
+//! this build (`BIN_DIR`) and free ports (`PORTS`) instead of the script's release build and
+//! fixed ports.
+
+use std::io::{BufRead, BufReader};
+use std::net::TcpStream;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use e2e_tests::cluster::etcdctl;
+use e2e_tests::free_port;
+
+/// A running main job and what it printed so far.
+struct Job {
+    child: Child,
+    lines: mpsc::Receiver<String>,
+    printed: Vec<String>,
+}
+
+impl Job {
+    fn start(dir: &Path, ports: &[u16; 4]) -> Job {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/run-cluster.sh");
+        let bin_dir = Path::new(env!("CARGO_BIN_EXE_etcd-node"))
+            .parent()
+            .expect("the binaries' directory");
+        let mut child = Command::new("bash")
+            .arg(script)
+            .env("CLUSTER_DIR", dir)
+            .env("BIN_DIR", bin_dir)
+            .env(
+                "PORTS",
+                format!("{}:{} {}:{}", ports[0], ports[1], ports[2], ports[3]),
+            )
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("run scripts/run-cluster.sh");
+        let stdout = child.stdout.take().expect("piped stdout");
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut job = Job {
+            child,
+            lines,
+            printed: Vec::new(),
+        };
+        job.wait_for("Ctrl-C stops both members.", Duration::from_secs(60));
+        job
+    }
+
+    /// Waits until the script prints a line containing `text`.
+    fn wait_for(&mut self, text: &str, limit: Duration) {
+        loop {
+            match self.lines.recv_timeout(limit) {
+                Ok(line) => {
+                    let found = line.contains(text);
+                    self.printed.push(line);
+                    if found {
+                        return;
+                    }
+                }
+                Err(e) => panic!(
+                    "the main job did not print {text:?} ({e}); it printed:\n{}",
+                    self.printed.join("\n")
+                ),
+            }
+        }
+    }
+
+    /// Ctrl-C: SIGINT to the script, which stops both members and exits.
+    fn interrupt(mut self) -> Vec<String> {
+        let sent = Command::new("kill")
+            .args(["-INT", &self.child.id().to_string()])
+            .status()
+            .expect("run kill");
+        assert!(sent.success(), "kill -INT the script");
+        self.wait_for("==> stopped; data kept in", Duration::from_secs(30));
+        let status = self.child.wait().expect("wait for the script");
+        assert!(status.success(), "the script exits cleanly: {status}");
+        self.printed
+    }
+}
+
+fn ok(out: std::process::Output) -> String {
+    assert!(
+        out.status.success(),
+        "etcdctl failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).expect("utf-8 output")
+}
+
+#[test]
+fn the_main_job_serves_etcdctl_stops_on_ctrl_c_and_keeps_its_data() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let ports = [free_port(), free_port(), free_port(), free_port()];
+    let endpoints = vec![
+        format!("127.0.0.1:{}", ports[0]),
+        format!("127.0.0.1:{}", ports[2]),
+    ];
+
+    let mut job = Job::start(dir.path(), &ports);
+    let example = format!("ENDPOINTS={}", endpoints.join(","));
+    assert!(
+        job.printed.iter().any(|l| l.contains(&example)),
+        "prints the endpoints for etcdctl: {:?}",
+        job.printed
+    );
+    ok(etcdctl(&endpoints, &["put", "greeting", "hello"], None));
+    assert_eq!(
+        ok(etcdctl(
+            &endpoints,
+            &["get", "greeting", "--print-value-only"],
+            None
+        ))
+        .trim(),
+        "hello"
+    );
+    let members = ok(etcdctl(&endpoints, &["member", "list"], None));
+    assert_eq!(
+        members.lines().count(),
+        3,
+        "two members and the witness:\n{members}"
+    );
+    assert!(members.contains("witness:mount?path="), "{members}");
+    let printed = job.interrupt();
+    assert!(
+        printed.iter().any(|l| l == "==> stopping"),
+        "stops on Ctrl-C: {printed:?}"
+    );
+    for port in [ports[0], ports[2]] {
+        assert!(
+            TcpStream::connect(("127.0.0.1", port)).is_err(),
+            "member on port {port} still listens after the script stopped"
+        );
+    }
+
+    // Run it again: the same cluster, with its data.
+    let job = Job::start(dir.path(), &ports);
+    assert_eq!(
+        ok(etcdctl(
+            &endpoints,
+            &["get", "greeting", "--print-value-only"],
+            None
+        ))
+        .trim(),
+        "hello"
+    );
+    job.interrupt();
+}
