@@ -30,6 +30,7 @@ impl Sum {
 #[derive(Debug, Default)]
 pub struct Metrics {
     wal_fsync: Sum,
+    backend_commit: Sum,
     applied: AtomicU64,
     witness_steps: [AtomicU64; 4],
     witness_latency: [Sum; 4],
@@ -48,6 +49,9 @@ pub struct Metrics {
 impl Metrics {
     pub fn wal_fsync(&self, d: Duration) {
         self.wal_fsync.add(d);
+    }
+    pub fn backend_commit(&self, d: Duration) {
+        self.backend_commit.add(d);
     }
     pub fn applied(&self, n: u64) {
         self.applied.fetch_add(n, Relaxed);
@@ -167,6 +171,13 @@ impl Metrics {
             "WAL batch write and fsync latency.",
             "",
             &self.wal_fsync,
+        );
+        sum(
+            &mut out,
+            "etcd_disk_backend_commit_duration_seconds",
+            "Key-space commit latency of an applied batch (durable every 10,000 entries).",
+            "",
+            &self.backend_commit,
         );
         let _ = writeln!(
             out,

@@ -155,6 +155,9 @@ struct State {
 /// Applied entries between two durable commits of the key space (bounds replay after a crash).
 const SYNC_EVERY: u64 = 10_000;
 
+/// An applied batch slower than this is logged (etcd's "apply request took too long").
+const SLOW_APPLY: Duration = Duration::from_millis(100);
+
 impl RaftLoop {
     /// Runs until [`Input::Stop`] or a storage failure (returned: the node must stop).
     pub fn run(mut self) -> Result<(), String> {
@@ -609,10 +612,21 @@ impl RaftLoop {
         if durable {
             st.unsynced = 0;
         }
+        let started = Instant::now();
         let outcome = self
             .mvcc
             .apply(&batch, durable)
             .map_err(|e| e.to_string())?;
+        let took = started.elapsed();
+        self.metrics.backend_commit(took);
+        if took > SLOW_APPLY {
+            tracing::warn!(
+                took = ?took,
+                entries = batch.len(),
+                durable,
+                "applying a batch took too long (disk slow or overloaded?)"
+            );
+        }
         self.watches.publish(outcome.events, outcome.revision);
         for ((_, c), r) in batch.iter().zip(outcome.results) {
             match c {
