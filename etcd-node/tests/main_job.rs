@@ -109,7 +109,7 @@ fn the_main_job_serves_etcdctl_stops_on_ctrl_c_and_keeps_its_data() {
         format!("127.0.0.1:{}", ports[2]),
     ];
 
-    let mut job = Job::start(dir.path(), &ports);
+    let job = Job::start(dir.path(), &ports);
     let example = format!("ENDPOINTS={}", endpoints.join(","));
     assert!(
         job.printed.iter().any(|l| l.contains(&example)),
