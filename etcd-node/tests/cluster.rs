@@ -1223,10 +1223,11 @@ fn a_snapshot_restores_into_a_new_cluster_with_a_clean_witness() {
         let dir = c.data_dir(i);
         std::fs::rename(&dir, dir.with_extension("lost")).unwrap();
     }
-    let restore = |c: &Cluster, i: usize| {
+    let restore = |c: &Cluster, i: usize, extra: &[&str]| {
         let m = &c.members[i];
         let dir = c.data_dir(i);
-        etcdutl(&[
+        let peer_url = m.peer_url();
+        let mut args = vec![
             "snapshot",
             "restore",
             file_arg,
@@ -1239,12 +1240,14 @@ fn a_snapshot_restores_into_a_new_cluster_with_a_clean_witness() {
             "--initial-cluster-token",
             "restored",
             "--initial-advertise-peer-urls",
-            &m.peer_url(),
-        ])
+            &peer_url,
+        ];
+        args.extend_from_slice(extra);
+        etcdutl(&args)
     };
     // The old witness still holds the old cluster's term and log position: refused, nothing
     // written.
-    let refused = restore(&c, 0);
+    let refused = restore(&c, 0, &[]);
     let why = String::from_utf8_lossy(&refused.stderr);
     assert!(
         !refused.status.success() && why.contains("witness init --force"),
@@ -1266,15 +1269,28 @@ fn a_snapshot_restores_into_a_new_cluster_with_a_clean_witness() {
         "{}",
         String::from_utf8_lossy(&cleaned.stderr)
     );
-    for i in 0..2 {
-        let out = restore(&c, i);
+    let restored = |out: std::process::Output| {
         assert!(
             out.status.success(),
             "{}",
             String::from_utf8_lossy(&out.stderr)
         );
-    }
+    };
+    // One member restored and started first: with the witness's vote it leads alone, and the
+    // witness is bound to the restored cluster.
+    restored(restore(&c, 0, &[]));
     c.start_member(0);
+    assert_eq!(c.wait_leader(LEADER_WAIT), 0);
+    // A restore of another history (here: another --bump-revision) makes another cluster, so
+    // the bound witness refuses it; the same restore is accepted, as a member that is behind.
+    let mismatched = restore(&c, 1, &["--bump-revision", "5", "--mark-compacted"]);
+    let why = String::from_utf8_lossy(&mismatched.stderr);
+    assert!(
+        !mismatched.status.success() && why.contains("another cluster's state"),
+        "{why}"
+    );
+    assert!(!c.data_dir(1).exists());
+    restored(restore(&c, 1, &[]));
     c.start_member(1);
     c.wait_leader(LEADER_WAIT);
 
@@ -1563,6 +1579,29 @@ fn etcdctl_auth_users_roles_and_permissions() {
     let admin = err(run(alice, &["user", "list"]));
     assert!(admin.contains("etcdserver: permission denied"), "{admin}");
     let root = Some("root:rootpw");
+    // A lease holding a key alice may not write: she may not list its keys (CVE-2023-32082),
+    // attach a key to it (that would let her revoke it) or revoke it; her own lease is hers.
+    let lease_of = |out: String| out.split_whitespace().nth(1).expect("lease id").to_string();
+    let roots = lease_of(ok(run(root, &["lease", "grant", "600"])));
+    ok(run(root, &["put", "--lease", &roots, "c/secret", "s"]));
+    let ttl = ok(run(alice, &["lease", "timetolive", &roots]));
+    assert!(ttl.contains("remaining"), "{ttl}");
+    for args in [
+        &["lease", "timetolive", &roots, "--keys"][..],
+        &["put", "--lease", &roots, "b/4", "x"],
+        &["lease", "revoke", &roots],
+    ] {
+        let denied = err(run(alice, args));
+        assert!(denied.contains("permission denied"), "{args:?}: {denied}");
+    }
+    let hers = lease_of(ok(run(alice, &["lease", "grant", "600"])));
+    ok(run(alice, &["put", "--lease", &hers, "b/5", "x"]));
+    let keys = ok(run(alice, &["lease", "timetolive", &hers, "--keys"]));
+    assert!(keys.contains("b/5"), "{keys}");
+    assert_eq!(
+        ok(run(root, &["get", "c/secret", "--print-value-only"])),
+        "s\n"
+    );
     let users = ok(run(root, &["user", "list"]));
     assert_eq!(users, "alice\nroot\n");
     let role = ok(run(root, &["role", "get", "reader"]));

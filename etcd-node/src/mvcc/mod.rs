@@ -733,7 +733,9 @@ fn newest_live(history: &[PbDumpEntry]) -> Result<Vec<&PbDumpEntry>, String> {
 /// A dump for a restored cluster (`etcdutl snapshot restore`): its members replaced by
 /// `members`; the revision raised by `bump`; with `mark_compacted`, everything before the
 /// (bumped) revision compacted away, so watchers and readers of an older revision are told to
-/// start over instead of silently missing what happened after the snapshot.
+/// start over instead of silently missing what happened after the snapshot. The auth token
+/// secret is replaced by one derived from it and the new members' ids (the same on every
+/// restored member), so no token of the old cluster is accepted by the restored one.
 pub fn rewrite(
     data: &[u8],
     members: Vec<PbMember>,
@@ -741,13 +743,32 @@ pub fn rewrite(
     mark_compacted: bool,
 ) -> Result<Vec<u8>, String> {
     let mut dump = decode_dump(data)?;
+    if let Some(row) = dump.auth.iter_mut().find(|r| r.key == "secret") {
+        use sha2::{Digest, Sha256};
+        let mut next = Sha256::new()
+            .chain_update(b"restored\0")
+            .chain_update(&row.value);
+        for m in &members {
+            next.update(m.id.to_be_bytes());
+        }
+        row.value = next.finalize().to_vec();
+    }
     dump.members = members;
     // The old members' alarms: the new cluster raises its own.
     dump.alarms.clear();
+    // Revisions travel as int64 in etcd's API.
     dump.revision = dump
         .revision
         .checked_add(bump)
-        .ok_or("--bump-revision overflows the revision")?;
+        .filter(|&r| i64::try_from(r).is_ok())
+        .ok_or_else(|| {
+            format!(
+                "--bump-revision {bump} takes the snapshot's revision {} past the largest \
+                 revision etcd's API can carry ({}); give a smaller --bump-revision",
+                dump.revision,
+                i64::MAX
+            )
+        })?;
     if mark_compacted {
         dump.compacted = dump.revision;
         dump.history = newest_live(&dump.history)?.into_iter().cloned().collect();

@@ -10,7 +10,7 @@ use etcd_client::proto::*;
 use tokio::sync::{oneshot, watch};
 use tonic::{Request, Response, Status};
 
-use super::auth::{Need, needs_of, token_of};
+use super::auth::{Need, leases_of, needs_of, token_of};
 use super::metrics::Metrics;
 use super::node::{Announced, ClientUrls, Input, Status as NodeStatus, no_leader};
 use super::watches::WatchHub;
@@ -107,6 +107,7 @@ impl Api {
     /// Proposes a KV write once the request's token allows it (auth).
     async fn propose_as(&self, token: Option<String>, op: Op) -> Result<Applied, Status> {
         self.authorize(token.as_deref(), &needs_of(&op))?;
+        self.authorize_lease_keys(token.as_deref(), &leases_of(&op), true)?;
         self.propose(op).await
     }
 
@@ -198,10 +199,12 @@ impl PbKvService for Api {
     ) -> Result<Response<PbRangeResponse>, Status> {
         let token = token_of(request.metadata());
         let req = request.into_inner();
-        self.authorize(token.as_deref(), &[Need::Read(&req.key, &req.range_end)])?;
         if !req.serializable {
             self.barrier().await?;
         }
+        // After the barrier: a linearizable read sees every permission change committed
+        // before it, revocations included.
+        self.authorize(token.as_deref(), &[Need::Read(&req.key, &req.range_end)])?;
         let out = self.mvcc.range(&req).map_err(internal)??;
         Ok(Response::new(PbRangeResponse {
             header: self.header(out.revision as i64),

@@ -6,8 +6,10 @@
 //! the member that takes the request. Tokens are signed, not stored: `<hex user>.<expiry
 //! unix seconds>.<HMAC-SHA256>` with the secret chosen when auth was enabled, over the user,
 //! the expiry and the user's password hash; so every member checks every token, a token lives
-//! 5 minutes (etcd's default `--auth-token-ttl`; clients authenticate again on `invalid auth
-//! token`), and changing a password, deleting the user or disabling auth invalidates it.
+//! 5 minutes from its issue (etcd's default `--auth-token-ttl`, though etcd's simple tokens
+//! restart that time on each use; clients authenticate again on `invalid auth token`), and
+//! changing a password, deleting the user or disabling auth invalidates it. A stream (Watch,
+//! LeaseKeepAlive) is checked when it opens and keeps going past its token's expiry.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -73,6 +75,26 @@ pub fn needs_of(op: &Op) -> Vec<Need<'_>> {
     match op {
         Op::Put(p) => put(p, &mut out),
         Op::DeleteRange(d) => delete(d, &mut out),
+        Op::Txn(t) => txn(t, &mut out),
+        _ => {}
+    }
+    out
+}
+
+/// The leases a KV request attaches keys to (a Put's, and every Put's in a Txn's branches).
+pub fn leases_of(op: &Op) -> Vec<i64> {
+    fn txn(t: &PbTxnRequest, out: &mut Vec<i64>) {
+        for o in t.success.iter().chain(&t.failure) {
+            match &o.request {
+                Some(PbTxnOpRequest::RequestPut(p)) if p.lease != 0 => out.push(p.lease),
+                Some(PbTxnOpRequest::RequestTxn(t)) => txn(t, out),
+                _ => {}
+            }
+        }
+    }
+    let mut out = Vec::new();
+    match op {
+        Op::Put(p) if p.lease != 0 => out.push(p.lease),
         Op::Txn(t) => txn(t, &mut out),
         _ => {}
     }
@@ -216,6 +238,36 @@ impl Api {
         } else {
             Err(permission_denied())
         }
+    }
+
+    /// Refuses the request unless auth is off or the token's user may read (or, with `write`,
+    /// write) every key attached to each of `leases`. As etcd: revoking a lease deletes its
+    /// keys, so it needs write access to each; attaching a key to a lease lets its holder
+    /// revoke the keys already on it, so that needs the same; listing a lease's keys
+    /// (TimeToLive with keys) needs read access to each (etcd's fix for CVE-2023-32082).
+    pub(super) fn authorize_lease_keys(
+        &self,
+        token: Option<&str>,
+        leases: &[i64],
+        write: bool,
+    ) -> Result<(), Status> {
+        if leases.is_empty() || !self.mvcc.auth_enabled() {
+            return self.rights(token).map(drop);
+        }
+        let mut keys = Vec::new();
+        for &id in leases {
+            if let Some((_, attached)) = self.mvcc.lease(id).map_err(internal)? {
+                keys.extend(attached);
+            }
+        }
+        let needs: Vec<Need<'_>> = keys
+            .iter()
+            .map(|k| match write {
+                true => Need::Write(k, &[]),
+                false => Need::Read(k, &[]),
+            })
+            .collect();
+        self.authorize(token, &needs)
     }
 
     /// A root token this member signs for its own requests to other members (None while auth

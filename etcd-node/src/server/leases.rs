@@ -14,7 +14,7 @@ use tokio::sync::mpsc;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::api::{Api, internal};
-use super::auth::{Need, token_of};
+use super::auth::token_of;
 use super::node::Input;
 use crate::mvcc::{Op, Response as Applied};
 
@@ -55,15 +55,8 @@ impl PbLeaseService for Api {
         &self,
         request: Request<PbLeaseRevokeRequest>,
     ) -> Result<Response<PbLeaseRevokeResponse>, Status> {
-        // As etcd: revoking deletes the lease's keys, so it needs write access to each.
-        let keys = self
-            .mvcc
-            .lease(request.get_ref().id)
-            .map_err(internal)?
-            .map(|(_, keys)| keys)
-            .unwrap_or_default();
-        let needs: Vec<Need<'_>> = keys.iter().map(|k| Need::Write(k, &[])).collect();
-        self.authorize(token_of(request.metadata()).as_deref(), &needs)?;
+        let token = token_of(request.metadata());
+        self.authorize_lease_keys(token.as_deref(), &[request.get_ref().id], true)?;
         match self.propose(Op::LeaseRevoke(request.into_inner())).await? {
             Applied::LeaseRevoke(r) => Ok(Response::new(r)),
             other => Err(internal(format!("unexpected result {other:?}"))),
@@ -107,8 +100,10 @@ impl PbLeaseService for Api {
         &self,
         request: Request<PbLeaseTimeToLiveRequest>,
     ) -> Result<Response<PbLeaseTimeToLiveResponse>, Status> {
-        self.rights(token_of(request.metadata()).as_deref())?;
+        let token = token_of(request.metadata());
         let req = request.into_inner();
+        let listed = if req.keys { vec![req.id] } else { Vec::new() };
+        self.authorize_lease_keys(token.as_deref(), &listed, false)?;
         let Some((ttl, granted_ttl)) = self.ask_lease(req.id, false).await? else {
             // etcd answers an unknown lease with TTL -1, not an error.
             return Ok(Response::new(PbLeaseTimeToLiveResponse {

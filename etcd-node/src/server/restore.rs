@@ -7,6 +7,12 @@
 //! space (the bootstrap snapshot at index 1 carries it); an existing data directory is never
 //! touched; a witness that still holds another cluster's (or the old cluster's) state is
 //! refused, because its term and log position would outvote the restored members' logs.
+//!
+//! The restored cluster's id is etcd's (from the member ids) mixed with a SHA-256 of the
+//! restored key space. So members restored from different files, or with different
+//! `--bump-revision`, belong to different clusters and refuse each other's messages; and a
+//! witness bound to this very restore (another member of it already started) is told apart from
+//! one bound to the old cluster, even when the old cluster had the same token and peer URLs.
 
 use std::path::{Path, PathBuf};
 
@@ -62,9 +68,6 @@ pub async fn restore(
         );
     }
     let dump = backup::open(file, !opts.skip_hash_check).map_err(anyhow::Error::msg)?;
-    if let Some((member, url)) = cfg.witness() {
-        check_witness_is_fresh(&member.name, url).await?;
-    }
     let data = mvcc::rewrite(
         dump,
         initial_members(cfg),
@@ -73,6 +76,10 @@ pub async fn restore(
     )
     .map_err(anyhow::Error::msg)?;
     let summary = mvcc::summarize(&data).map_err(anyhow::Error::msg)?;
+    let cluster_id = restored_cluster_id(cfg.cluster_id, &data);
+    if let Some((member, url)) = cfg.witness() {
+        check_witness(&member.name, url, cluster_id).await?;
+    }
 
     let aside = aside_path(dir);
     if aside.exists() {
@@ -80,7 +87,8 @@ pub async fn restore(
         std::fs::remove_dir_all(&aside)
             .with_context(|| format!("removing the unfinished restore {}", aside.display()))?;
     }
-    build(cfg, &aside, data).with_context(|| format!("restoring into {}", aside.display()))?;
+    build(cfg, cluster_id, &aside, data)
+        .with_context(|| format!("restoring into {}", aside.display()))?;
     std::fs::rename(&aside, dir)
         .with_context(|| format!("renaming {} to {}", aside.display(), dir.display()))?;
     if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
@@ -91,7 +99,7 @@ pub async fn restore(
     Ok(RestoreReport {
         data_dir: dir.clone(),
         member_id: cfg.member_id,
-        cluster_id: cfg.cluster_id,
+        cluster_id,
         summary,
     })
 }
@@ -106,25 +114,40 @@ fn aside_path(dir: &Path) -> PathBuf {
 
 /// Writes the member's storage under `root`: the key space (durably), then the bootstrap
 /// snapshot that holds it.
-fn build(cfg: &ServerConfig, root: &Path, data: Vec<u8>) -> anyhow::Result<()> {
+fn build(cfg: &ServerConfig, cluster_id: u64, root: &Path, data: Vec<u8>) -> anyhow::Result<()> {
     let member_dir = root.join("member");
     std::fs::create_dir_all(&member_dir)?;
     let mvcc = Mvcc::open(&member_dir.join("kv.redb"))?;
     mvcc.restore(&data, 1)?;
-    mvcc.set_identity(cfg.member_id, cfg.cluster_id)?;
+    mvcc.set_identity(cfg.member_id, cluster_id)?;
     let (mut disk, _) = DiskStorage::open(&member_dir).map_err(anyhow::Error::msg)?;
     disk.bootstrap(initial_membership(cfg)?, data)
         .map_err(anyhow::Error::msg)?;
     Ok(())
 }
 
-/// The restored cluster needs a witness with no past: the old one's term and log position
-/// come from the old cluster's log, which the restored members do not have.
-async fn check_witness_is_fresh(name: &str, url: &WitnessUrl) -> anyhow::Result<()> {
+/// The id of the cluster restored from `data` (the rewritten dump) whose flags give
+/// `flags_id`: the first 8 bytes of SHA-256 over both, never 0 (a witness's "not bound yet").
+fn restored_cluster_id(flags_id: u64, data: &[u8]) -> u64 {
+    use sha2::{Digest, Sha256};
+    let digest = Sha256::new()
+        .chain_update(flags_id.to_be_bytes())
+        .chain_update(Sha256::digest(data))
+        .finalize();
+    u64::from_be_bytes(digest[..8].try_into().expect("SHA-256 has 32 bytes")).max(1)
+}
+
+/// The restored cluster needs a witness with no past, or one bound to this same restore (a
+/// member restored from the same file with the same flags has already started: this member is
+/// then just behind, on the same history). Any other witness state comes from another log,
+/// which the restored members do not have, so its term and log position would outvote them.
+async fn check_witness(name: &str, url: &WitnessUrl, cluster_id: u64) -> anyhow::Result<()> {
     let clean = format!(
-        "stop every member of the old cluster, then clean it with `etcdutl witness init --force \
-         --name {name} --advertise-peer-url '{url}'` (or initialise a witness at a new location \
-         and name that in --initial-cluster)"
+        "restore every member from the same file with the same --initial-cluster and \
+         --initial-cluster-token, or, once no member of any cluster that uses this witness is \
+         running, clean it with `etcdutl witness init --force --name {name} \
+         --advertise-peer-url '{url}'` (or initialise a witness at a new location and name that \
+         in --initial-cluster)"
     );
     let store = open_store(url).with_context(|| format!("--initial-cluster {name}={url}"))?;
     let loaded = store
@@ -138,14 +161,33 @@ async fn check_witness_is_fresh(name: &str, url: &WitnessUrl) -> anyhow::Result<
         );
     };
     let s = &loaded.state;
-    if s.cluster_id != 0 || s.term != 0 || s.last_log_term != 0 {
+    let fresh = s.cluster_id == 0 && s.term == 0 && s.last_log_term == 0;
+    if !fresh && s.cluster_id != cluster_id {
         bail!(
-            "the witness {name}={url} still holds a cluster's state (cluster {:x}, term {}, \
-             last entry term {}): {clean}",
+            "the witness {name}={url} holds another cluster's state (cluster {:x}, term {}, last \
+             entry term {}; this restore makes cluster {cluster_id:x}): {clean}",
             s.cluster_id,
             s.term,
             s.last_log_term
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::restored_cluster_id;
+
+    #[test]
+    fn a_restored_cluster_id_depends_on_the_flags_and_on_the_restored_key_space() {
+        let id = restored_cluster_id(7, b"dump");
+        assert_eq!(id, restored_cluster_id(7, b"dump"), "every member agrees");
+        assert_ne!(
+            id, 7,
+            "not the old cluster's id, even with the old token and URLs"
+        );
+        assert_ne!(id, restored_cluster_id(8, b"dump"));
+        assert_ne!(id, restored_cluster_id(7, b"dump2"));
+        assert_ne!(id, 0);
+    }
 }
