@@ -691,6 +691,62 @@ fn status_reports_an_unreachable_witness() {
     }
 }
 
+/// etcd's `WithRequireLeader` (kube-apiserver's watches use it): the other member dead and
+/// the witness's share gone, the survivor has no leader. A require-leader watch on it then
+/// ends with `no leader` (so the client moves to another member) and a require-leader
+/// serializable read is refused, while a plain watch stays open and a plain serializable read
+/// is served, as etcd. With the share back, the survivor leads again and serves both.
+#[test]
+fn require_leader_calls_fail_and_watches_end_without_a_leader() {
+    let mut c = cluster();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let survivor = c.wait_leader(LEADER_WAIT);
+    let ep = c.members[survivor].url();
+    rt.block_on(async {
+        let options = etcd_client::ConnectOptions::new().with_require_leader(true);
+        let mut strict = Client::connect([ep.as_str()], Some(options)).await.unwrap();
+        let mut plain = Client::connect([ep.as_str()], None).await.unwrap();
+        strict.put("k", "v", None).await.unwrap();
+        let mut strict_watch = strict.watch("k", None).await.unwrap();
+        let mut plain_watch = plain.watch("k", None).await.unwrap();
+        assert!(next(&mut strict_watch).await.created());
+        assert!(next(&mut plain_watch).await.created());
+
+        let share = c.dir.path().join("witness");
+        std::fs::rename(&share, c.dir.path().join("witness.gone")).unwrap();
+        c.kill(1 - survivor);
+        let ended = tokio::time::timeout(Duration::from_secs(30), strict_watch.message())
+            .await
+            .expect("the require-leader watch still open 30 s after the leader was lost");
+        let why = ended.expect_err("the watch ends with an error").to_string();
+        assert!(why.contains("etcdserver: no leader"), "{why}");
+        let serializable = || Some(GetOptions::new().with_serializable());
+        let refused = strict
+            .get("k", serializable())
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(refused.contains("etcdserver: no leader"), "{refused}");
+        let got = plain.get("k", serializable()).await.unwrap();
+        assert_eq!(got.kvs()[0].value(), b"v");
+        assert!(
+            tokio::time::timeout(Duration::from_secs(1), plain_watch.message())
+                .await
+                .is_err(),
+            "the plain watch is still open and quiet"
+        );
+
+        std::fs::rename(c.dir.path().join("witness.gone"), &share).unwrap();
+        let started = Instant::now();
+        while strict.get("k", serializable()).await.is_err() {
+            assert!(started.elapsed() < LEADER_WAIT, "no leader again");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let mut again = strict.watch("k", None).await.unwrap();
+        assert!(next(&mut again).await.created());
+    });
+}
+
 /// (type, key, value, mod revision, previous value) of each event of a watch response.
 type Seen = (EventType, String, String, i64, Option<String>);
 

@@ -51,6 +51,27 @@ pub struct Api {
     pub watch_progress: Duration,
     /// `--quota-backend-bytes`: past it, writes are refused and NOSPACE is raised.
     pub quota_bytes: u64,
+    /// `--election-timeout` (a require-leader watch ends after three of them without a leader).
+    pub election_timeout: Duration,
+}
+
+/// Did the client ask for etcd's `WithRequireLeader` (metadata `hasleader: true`)?
+pub fn requires_leader(metadata: &tonic::metadata::MetadataMap) -> bool {
+    metadata.get("hasleader").is_some_and(|v| v == "true")
+}
+
+/// etcd's require-leader check, run before every client call: a call that asks for it fails
+/// with `etcdserver: no leader` while this member knows no leader, serializable reads and the
+/// opening of streams included (without it, a serializable read is served without a leader).
+pub fn leader_check(
+    status: watch::Receiver<NodeStatus>,
+) -> impl FnMut(Request<()>) -> Result<Request<()>, Status> + Clone {
+    move |request| {
+        if requires_leader(request.metadata()) && status.borrow().leader == 0 {
+            return Err(no_leader().into());
+        }
+        Ok(request)
+    }
 }
 
 pub(super) fn internal(e: impl std::fmt::Display) -> Status {

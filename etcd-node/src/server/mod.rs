@@ -27,7 +27,7 @@ use etcd_client::proto::{
 };
 use tokio::net::TcpListener;
 use tokio::sync::watch;
-use tonic::service::Routes;
+use tonic::service::{Routes, interceptor::InterceptedService};
 use tonic::transport::server::TcpIncoming;
 use witness_core::{Witness, WitnessUrl};
 
@@ -320,6 +320,7 @@ pub async fn run(
         min_lease_ttl: leases::min_lease_ttl(cfg.election_timeout),
         watch_progress: cfg.watch_progress_notify_interval,
         quota_bytes: cfg.quota_backend_bytes,
+        election_timeout: cfg.election_timeout,
     };
     let (stop_tx, stop_rx) = watch::channel(false);
     let stopped = move || {
@@ -346,14 +347,19 @@ pub async fn run(
         });
     }
     let client_routes = || {
-        let grpc = Routes::new(
+        let check = || api::leader_check(api.status.clone());
+        let grpc = Routes::new(InterceptedService::new(
             PbKvServer::new(api.clone()).max_decoding_message_size(MAX_REQUEST_BYTES + 512 * 1024),
-        )
-        .add_service(PbClusterServer::new(api.clone()))
-        .add_service(PbMaintenanceServer::new(api.clone()))
-        .add_service(PbWatchServer::new(api.clone()))
-        .add_service(PbLeaseServer::new(api.clone()))
-        .add_service(auth::pb::auth_server::AuthServer::new(api.clone()));
+            check(),
+        ))
+        .add_service(PbClusterServer::with_interceptor(api.clone(), check()))
+        .add_service(PbMaintenanceServer::with_interceptor(api.clone(), check()))
+        .add_service(PbWatchServer::with_interceptor(api.clone(), check()))
+        .add_service(PbLeaseServer::with_interceptor(api.clone(), check()))
+        .add_service(auth::pb::auth_server::AuthServer::with_interceptor(
+            api.clone(),
+            check(),
+        ));
         with_http(grpc.into_axum_router(), &api)
     };
     for l in bind("--listen-client-urls", &cfg.listen_client_urls).await? {

@@ -18,8 +18,9 @@ use prost::Message;
 use tokio::sync::{broadcast, mpsc};
 use tonic::{Request, Response, Status, Streaming};
 
-use super::api::{Api, MAX_REQUEST_BYTES, internal};
+use super::api::{Api, MAX_REQUEST_BYTES, internal, requires_leader};
 use super::auth::{Need, token_of};
+use super::node::no_leader;
 use crate::mvcc::events::{DELETE, PUT};
 use crate::mvcc::request::in_range;
 
@@ -30,6 +31,9 @@ const STREAM_BUFFER: usize = 64;
 /// At most this many events in one response when replaying (a revision is never split unless
 /// the watcher asked for fragments).
 const REPLAY_CHUNK_BYTES: usize = 1024 * 1024;
+
+/// etcd's count of leaderless election timeouts before it ends require-leader streams.
+const NO_LEADER_CHECKS: u32 = 3;
 
 /// What one applied batch changed.
 #[derive(Debug)]
@@ -147,6 +151,9 @@ struct Stream {
     revision: u64,
     /// The client's auth token (each watch is checked for read access when created).
     token: Option<String>,
+    /// The client asked for etcd's `WithRequireLeader`: the stream ends with `no leader` once
+    /// this member has known no leader for [`NO_LEADER_CHECKS`] election timeouts in a row.
+    require_leader: bool,
 }
 
 fn store_error(e: impl std::fmt::Display) -> End {
@@ -401,6 +408,8 @@ impl Stream {
     ) -> Result<(), End> {
         let mut progress = tokio::time::interval(progress_every);
         progress.tick().await; // (the first tick is immediate)
+        let mut leader_check = tokio::time::interval(self.api.election_timeout);
+        let mut leaderless = 0;
         loop {
             tokio::select! {
                 r = requests.message() => match r {
@@ -413,6 +422,15 @@ impl Stream {
                     Err(broadcast::error::RecvError::Closed) => return Err(End::Gone),
                 },
                 _ = progress.tick() => self.notify_progress().await?,
+                _ = leader_check.tick(), if self.require_leader => {
+                    leaderless = match self.api.status.borrow().leader {
+                        0 => leaderless + 1,
+                        _ => 0,
+                    };
+                    if leaderless >= NO_LEADER_CHECKS {
+                        return Err(End::Failed(no_leader().into()));
+                    }
+                }
             }
         }
     }
@@ -437,6 +455,7 @@ impl PbWatchService for Api {
             next_id: 0,
             revision,
             token: token_of(request.metadata()),
+            require_leader: requires_leader(request.metadata()),
         };
         let every = self.watch_progress;
         let requests = request.into_inner();
