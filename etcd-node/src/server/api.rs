@@ -128,7 +128,10 @@ impl Api {
     /// Proposes a KV write once the request's token allows it (auth).
     async fn propose_as(&self, token: Option<String>, op: Op) -> Result<Applied, Status> {
         self.authorize(token.as_deref(), &needs_of(&op))?;
-        self.authorize_lease_keys(token.as_deref(), &leases_of(&op), true)?;
+        let leases = leases_of(&op);
+        if !leases.is_empty() {
+            self.authorize_lease_keys(token.as_deref(), &leases, true)?;
+        }
         self.propose(op).await
     }
 
