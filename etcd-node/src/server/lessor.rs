@@ -76,15 +76,22 @@ impl Lessor {
         Some((i64::try_from(left.as_secs()).unwrap_or(i64::MAX), t.ttl))
     }
 
-    /// The leases to revoke now: expired, and not already being revoked (or their revoke was
-    /// proposed more than `retry` ago and did not apply: lost with a leader change).
-    pub fn expired(&mut self, now: Instant, retry: Duration) -> Vec<i64> {
-        let mut out = Vec::new();
-        for (&id, t) in &mut self.leases {
-            let due = t.expiry <= now && t.revoking.is_none_or(|at| now - at >= retry);
-            if due {
+    /// The leases to revoke now, at most `limit`, the longest expired first: expired, and not
+    /// already being revoked (or their revoke was proposed more than `retry` ago and did not
+    /// apply: lost with a leader change). The rest wait for a later call.
+    pub fn expired(&mut self, now: Instant, retry: Duration, limit: usize) -> Vec<i64> {
+        let mut due: Vec<(Instant, i64)> = self
+            .leases
+            .iter()
+            .filter(|(_, t)| t.expiry <= now && t.revoking.is_none_or(|at| now - at >= retry))
+            .map(|(&id, t)| (t.expiry, id))
+            .collect();
+        due.sort_unstable();
+        due.truncate(limit);
+        let mut out: Vec<i64> = due.into_iter().map(|(_, id)| id).collect();
+        for id in &out {
+            if let Some(t) = self.leases.get_mut(id) {
                 t.revoking = Some(now);
-                out.push(id);
             }
         }
         out.sort_unstable();
@@ -108,15 +115,15 @@ mod tests {
         );
         assert_eq!(l.remaining(3, t0), None);
         let retry = Duration::from_millis(500);
-        assert!(l.expired(t0 + Duration::from_secs(4), retry).is_empty());
+        assert!(l.expired(t0 + Duration::from_secs(4), retry, 10).is_empty());
         assert_eq!(l.renew(1, t0 + Duration::from_secs(4)), Some(5));
         assert_eq!(l.renew(3, t0), None);
-        assert!(l.expired(t0 + Duration::from_secs(6), retry).is_empty());
+        assert!(l.expired(t0 + Duration::from_secs(6), retry, 10).is_empty());
         let at = t0 + Duration::from_secs(9);
-        assert_eq!(l.expired(at, retry), [1]);
-        assert!(l.expired(at, retry).is_empty(), "proposed once");
+        assert_eq!(l.expired(at, retry, 10), [1]);
+        assert!(l.expired(at, retry, 10).is_empty(), "proposed once");
         assert_eq!(
-            l.expired(at + retry, retry),
+            l.expired(at + retry, retry, 10),
             [1],
             "again when it did not apply"
         );
@@ -125,7 +132,25 @@ mod tests {
         // A new leader: whole TTLs again, plus the extension.
         l.promote(at, Duration::from_secs(1));
         assert_eq!(l.remaining(2, at), Some((11, 10)));
-        assert!(l.expired(at + Duration::from_secs(10), retry).is_empty());
-        assert_eq!(l.expired(at + Duration::from_secs(11), retry), [2]);
+        assert!(
+            l.expired(at + Duration::from_secs(10), retry, 10)
+                .is_empty()
+        );
+        assert_eq!(l.expired(at + Duration::from_secs(11), retry, 10), [2]);
+    }
+
+    #[test]
+    fn revokes_come_at_most_limit_at_a_time_the_longest_expired_first() {
+        let t0 = Instant::now();
+        // Lease i expires at t0 + (10 - i) s: lease 9 first.
+        let mut l = Lessor::default();
+        for i in 0..10 {
+            l.granted(i, 10 - i, t0);
+        }
+        let (at, retry) = (t0 + Duration::from_secs(20), Duration::from_secs(60));
+        assert_eq!(l.expired(at, retry, 3), [7, 8, 9]);
+        assert_eq!(l.expired(at, retry, 3), [4, 5, 6]);
+        assert_eq!(l.expired(at, retry, 100), [0, 1, 2, 3]);
+        assert!(l.expired(at, retry, 100).is_empty());
     }
 }

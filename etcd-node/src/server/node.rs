@@ -152,6 +152,10 @@ struct State {
     held: Vec<(Vec<u8>, Option<u64>)>,
 }
 
+/// Expired leases revoked per second at most (etcd's `leaseRevokeRate`): a mass expiry becomes
+/// a steady stream of revokes instead of a burst of entries that holds up the writes.
+const LEASE_REVOKE_RATE: u128 = 1000;
+
 /// Applied entries between two durable commits of the key space (bounds replay after a crash).
 const SYNC_EVERY: u64 = 10_000;
 
@@ -400,14 +404,17 @@ impl RaftLoop {
         self.lessor.remaining(id, now)
     }
 
-    /// On the leader: proposes the revoke of every expired lease.
+    /// On the leader: proposes the revoke of the expired leases, at most
+    /// [`LEASE_REVOKE_RATE`] per second (at least one per tick).
     fn revoke_expired(&mut self, st: &mut State) {
         if self.raft.role() != Role::Leader {
             return;
         }
+        let per_tick = (LEASE_REVOKE_RATE * self.tick.as_millis() / 1000).max(1);
+        let limit = usize::try_from(per_tick).unwrap_or(usize::MAX);
         for id in self
             .lessor
-            .expired(Instant::now(), 2 * self.election_timeout)
+            .expired(Instant::now(), 2 * self.election_timeout, limit)
         {
             let data = Proposal {
                 id: 0,
