@@ -1323,20 +1323,23 @@ fn a_snapshot_restores_into_a_new_cluster_with_a_clean_witness() {
     );
     assert!(!c.data_dir(0).exists());
 
-    let cleaned = etcdutl(&[
-        "witness",
-        "init",
-        "--force",
-        "--name",
-        "w",
-        "--advertise-peer-url",
-        &c.witness_url,
-    ]);
-    assert!(
-        cleaned.status.success(),
-        "{}",
-        String::from_utf8_lossy(&cleaned.stderr)
-    );
+    let clean_witness = |c: &Cluster| {
+        let cleaned = etcdutl(&[
+            "witness",
+            "init",
+            "--force",
+            "--name",
+            "w",
+            "--advertise-peer-url",
+            &c.witness_url,
+        ]);
+        assert!(
+            cleaned.status.success(),
+            "{}",
+            String::from_utf8_lossy(&cleaned.stderr)
+        );
+    };
+    clean_witness(&c);
     let restored = |out: std::process::Output| {
         assert!(
             out.status.success(),
@@ -1344,21 +1347,34 @@ fn a_snapshot_restores_into_a_new_cluster_with_a_clean_witness() {
             String::from_utf8_lossy(&out.stderr)
         );
     };
-    // One member restored and started first: with the witness's vote it leads alone, and the
-    // witness is bound to the restored cluster.
+    // One member restored and started too early: with the witness's vote it leads alone, and
+    // the witness is bound to the restored cluster.
     restored(restore(&c, 0, &[]));
     c.start_member(0);
     assert_eq!(c.wait_leader(LEADER_WAIT), 0);
-    // A restore of another history (here: another --bump-revision) makes another cluster, so
-    // the bound witness refuses it; the same restore is accepted, as a member that is behind.
-    let mismatched = restore(&c, 1, &["--bump-revision", "5", "--mark-compacted"]);
-    let why = String::from_utf8_lossy(&mismatched.stderr);
-    assert!(
-        !mismatched.status.success() && why.contains("another cluster's state"),
-        "{why}"
-    );
-    assert!(!c.data_dir(1).exists());
+    // A restore of another history (here: another --bump-revision) makes another cluster;
+    // the same restore would reuse the started member's terms for another history: both are
+    // refused, nothing written.
+    for (extra, expected) in [
+        (
+            &["--bump-revision", "5", "--mark-compacted"][..],
+            "another cluster's state",
+        ),
+        (&[], "already bound to this restored cluster"),
+    ] {
+        let refused = restore(&c, 1, extra);
+        let why = String::from_utf8_lossy(&refused.stderr);
+        assert!(!refused.status.success() && why.contains(expected), "{why}");
+        assert!(!c.data_dir(1).exists());
+    }
+    // Start over, as the message says: stop it, discard its restored data, clean the witness,
+    // restore every member, then start them.
+    c.stop(0);
+    std::fs::remove_dir_all(c.data_dir(0)).unwrap();
+    clean_witness(&c);
+    restored(restore(&c, 0, &[]));
     restored(restore(&c, 1, &[]));
+    c.start_member(0);
     c.start_member(1);
     c.wait_leader(LEADER_WAIT);
 

@@ -262,13 +262,13 @@ pub(super) fn apply(
             match (get::<StoredRole>(t, &key)?, &r.perm) {
                 (None, _) => Some(role_not_found()),
                 (Some(_), None) => Some(ApiError::invalid("etcdserver: permission is not given")),
-                // As etcd: a permission names a key, and a range must not be empty (an end
-                // starting with a zero byte means "every key from `key`").
+                // As etcd: a permission names a key, and a range must not be empty (the end
+                // "\0" means "every key from `key`").
                 (Some(_), Some(p))
                     if p.key.is_empty()
                         || (!p.range_end.is_empty()
                             && p.range_end <= p.key
-                            && p.range_end[0] != 0) =>
+                            && p.range_end != [0]) =>
                 {
                     Some(invalid_management())
                 }

@@ -756,17 +756,20 @@ pub fn rewrite(
     dump.members = members;
     // The old members' alarms: the new cluster raises its own.
     dump.alarms.clear();
-    // Revisions travel as int64 in etcd's API.
+    // Revisions travel as int64 in etcd's API; the bumped revision must leave room for the
+    // writes to come (2^62 of them: enough for ever).
+    const MAX_BUMPED: u64 = 1 << 62;
     dump.revision = dump
         .revision
         .checked_add(bump)
-        .filter(|&r| i64::try_from(r).is_ok())
+        .filter(|&r| r <= MAX_BUMPED)
         .ok_or_else(|| {
             format!(
-                "--bump-revision {bump} takes the snapshot's revision {} past the largest \
-                 revision etcd's API can carry ({}); give a smaller --bump-revision",
-                dump.revision,
-                i64::MAX
+                "--bump-revision {bump} takes the snapshot's revision {} past {MAX_BUMPED} \
+                 (2^62, half of what etcd's int64 revisions can carry, the rest kept for the \
+                 writes to come); give a smaller --bump-revision (etcd's runbook uses \
+                 1000000000)",
+                dump.revision
             )
         })?;
     if mark_compacted {

@@ -56,7 +56,9 @@ impl PbLeaseService for Api {
         request: Request<PbLeaseRevokeRequest>,
     ) -> Result<Response<PbLeaseRevokeResponse>, Status> {
         let token = token_of(request.metadata());
-        self.authorize_lease_keys(token.as_deref(), &[request.get_ref().id], true)?;
+        if self.mvcc.auth_enabled() {
+            self.authorize_lease_keys(token.as_deref(), &[request.get_ref().id], true)?;
+        }
         match self.propose(Op::LeaseRevoke(request.into_inner())).await? {
             Applied::LeaseRevoke(r) => Ok(Response::new(r)),
             other => Err(internal(format!("unexpected result {other:?}"))),
@@ -103,7 +105,7 @@ impl PbLeaseService for Api {
         let token = token_of(request.metadata());
         let req = request.into_inner();
         let listed = if req.keys { vec![req.id] } else { Vec::new() };
-        self.authorize_lease_keys(token.as_deref(), &listed, false)?;
+        let keys = self.authorize_lease_keys(token.as_deref(), &listed, false)?;
         let Some((ttl, granted_ttl)) = self.ask_lease(req.id, false).await? else {
             // etcd answers an unknown lease with TTL -1, not an error.
             return Ok(Response::new(PbLeaseTimeToLiveResponse {
@@ -112,15 +114,6 @@ impl PbLeaseService for Api {
                 ttl: -1,
                 ..Default::default()
             }));
-        };
-        let keys = if req.keys {
-            self.mvcc
-                .lease(req.id)
-                .map_err(internal)?
-                .map(|(_, keys)| keys)
-                .unwrap_or_default()
-        } else {
-            Vec::new()
         };
         Ok(Response::new(PbLeaseTimeToLiveResponse {
             header: self.current_header(),

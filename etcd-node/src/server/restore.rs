@@ -13,6 +13,10 @@
 //! `--bump-revision`, belong to different clusters and refuse each other's messages; and a
 //! witness bound to this very restore (another member of it already started) is told apart from
 //! one bound to the old cluster, even when the old cluster had the same token and peer URLs.
+//! Neither is accepted: a restore needs a fresh witness, so every member of a restore is
+//! restored before any of them starts. (A witness bound to this restore holds terms and
+//! subterms of a history that the restored member does not have, or that a started member has
+//! moved past; reusing those numbers in a new history could lose acknowledged writes.)
 
 use std::path::{Path, PathBuf};
 
@@ -137,17 +141,15 @@ fn restored_cluster_id(flags_id: u64, data: &[u8]) -> u64 {
     u64::from_be_bytes(digest[..8].try_into().expect("SHA-256 has 32 bytes")).max(1)
 }
 
-/// The restored cluster needs a witness with no past, or one bound to this same restore (a
-/// member restored from the same file with the same flags has already started: this member is
-/// then just behind, on the same history). Any other witness state comes from another log,
-/// which the restored members do not have, so its term and log position would outvote them.
+/// The restored cluster needs a witness with no past: any witness state comes from a log the
+/// restored members do not have (the old cluster's, or a started member's of this same
+/// restore), so its term and log position would outvote them, or its term and subterm numbers
+/// would be reused for other entries.
 async fn check_witness(name: &str, url: &WitnessUrl, cluster_id: u64) -> anyhow::Result<()> {
     let clean = format!(
-        "restore every member from the same file with the same --initial-cluster and \
-         --initial-cluster-token, or, once no member of any cluster that uses this witness is \
-         running, clean it with `etcdutl witness init --force --name {name} \
-         --advertise-peer-url '{url}'` (or initialise a witness at a new location and name that \
-         in --initial-cluster)"
+        "once no member of any cluster that uses this witness is running, clean it with \
+         `etcdutl witness init --force --name {name} --advertise-peer-url '{url}'` (or \
+         initialise a witness at a new location and name that in --initial-cluster)"
     );
     let store = open_store(url).with_context(|| format!("--initial-cluster {name}={url}"))?;
     let loaded = store
@@ -162,7 +164,19 @@ async fn check_witness(name: &str, url: &WitnessUrl, cluster_id: u64) -> anyhow:
     };
     let s = &loaded.state;
     let fresh = s.cluster_id == 0 && s.term == 0 && s.last_log_term == 0;
-    if !fresh && s.cluster_id != cluster_id {
+    if !fresh && s.cluster_id == cluster_id {
+        bail!(
+            "the witness {name}={url} is already bound to this restored cluster {cluster_id:x} \
+             (term {}): a member restored from the same file has started, so the cluster has \
+             moved on from the snapshot. Restore every member before starting any. To add this \
+             member now, replace it as a lost member instead (`etcdctl member remove`, `member \
+             add`, then start it with an empty --data-dir and --initial-cluster-state \
+             existing); to start the restore over, stop every member, discard their restored \
+             data directories, and {clean}",
+            s.term
+        );
+    }
+    if !fresh {
         bail!(
             "the witness {name}={url} holds another cluster's state (cluster {:x}, term {}, last \
              entry term {}; this restore makes cluster {cluster_id:x}): {clean}",
