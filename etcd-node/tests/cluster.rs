@@ -315,14 +315,7 @@ fn follower_kill(mut c: Cluster) {
     // When the first election needed the witness, it stays in R (committing by the shortcut,
     // no writes) until the follower has caught up, which a loaded machine can delay past the
     // writes above: kill the follower only once R is the two members.
-    let started = Instant::now();
-    while c.metric(leader, "etcd_witness_in_replication_set") != Some(0.0) {
-        assert!(
-            started.elapsed() < LEADER_WAIT,
-            "the witness never left R with both members up"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_witness_in_r(&c, leader, false);
     let before = c.metric(leader, "etcd_witness_writes_total").unwrap();
     c.kill(follower);
     let mut acked = Vec::new();
