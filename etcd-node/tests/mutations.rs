@@ -92,3 +92,20 @@ fn reading_without_confirming_leadership_is_caught() {
         &["linearizable read"],
     );
 }
+
+#[test]
+fn trusting_a_wiped_witness_is_caught() {
+    // Seen only through the random runs' wiped-and-reinitialised witness
+    // (tests/witness_reset.rs runs the directed sequence).
+    assert_caught(
+        Mutation::ForgetWitnessIdentity,
+        2,
+        300,
+        &[
+            "leader completeness",
+            "state machine safety",
+            "log matching",
+            "election safety",
+        ],
+    );
+}

@@ -70,6 +70,7 @@ fn conf_change(words: &[&str], line: &str) -> ConfChange {
     ConfChange {
         changes,
         context: Vec::new(),
+        witness_generation: 0,
     }
 }
 

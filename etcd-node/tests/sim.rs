@@ -23,17 +23,22 @@ fn run_many(regular: u64, witness: bool, seeds: u64) {
 }
 
 fn run_all(run: &RandomRun, seeds: u64) {
-    let (mut ticks, mut writes) = (0, 0);
+    let (mut ticks, mut writes, mut wipes, mut refusals) = (0, 0, 0, 0);
     for seed in start()..start() + seeds {
         match run_seed(seed, run) {
             Ok(stats) => {
                 ticks += stats.ticks;
                 writes += stats.witness_writes;
+                wipes += stats.witness_wipes;
+                refusals += stats.witness_refusals;
             }
             Err(e) => panic!("{e}"),
         }
     }
-    println!("{seeds} seeds of {run:?}: {ticks} ticks, {writes} witness writes");
+    println!(
+        "{seeds} seeds of {run:?}: {ticks} ticks, {writes} witness writes, {wipes} witness \
+         wipes, {refusals} steps refusing a wiped witness"
+    );
 }
 
 #[test]

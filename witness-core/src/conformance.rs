@@ -43,6 +43,7 @@ pub trait Location: Send + Sync {
 const CALLER: Caller = Caller {
     cluster_id: 0xc1,
     witness_id: 0x3,
+    seen: crate::Seen::NOTHING,
 };
 
 /// A policy that outlasts heavy contention in the counter tests.

@@ -7,6 +7,7 @@
 use std::io;
 
 use crate::codec::DecodeError;
+use crate::state::Seen;
 use crate::store::Version;
 use crate::url::UrlProblem;
 
@@ -26,6 +27,12 @@ pub enum Error {
         "no witness state at {location}: initialise it with `etcdutl witness init --name NAME --advertise-peer-url URL`"
     )]
     NotInitialised { location: String },
+    /// The witness's storage holds nothing, but this member is bound to a witness there: the
+    /// storage was wiped (or the share is not mounted).
+    #[error(
+        "no witness state at {location}, but this cluster is bound to the witness of generation {expected:#x} there: the storage was wiped, or the share is not mounted. If the share is mounted again, the witness comes back by itself; if its state is gone, its votes are lost and a new witness at that location would not be trusted. Safe recovery: start the other member so that both regular members run (they need no witness), then replace the witness at runtime (docs/operations.md, \"The witness's storage was lost\")"
+    )]
+    Lost { location: String, expected: u64 },
     /// `create` found a witness already there.
     #[error(
         "a witness is already initialised at {location} (member {name:?}); pass --force to replace it, which discards its term and vote"
@@ -33,7 +40,7 @@ pub enum Error {
     AlreadyInitialised { location: String, name: String },
     /// The stored record is damaged. Never fall back to an older one: restore or re-initialise.
     #[error(
-        "witness state {version} at {location} is corrupt: {source}; the witness refuses to guess (an older state could grant a forbidden vote): re-initialise it with `etcdutl witness init --force` while no node is using it"
+        "witness state {version} at {location} is corrupt: {source}; the witness refuses to guess (an older state could grant a forbidden vote). A cluster that uses it cannot trust it again: with both regular members running, replace the witness at runtime with one initialised at a new location (docs/operations.md, \"The witness's storage was lost\")"
     )]
     Corrupt {
         location: String,
@@ -43,7 +50,7 @@ pub enum Error {
     },
     /// The witness is bound to another cluster.
     #[error(
-        "witness at {location} belongs to cluster {stored:#x}, not to this cluster {requested:#x}: point --initial-cluster at the right witness, or re-initialise this one with `etcdutl witness init --force`"
+        "witness at {location} belongs to cluster {stored:#x}, not to this cluster {requested:#x}: a witness serves one cluster; point this cluster at its own witness (initialise a new location with `etcdutl witness init` for a new cluster)"
     )]
     WrongCluster {
         location: String,
@@ -58,6 +65,27 @@ pub enum Error {
         location: String,
         stored: u64,
         requested: u64,
+    },
+    /// The witness's generation is not the one this member is bound to: its storage was wiped
+    /// and initialised again (or the URL now names other storage). Its votes are lost.
+    #[error(
+        "the witness at {location} is not the witness this cluster is bound to (it has generation {found:#x}, this member is bound to {expected:#x}): its storage was wiped and initialised again, or now names other storage; a witness that forgot its votes could elect a member that lacks acknowledged writes, so this member will neither vote nor commit with it. Safe recovery: start the other member so that both regular members run (they need no witness), then replace the witness at runtime (docs/operations.md, \"The witness's storage was lost\"); never initialise the old location again"
+    )]
+    Replaced {
+        location: String,
+        expected: u64,
+        found: u64,
+    },
+    /// The witness holds an older term or log position than this member saw it hold: its storage
+    /// was restored from an old copy. Its votes are lost.
+    #[error(
+        "the witness at {location} went back in time: it holds term {} and log position ({}, {}), but this member saw it at term {} and log position ({}, {}); its storage was restored from an older copy, and a witness that forgot its votes could elect a member that lacks acknowledged writes, so this member will neither vote nor commit with it. Safe recovery: start the other member so that both regular members run (they need no witness), then replace the witness at runtime (docs/operations.md, \"The witness's storage was lost\")",
+        found.term, found.log_term, found.log_subterm, seen.term, seen.log_term, seen.log_subterm
+    )]
+    Reverted {
+        location: String,
+        seen: Seen,
+        found: Seen,
     },
     /// The storage refused access.
     #[error(
@@ -113,6 +141,27 @@ pub enum Error {
 }
 
 impl Error {
+    /// This error as a member that has seen its witness (`seen`) should report it: a witness
+    /// that is not initialised is then one whose storage was lost, not one still to set up.
+    pub fn for_member(self, seen: &Seen) -> Error {
+        match self {
+            Error::NotInitialised { location } if seen.generation != 0 => Error::Lost {
+                location,
+                expected: seen.generation,
+            },
+            other => other,
+        }
+    }
+
+    /// True when the witness lost its state (wiped, re-initialised, restored from an old copy):
+    /// it must be replaced, never trusted again.
+    pub fn is_lost_state(&self) -> bool {
+        matches!(
+            self,
+            Error::Replaced { .. } | Error::Reverted { .. } | Error::Lost { .. }
+        )
+    }
+
     /// True for failures that may clear up by themselves, and after which a write may or may not
     /// have taken effect: the caller must re-read to learn the outcome.
     pub fn is_transient(&self) -> bool {

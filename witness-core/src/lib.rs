@@ -10,12 +10,12 @@
 //! - [`url::WitnessUrl`] parses `witness:mount?path=...` and `witness:azblob?uri=...`.
 //!
 //! ```
-//! use witness_core::{Caller, MemoryStore, VoteRequest, Witness, WitnessState, WitnessStore};
+//! use witness_core::{Caller, MemoryStore, Seen, VoteRequest, Witness, WitnessState, WitnessStore};
 //! # tokio::runtime::Runtime::new().unwrap().block_on(async {
 //! let store = MemoryStore::new();
 //! store.create(&WitnessState::new(0, "infra2", "witness:mount?path=%2Fw")).await.unwrap();
 //! let witness = Witness::new(store);
-//! let caller = Caller { cluster_id: 0xc1, witness_id: 0x3 };
+//! let caller = Caller { cluster_id: 0xc1, witness_id: 0x3, seen: Seen::NOTHING };
 //! let ask = |candidate| VoteRequest {
 //!     caller, term: 2, candidate, last_log_term: 1, last_log_subterm: 0,
 //!     granted: vec![candidate], granted_outgoing: vec![],
@@ -41,6 +41,6 @@ pub use client::{RetryPolicy, Stepped, Witness, WitnessCounters};
 pub use error::{Error, Result};
 pub use memory::{Fault, MemoryStore};
 pub use rules::{AppendReply, AppendRequest, Caller, Outcome, Refusal, VoteReply, VoteRequest};
-pub use state::{NONE, WitnessState};
+pub use state::{NONE, Seen, WitnessState};
 pub use store::{CasOutcome, Loaded, Version, WitnessStore};
 pub use url::{BlobSasUri, WitnessUrl};

@@ -8,19 +8,24 @@
 //!   (retries are idempotent);
 //! - at most one vote per term: a vote is only granted when `voted_for` is none or the candidate;
 //! - pre-vote and term reads never produce a write;
-//! - the first request from a cluster binds the witness to it; a witness bound elsewhere refuses.
+//! - the first request from a cluster binds the witness to it; a witness bound elsewhere refuses;
+//! - a witness whose generation differs from the one the caller saw, or whose term or log
+//!   position is older than what the caller saw, lost its state (wiped, re-initialised, restored
+//!   from an old copy): every step refuses it, before any binding or write.
 //!
 //! Every function is deterministic and does no I/O: [`crate::client::Witness`] runs them between a
 //! load and a compare-and-swap.
 
 use crate::error::{Error, Result};
-use crate::state::{NONE, WitnessState};
+use crate::state::{NONE, Seen, WitnessState};
 
-/// Who is asking: the cluster and the member id it gives its witness.
+/// Who is asking: the cluster, the member id it gives its witness, and what the asking member
+/// has seen of that witness ([`Seen::NOTHING`] when it knows nothing yet).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Caller {
     pub cluster_id: u64,
     pub witness_id: u64,
+    pub seen: Seen,
 }
 
 /// The leader asks the witness to acknowledge the entry at `index`.
@@ -105,10 +110,32 @@ pub struct Outcome<R> {
     pub write: Option<WitnessState>,
 }
 
-/// Checks the caller against the witness identity; binds an unbound witness.
+/// Refuses a witness that is not the one `seen` describes, or is older than it: a voter that
+/// forgot its votes (see [`Seen`]).
+pub fn check_history(state: &WitnessState, seen: &Seen, location: &str) -> Result<()> {
+    if seen.generation != 0 && state.generation != seen.generation {
+        return Err(Error::Replaced {
+            location: location.to_string(),
+            expected: seen.generation,
+            found: state.generation,
+        });
+    }
+    let found = Seen::of(state);
+    if found.term < seen.term || found.position() < seen.position() {
+        return Err(Error::Reverted {
+            location: location.to_string(),
+            seen: *seen,
+            found,
+        });
+    }
+    Ok(())
+}
+
+/// Checks the caller against the witness identity and history; binds an unbound witness.
 ///
 /// Returns true when `next` was changed by binding.
 fn bind(next: &mut WitnessState, caller: Caller, location: &str) -> Result<bool> {
+    check_history(next, &caller.seen, location)?;
     let mut changed = false;
     if next.cluster_id == 0 {
         next.cluster_id = caller.cluster_id;

@@ -4,7 +4,11 @@
 //! - nothing here is volatile: a witness step is load -> rule -> compare-and-swap of this record;
 //! - `term` never decreases, and `(last_log_term, last_log_subterm)` only grows;
 //! - a term change clears `voted_for` but never the log position or the replication sets;
-//! - `cluster_id == 0` means "not bound yet"; once bound it never changes.
+//! - `cluster_id == 0` means "not bound yet"; once bound it never changes;
+//! - `generation` is made once, at `etcdutl witness init`, and never changes: storage that was
+//!   wiped and initialised again is a different witness, however alike its files look. A member
+//!   remembers the generation and the newest history it saw ([`Seen`]) and refuses a witness
+//!   that does not match (`rules`).
 
 /// Member id 0 is "none" (as in etcd and raft-rs): no vote, no member.
 pub const NONE: u64 = 0;
@@ -52,15 +56,85 @@ pub struct WitnessState {
     /// whose reply was lost.
     #[prost(uint64, tag = "12")]
     pub writer_nonce: u64,
+    /// Random, non-zero, made by `etcdutl witness init` and never changed after: which witness
+    /// this is. 0 only in records written before generations existed.
+    #[prost(uint64, tag = "13")]
+    pub generation: u64,
+}
+
+/// What a member has seen of its witness: the generation it is bound to and the newest term and
+/// log position it saw the witness hold. A witness never goes back on these (its term and
+/// position only grow), so a witness whose generation differs, or whose term or position is
+/// older, lost its state: it was wiped and initialised again, or restored from an old copy, and
+/// its votes can no longer be trusted.
+///
+/// All zero ([`Seen::NOTHING`]) means nothing is known: any witness is accepted (a member whose
+/// data directory predates generations, until it first sees its witness).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct Seen {
+    pub generation: u64,
+    pub term: u64,
+    pub log_term: u64,
+    pub log_subterm: u64,
+}
+
+impl Seen {
+    /// Nothing known: every witness passes the check.
+    pub const NOTHING: Seen = Seen {
+        generation: 0,
+        term: 0,
+        log_term: 0,
+        log_subterm: 0,
+    };
+
+    /// What `state` shows.
+    pub fn of(state: &WitnessState) -> Seen {
+        Seen {
+            generation: state.generation,
+            term: state.term,
+            log_term: state.last_log_term,
+            log_subterm: state.last_log_subterm,
+        }
+    }
+
+    /// The log position seen, compared lexicographically.
+    pub fn position(&self) -> (u64, u64) {
+        (self.log_term, self.log_subterm)
+    }
+
+    /// This knowledge combined with a later sighting `other` of the same witness: the newest
+    /// term and position of the two. A sighting of another generation changes nothing (the
+    /// member keeps refusing the witness it does not know); one with a generation where none was
+    /// known is adopted whole.
+    pub fn merge(self, other: Seen) -> Seen {
+        if self.generation == 0 && other.generation != 0 {
+            return other.merge(Seen {
+                generation: other.generation,
+                ..self
+            });
+        }
+        if other.generation != self.generation {
+            return self;
+        }
+        Seen {
+            generation: self.generation,
+            term: self.term.max(other.term),
+            log_term: self.position().max(other.position()).0,
+            log_subterm: self.position().max(other.position()).1,
+        }
+    }
 }
 
 impl WitnessState {
-    /// The state `etcdutl witness init` writes: identity only, term 0, no vote, empty log.
+    /// The state `etcdutl witness init` writes: identity only, term 0, no vote, empty log, and
+    /// a new random generation.
     pub fn new(member_id: u64, name: impl Into<String>, peer_url: impl Into<String>) -> Self {
+        use rand::Rng;
         WitnessState {
             member_id,
             name: name.into(),
             peer_url: peer_url.into(),
+            generation: rand::rng().random_range(1..=u64::MAX),
             ..WitnessState::default()
         }
     }

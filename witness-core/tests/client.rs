@@ -50,6 +50,7 @@ async fn memory_store_passes_the_conformance_suite() {
 const CALLER: Caller = Caller {
     cluster_id: 1,
     witness_id: 3,
+    seen: witness_core::Seen::NOTHING,
 };
 
 fn req(subterm: u64) -> AppendRequest {

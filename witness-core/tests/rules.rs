@@ -9,6 +9,7 @@ const LOC: &str = "test";
 const CALLER: Caller = Caller {
     cluster_id: 0xc1,
     witness_id: 3,
+    seen: witness_core::Seen::NOTHING,
 };
 
 /// A bound witness in `term` whose last acknowledged entry is (llt, lls) with R = `rs`.
@@ -289,6 +290,7 @@ fn a_witness_of_another_cluster_refuses_every_step() {
     let other = Caller {
         cluster_id: 0xbad,
         witness_id: 3,
+        seen: witness_core::Seen::NOTHING,
     };
     let mut a = append(5, 5, 2, 9, &[1, 3]);
     a.caller = other;
@@ -317,6 +319,7 @@ fn a_witness_of_another_cluster_refuses_every_step() {
     let wrong_member = Caller {
         cluster_id: 0xc1,
         witness_id: 9,
+        seen: witness_core::Seen::NOTHING,
     };
     let err = rules::read_term(&state, wrong_member, LOC).unwrap_err();
     assert!(
@@ -382,4 +385,119 @@ fn witness_position_and_term_only_grow_under_random_requests() {
             state = n;
         }
     }
+}
+
+/// A caller that has seen the witness at `seen`.
+fn seeing(seen: witness_core::Seen) -> Caller {
+    Caller { seen, ..CALLER }
+}
+
+/// Every step of `caller` on `state`, as errors (a step that succeeded is a test failure).
+fn every_step_refused(state: &WitnessState, caller: Caller) -> Vec<Error> {
+    let mut a = append(9, 9, 0, 30, &[1, 3]);
+    a.caller = caller;
+    let mut v = vote_req(9, 1, 9, 0, &[1]);
+    v.caller = caller;
+    vec![
+        rules::append(state, &a, LOC).expect_err("append"),
+        rules::vote(state, &v, LOC).expect_err("vote"),
+        rules::pre_vote(state, &v, LOC).expect_err("pre-vote"),
+        rules::read_term(state, caller, LOC).expect_err("read-term"),
+    ]
+}
+
+#[test]
+fn a_witness_of_another_generation_refuses_every_step_before_binding() {
+    // The cluster saw generation 0x51 at term 5; the storage was wiped and initialised again.
+    let seen = witness_core::Seen {
+        generation: 0x51,
+        term: 5,
+        log_term: 5,
+        log_subterm: 1,
+    };
+    let fresh = WitnessState::new(0, "w", "witness:mount?path=%2Fw");
+    assert_ne!(fresh.generation, 0, "init makes a generation");
+    for e in every_step_refused(&fresh, seeing(seen)) {
+        assert!(matches!(e, Error::Replaced { expected: 0x51, .. }), "{e}");
+        let msg = e.to_string();
+        assert!(msg.contains("wiped and initialised again"), "{msg}");
+        assert!(msg.contains("The witness's storage was lost"), "{msg}");
+        assert!(!msg.contains("--force"), "never advise --force: {msg}");
+    }
+    // Even a re-initialised witness that a (vote) step had since moved to a later term is refused.
+    let mut moved = witness(7, 1, 6, 0, &[1, 3]);
+    moved.generation = 0x52;
+    assert_eq!(every_step_refused(&moved, seeing(seen)).len(), 4);
+}
+
+#[test]
+fn a_witness_older_than_what_the_member_saw_refuses_every_step() {
+    let mut state = witness(5, 1, 5, 1, &[1, 3]);
+    state.generation = 0x51;
+    let seen = witness_core::Seen::of(&state);
+    // Restored from older copies: an older term, or an older log position.
+    let mut older_term = state.clone();
+    older_term.term = 4;
+    let mut older_position = state.clone();
+    older_position.last_log_subterm = 0;
+    for old in [older_term, older_position] {
+        for e in every_step_refused(&old, seeing(seen)) {
+            assert!(matches!(e, Error::Reverted { .. }), "{e}");
+            assert!(e.to_string().contains("went back in time"), "{e}");
+        }
+    }
+    // The same state, or a newer one, passes.
+    let mut v = vote_req(6, 1, 6, 0, &[1]);
+    v.caller = seeing(seen);
+    assert!(rules::vote(&state, &v, LOC).unwrap().reply.granted);
+    let mut newer = state.clone();
+    newer.term = 6;
+    newer.last_log_term = 6;
+    assert_eq!(rules::read_term(&newer, seeing(seen), LOC).unwrap(), 6);
+    // A member that knows nothing accepts any witness (data directories from before generations).
+    assert_eq!(
+        rules::read_term(&witness(1, 0, 0, 0, &[]), CALLER, LOC).unwrap(),
+        1
+    );
+}
+
+#[test]
+fn what_a_member_saw_only_grows_and_keeps_its_generation() {
+    use witness_core::Seen;
+    let a = Seen {
+        generation: 7,
+        term: 5,
+        log_term: 4,
+        log_subterm: 9,
+    };
+    let newer = Seen {
+        generation: 7,
+        term: 6,
+        log_term: 5,
+        log_subterm: 0,
+    };
+    assert_eq!(a.merge(newer), newer);
+    assert_eq!(newer.merge(a), newer, "an older sighting changes nothing");
+    let other = Seen {
+        generation: 8,
+        term: 99,
+        log_term: 99,
+        log_subterm: 0,
+    };
+    assert_eq!(a.merge(other), a, "another generation is never adopted");
+    assert_eq!(Seen::NOTHING.merge(a), a, "a first generation is adopted");
+    let error = Error::NotInitialised {
+        location: "l".into(),
+    };
+    assert!(matches!(
+        error.for_member(&a),
+        Error::Lost { expected: 7, .. }
+    ));
+    let error = Error::NotInitialised {
+        location: "l".into(),
+    };
+    assert!(matches!(
+        error.for_member(&Seen::NOTHING),
+        Error::NotInitialised { .. }
+    ));
 }

@@ -266,6 +266,7 @@ fn append(subterm: u64) -> AppendRequest {
         caller: Caller {
             cluster_id: 1,
             witness_id: 3,
+            seen: witness_core::Seen::NOTHING,
         },
         term: 1,
         leader: 1,

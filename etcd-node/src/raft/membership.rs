@@ -120,6 +120,9 @@ pub struct ConfChange {
     pub changes: Vec<Change>,
     /// The host's data about the change (who asked, the member's name and URLs); opaque here.
     pub context: Vec<u8>,
+    /// For a change that adds a witness: the generation of the initialised witness storage (read
+    /// by the proposer), which every member is bound to once the change applies. 0: none.
+    pub witness_generation: u64,
 }
 
 impl ConfChange {
@@ -128,6 +131,7 @@ impl ConfChange {
         ConfChange {
             changes: vec![Change { kind, node }],
             context: Vec::new(),
+            witness_generation: 0,
         }
     }
 }
@@ -356,6 +360,7 @@ mod tests {
                 },
             ],
             context: Vec::new(),
+            witness_generation: 0,
         };
         let joint = m(&[1, 2, 3], None).apply(&cc).unwrap();
         assert!(joint.is_joint());
@@ -403,6 +408,7 @@ mod tests {
                 },
             ],
             context: Vec::new(),
+            witness_generation: 0,
         };
         let e = cluster.apply(&swap).unwrap_err();
         assert!(e.contains("two changes"), "{e}");
@@ -418,6 +424,7 @@ mod tests {
                 },
             ],
             context: Vec::new(),
+            witness_generation: 0,
         };
         let e = cluster.apply(&promote_witness).unwrap_err();
         assert!(e.contains("never becomes a regular member"), "{e}");

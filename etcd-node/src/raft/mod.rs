@@ -31,7 +31,7 @@ pub use node::{Raft, Refused, Role};
 pub use progress::Progress;
 pub use storage::{MemStorage, Storage};
 pub use types::{
-    Body, Entry, EntryData, HardState, Message, NONE, NodeId, ReadState, Ready, Snapshot,
-    SnapshotMeta, WitnessRequest, WitnessResponse,
+    Body, Entry, EntryData, HardState, KnownWitness, Message, NONE, NodeId, ReadState, Ready,
+    Snapshot, SnapshotMeta, WitnessRequest, WitnessResponse,
 };
 pub use witness_step::apply_rule;

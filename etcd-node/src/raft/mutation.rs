@@ -17,4 +17,7 @@ pub enum Mutation {
     /// Every node sends every message before persisting (votes and append acknowledgements
     /// too), not only a leader's appends and heartbeats.
     SendBeforePersist,
+    /// Nodes forget what they saw of the witness: every witness step goes out without the
+    /// generation and history to check, so a wiped or reverted witness is trusted.
+    ForgetWitnessIdentity,
 }

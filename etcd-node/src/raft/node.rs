@@ -28,6 +28,7 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+use witness_core::Seen;
 use witness_core::rules::{AppendReply, AppendRequest, Caller, VoteRequest};
 
 use super::config::Config;
@@ -38,8 +39,8 @@ use super::progress::Progress;
 use super::replication_set::{self, Liveness};
 use super::storage::Storage;
 use super::types::{
-    Body, Entry, EntryData, HardState, Message, NONE, NodeId, ReadState, Ready, Snapshot,
-    SnapshotMeta, WitnessRequest, WitnessResponse,
+    Body, Entry, EntryData, HardState, KnownWitness, Message, NONE, NodeId, ReadState, Ready,
+    Snapshot, SnapshotMeta, WitnessRequest, WitnessResponse,
 };
 
 /// A node's role.
@@ -126,6 +127,8 @@ pub struct Raft {
     term: u64,
     vote: NodeId,
     commit: u64,
+    /// What this node knows of its witness (persisted in the hard state).
+    witness_known: Option<KnownWitness>,
     log: RaftLog,
     /// The latest snapshot (own, or received): what a lagging follower is sent.
     snapshot: Snapshot,
@@ -172,6 +175,7 @@ impl Raft {
             term: hs.term,
             vote: hs.vote,
             commit,
+            witness_known: hs.witness,
             persisted: log.last_index(),
             applied: snapshot.meta.index,
             log,
@@ -246,11 +250,36 @@ impl Raft {
         }
     }
 
+    /// Who asks the witness: this cluster, its witness member, and what this node saw of that
+    /// witness (the witness rules refuse a witness that lost its state).
     fn caller(&self) -> Caller {
+        let witness_id = self.membership.witness().unwrap_or(NONE);
+        let seen = match self.witness_known {
+            Some(k) if k.id == witness_id && !self.mutated(Mutation::ForgetWitnessIdentity) => {
+                k.seen
+            }
+            _ => Seen::NOTHING,
+        };
         Caller {
             cluster_id: self.cfg.cluster_id,
-            witness_id: self.membership.witness().unwrap_or(NONE),
+            witness_id,
+            seen,
         }
+    }
+
+    /// What this node knows of its witness.
+    pub fn witness_known(&self) -> Option<KnownWitness> {
+        self.witness_known
+    }
+
+    /// Learns what a witness step, or the leader, saw of witness `known.id`: only of the witness
+    /// of this node's configuration (a late answer of a removed witness, or a leader whose
+    /// configuration is ahead, teaches nothing until this node applies the same change).
+    fn learn_witness(&mut self, known: KnownWitness) {
+        if known.seen == Seen::NOTHING || Some(known.id) != self.membership.witness() {
+            return;
+        }
+        self.witness_known = Some(KnownWitness::learn(self.witness_known, known));
     }
     /// May this node campaign?
     fn promotable(&self) -> bool {
@@ -265,11 +294,16 @@ impl Raft {
             Some(to) != self.membership.witness(),
             "the witness never receives messages"
         );
+        // A leader tells its followers what it knows of the witness.
+        let witness = (self.role == Role::Leader)
+            .then_some(self.witness_known)
+            .flatten();
         self.msgs.push(Message {
             from: self.cfg.id,
             to,
             term,
             body,
+            witness,
         });
     }
 
@@ -706,6 +740,21 @@ impl Raft {
             }
             return;
         }
+        // (learned after the message is handled: a snapshot may bring the configuration that
+        // names the witness)
+        let from_leader = matches!(
+            m.body,
+            Body::Append { .. } | Body::Heartbeat { .. } | Body::Snapshot { .. }
+        );
+        let learn = m.witness.filter(|_| from_leader);
+        self.handle(m);
+        if let Some(k) = learn {
+            self.learn_witness(k);
+        }
+    }
+
+    /// Handles a message of this node's term.
+    fn handle(&mut self, m: Message) {
         match m.body {
             Body::Vote {
                 pre,
@@ -1347,8 +1396,18 @@ impl Raft {
             !self.awaiting_advance,
             "step_witness between ready() and advance()"
         );
+        let witness = response.witness_id();
+        match &response {
+            WitnessResponse::Append { seen, .. }
+            | WitnessResponse::Vote { seen, .. }
+            | WitnessResponse::ReadTerm { seen, .. } => self.learn_witness(KnownWitness {
+                id: witness,
+                seen: *seen,
+            }),
+            WitnessResponse::Failed { .. } => {}
+        }
         match response {
-            WitnessResponse::Append { request, reply } => {
+            WitnessResponse::Append { request, reply, .. } => {
                 if let AppendReply::StaleTerm { term } = reply
                     && term > self.term
                 {
@@ -1373,6 +1432,7 @@ impl Raft {
                 pre,
                 request,
                 reply,
+                ..
             } => {
                 if !reply.granted && reply.term > self.term && !(pre && reply.term < request.term) {
                     self.become_follower(reply.term, NONE);
@@ -1398,6 +1458,7 @@ impl Raft {
                 term,
                 round,
                 witness_term,
+                ..
             } => {
                 if witness_term > self.term {
                     self.become_follower(witness_term, NONE);
@@ -1442,6 +1503,20 @@ impl Raft {
         };
         let witness_changed = next.witness() != self.membership.witness();
         self.membership = next;
+        if let Some(w) = self.membership.witness()
+            && witness_changed
+            && cc.witness_generation != 0
+        {
+            // The new witness's generation, read by the proposer from its fresh storage: every
+            // member is bound to it before the witness can be used.
+            self.witness_known = Some(KnownWitness {
+                id: w,
+                seen: Seen {
+                    generation: cc.witness_generation,
+                    ..Seen::NOTHING
+                },
+            });
+        }
         if witness_changed && let Some(lead) = self.lead.as_mut() {
             // Nothing a previous witness acknowledged or confirmed counts for a new one.
             lead.witness_match = 0;
@@ -1534,6 +1609,7 @@ impl Raft {
             term: self.term,
             vote: self.vote,
             commit: self.commit,
+            witness: self.witness_known,
         }
     }
 

@@ -7,7 +7,7 @@
 //! overwritten, never merged); the hard state is replaced whole.
 
 use super::membership::Membership;
-use super::types::{Entry, HardState, NONE, Snapshot, SnapshotMeta};
+use super::types::{Entry, HardState, KnownWitness, NONE, Snapshot, SnapshotMeta};
 
 /// Durable state a node restarts from.
 pub trait Storage {
@@ -48,12 +48,15 @@ impl MemStorage {
     /// (term 1, subterm 0, index 1) holding the initial configuration, like etcd's bootstrap
     /// entries. A node that joins later receives it (or a later snapshot) from the leader. Without
     /// a term-1 position a fresh witness (log position (0, 0)) could not tell candidates apart.
-    pub fn bootstrap(membership: Membership) -> Self {
+    /// `witness`: what the member read of its witness before it started (its generation), so
+    /// that it never trusts another one.
+    pub fn bootstrap(membership: Membership, witness: Option<KnownWitness>) -> Self {
         MemStorage {
             hard_state: HardState {
                 term: 1,
                 vote: NONE,
                 commit: 1,
+                witness,
             },
             snapshot: Snapshot {
                 meta: SnapshotMeta {

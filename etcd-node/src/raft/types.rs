@@ -5,6 +5,7 @@
 //! AND subterm in which its leader appended it; the witness never appears as the sender or
 //! receiver of a [`Message`] (it is reached only through [`WitnessRequest`]).
 
+use witness_core::Seen;
 use witness_core::rules::{AppendReply, AppendRequest, Caller, VoteReply, VoteRequest};
 
 use super::membership::{ConfChange, Membership};
@@ -40,6 +41,33 @@ pub struct HardState {
     pub term: u64,
     pub vote: NodeId,
     pub commit: u64,
+    /// What this member knows of its witness (none: no witness seen yet).
+    pub witness: Option<KnownWitness>,
+}
+
+/// What a member knows of witness member `id`: the generation it is bound to and the newest term
+/// and log position it (or its leader) saw the witness hold. Every witness step carries it, and
+/// the witness rules refuse a witness that is not that one or is older (`witness_core::Seen`).
+/// Kept in the hard state; a leader sends it with its appends, heartbeats and snapshots, so a
+/// member that was down while the leader used the witness learns it once it follows again.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct KnownWitness {
+    pub id: NodeId,
+    pub seen: Seen,
+}
+
+impl KnownWitness {
+    /// This knowledge updated with `other`: another witness replaces it; the same witness merges
+    /// (see [`Seen::merge`]: the newest history, never another generation).
+    pub fn learn(current: Option<KnownWitness>, other: KnownWitness) -> KnownWitness {
+        match current {
+            Some(k) if k.id == other.id => KnownWitness {
+                id: k.id,
+                seen: k.seen.merge(other.seen),
+            },
+            _ => other,
+        }
+    }
 }
 
 /// A snapshot's description: the last entry it covers and the configuration at that entry.
@@ -75,6 +103,8 @@ pub struct Message {
     /// The sender's term (for a granted pre-vote response: the term asked about).
     pub term: u64,
     pub body: Body,
+    /// A leader's knowledge of its witness, for the follower to learn (see [`KnownWitness`]).
+    pub witness: Option<KnownWitness>,
 }
 
 /// What a [`Message`] says.
@@ -151,19 +181,23 @@ impl WitnessRequest {
     }
 }
 
-/// The witness's answer, stepped back into the node by the host.
+/// The witness's answer, stepped back into the node by the host. Every answer carries what the
+/// step saw of the witness (the state it answered from, or wrote).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum WitnessResponse {
     Append {
         request: AppendRequest,
         reply: AppendReply,
+        seen: Seen,
     },
     Vote {
         pre: bool,
         request: VoteRequest,
         reply: VoteReply,
+        seen: Seen,
     },
     ReadTerm {
+        seen: Seen,
         /// The witness member that was read.
         witness: NodeId,
         /// The leader's term and read round the request carried.
@@ -174,6 +208,18 @@ pub enum WitnessResponse {
     },
     /// The step failed (storage unavailable, corrupt, another cluster...): nothing is known.
     Failed { request: WitnessRequest },
+}
+
+impl WitnessResponse {
+    /// The witness member that answered.
+    pub fn witness_id(&self) -> NodeId {
+        match self {
+            WitnessResponse::Append { request, .. } => request.caller.witness_id,
+            WitnessResponse::Vote { request, .. } => request.caller.witness_id,
+            WitnessResponse::ReadTerm { witness, .. } => *witness,
+            WitnessResponse::Failed { request } => request.witness_id(),
+        }
+    }
 }
 
 /// What the host must do, in this order: send `early_messages` (it may, and should, do so

@@ -3,12 +3,29 @@
 //! (load -> this -> compare-and-swap); the simulator runs it on its register.
 
 use witness_core::rules::{self, Outcome};
-use witness_core::{Result, WitnessState};
+use witness_core::{Result, Seen, WitnessState};
 
 use super::types::{WitnessRequest, WitnessResponse};
 
 /// The witness's answer to `request` given its stored `state`, and the state to write, if any.
+/// The answer carries what it saw: the state written, else the state it was computed from.
 pub fn apply_rule(
+    state: &WitnessState,
+    request: &WitnessRequest,
+    location: &str,
+) -> Result<Outcome<WitnessResponse>> {
+    let mut out = answer(state, request, location)?;
+    let seen_now = Seen::of(out.write.as_ref().unwrap_or(state));
+    match &mut out.reply {
+        WitnessResponse::Append { seen, .. }
+        | WitnessResponse::Vote { seen, .. }
+        | WitnessResponse::ReadTerm { seen, .. } => *seen = seen_now,
+        WitnessResponse::Failed { .. } => {}
+    }
+    Ok(out)
+}
+
+fn answer(
     state: &WitnessState,
     request: &WitnessRequest,
     location: &str,
@@ -20,6 +37,7 @@ pub fn apply_rule(
                 reply: WitnessResponse::Append {
                     request: r.clone(),
                     reply: out.reply,
+                    seen: Seen::NOTHING,
                 },
                 write: out.write,
             }
@@ -32,6 +50,7 @@ pub fn apply_rule(
                 pre: true,
                 request: r.clone(),
                 reply: rules::pre_vote(state, r, location)?,
+                seen: Seen::NOTHING,
             },
             write: None,
         },
@@ -45,6 +64,7 @@ pub fn apply_rule(
                     pre: false,
                     request: r.clone(),
                     reply: out.reply,
+                    seen: Seen::NOTHING,
                 },
                 write: out.write,
             }
@@ -59,6 +79,7 @@ pub fn apply_rule(
                 term: *term,
                 round: *round,
                 witness_term: rules::read_term(state, *caller, location)?,
+                seen: Seen::NOTHING,
             },
             write: None,
         },

@@ -33,7 +33,7 @@ use witness_core::{Witness, WitnessUrl};
 
 use crate::config::{ClusterState, HttpUrl, PeerUrls, ServerConfig};
 use crate::mvcc::Mvcc;
-use crate::raft::{self, Membership, Raft, Storage};
+use crate::raft::{self, KnownWitness, Membership, Raft, Storage};
 use crate::storage::disk::DiskStorage;
 use crate::witness::open_store;
 use api::{Api, MAX_REQUEST_BYTES};
@@ -91,9 +91,14 @@ async fn open_storage(cfg: &ServerConfig) -> anyhow::Result<(DiskStorage, Arc<Mv
     if disk.is_empty() {
         match cfg.initial_cluster_state {
             ClusterState::New => {
+                // Everything is checked before anything is written: a start that fails here
+                // leaves no bootstrapped data directory behind (the next start, with corrected
+                // flags, bootstraps afresh).
+                let membership = initial_membership(cfg)?;
+                let witness = read_witness_at_bootstrap(cfg, cfg.cluster_id).await?;
                 mvcc.seed_members(&initial_members(cfg))?;
                 mvcc.set_identity(cfg.member_id, cfg.cluster_id)?;
-                disk.bootstrap(initial_membership(cfg)?, Vec::new())
+                disk.bootstrap(membership, witness, Vec::new())
                     .map_err(anyhow::Error::msg)?;
                 tracing::info!(
                     members = cfg.initial_cluster.len(),
@@ -144,6 +149,63 @@ async fn open_storage(cfg: &ServerConfig) -> anyhow::Result<(DiskStorage, Arc<Mv
     }
     Ok((disk, mvcc, ids))
 }
+
+/// A new member's first reading of the witness `--initial-cluster` names, before it writes
+/// anything: the witness must be initialised, readable and not bound to another cluster. Its
+/// generation is what the member is bound to from now on: a witness wiped and initialised again
+/// later is refused (`witness_core::rules::check_history`).
+pub(crate) async fn read_witness_at_bootstrap(
+    cfg: &ServerConfig,
+    cluster_id: u64,
+) -> anyhow::Result<Option<KnownWitness>> {
+    let Some((member, url)) = cfg.witness() else {
+        return Ok(None);
+    };
+    let name = &member.name;
+    let nothing_written = format!(
+        "nothing was written to --data-dir {}; fix this and start again",
+        cfg.data_dir.display()
+    );
+    let store = open_store(url)
+        .with_context(|| format!("--initial-cluster {name}={url}: {nothing_written}"))?;
+    let loaded = tokio::time::timeout(BOOTSTRAP_WITNESS_TIMEOUT, store.load())
+        .await
+        .map_err(|_| {
+            anyhow::anyhow!(
+                "--initial-cluster {name}={url}: the witness storage did not answer within {:?}                  (share not mounted, blob host unreachable?); {nothing_written}",
+                BOOTSTRAP_WITNESS_TIMEOUT
+            )
+        })?
+        .with_context(|| format!("--initial-cluster {name}={url}: {nothing_written}"))?;
+    let Some(loaded) = loaded else {
+        bail!(
+            "--initial-cluster {name}={url}: the witness is not initialised; initialise it once,              before the cluster's first start: `etcdutl witness init --name {name}              --advertise-peer-url '{url}'`; {nothing_written}"
+        );
+    };
+    let state = loaded.state;
+    if state.cluster_id != 0 && state.cluster_id != cluster_id {
+        bail!(
+            "--initial-cluster {name}={url}: {}; {nothing_written}",
+            witness_core::Error::WrongCluster {
+                location: store.location(),
+                stored: state.cluster_id,
+                requested: cluster_id,
+            }
+        );
+    }
+    tracing::info!(
+        witness = %name,
+        generation = format!("{:x}", state.generation),
+        "read the witness: this member is bound to its generation"
+    );
+    Ok(Some(KnownWitness {
+        id: member.id,
+        seen: witness_core::Seen::of(&state),
+    }))
+}
+
+/// How long a new member waits for its first reading of the witness.
+const BOOTSTRAP_WITNESS_TIMEOUT: Duration = Duration::from_secs(15);
 
 /// The members `--initial-cluster` names, as the key space stores them.
 fn initial_members(cfg: &ServerConfig) -> Vec<PbMember> {

@@ -582,6 +582,7 @@ impl RaftLoop {
         let cc = ConfChange {
             changes: vec![Change { kind, node: m.id }],
             context: data,
+            witness_generation: 0,
         };
         self.raft
             .propose_conf_change(cc)

@@ -21,11 +21,12 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
-use witness_core::WitnessUrl;
+use witness_core::{Seen, WitnessUrl};
 
 use super::{initial_members, initial_membership};
 use crate::config::ServerConfig;
 use crate::mvcc::{self, DumpSummary, Mvcc};
+use crate::raft::KnownWitness;
 use crate::storage::backup;
 use crate::storage::disk::DiskStorage;
 use crate::witness::open_store;
@@ -81,9 +82,13 @@ pub async fn restore(
     .map_err(anyhow::Error::msg)?;
     let summary = mvcc::summarize(&data).map_err(anyhow::Error::msg)?;
     let cluster_id = restored_cluster_id(cfg.cluster_id, &data);
-    if let Some((member, url)) = cfg.witness() {
-        check_witness(&member.name, url, cluster_id).await?;
-    }
+    let witness = match cfg.witness() {
+        Some((member, url)) => Some(KnownWitness {
+            id: member.id,
+            seen: check_witness(&member.name, url, cluster_id).await?,
+        }),
+        None => None,
+    };
 
     let aside = aside_path(dir);
     if aside.exists() {
@@ -91,7 +96,7 @@ pub async fn restore(
         std::fs::remove_dir_all(&aside)
             .with_context(|| format!("removing the unfinished restore {}", aside.display()))?;
     }
-    build(cfg, cluster_id, &aside, data)
+    build(cfg, cluster_id, &aside, data, witness)
         .with_context(|| format!("restoring into {}", aside.display()))?;
     std::fs::rename(&aside, dir)
         .with_context(|| format!("renaming {} to {}", aside.display(), dir.display()))?;
@@ -117,15 +122,21 @@ fn aside_path(dir: &Path) -> PathBuf {
 }
 
 /// Writes the member's storage under `root`: the key space (durably), then the bootstrap
-/// snapshot that holds it.
-fn build(cfg: &ServerConfig, cluster_id: u64, root: &Path, data: Vec<u8>) -> anyhow::Result<()> {
+/// snapshot that holds it, bound to the generation of its fresh witness.
+fn build(
+    cfg: &ServerConfig,
+    cluster_id: u64,
+    root: &Path,
+    data: Vec<u8>,
+    witness: Option<KnownWitness>,
+) -> anyhow::Result<()> {
     let member_dir = root.join("member");
     std::fs::create_dir_all(&member_dir)?;
     let mvcc = Mvcc::open(&member_dir.join("kv.redb"))?;
     mvcc.restore(&data, 1)?;
     mvcc.set_identity(cfg.member_id, cluster_id)?;
     let (mut disk, _) = DiskStorage::open(&member_dir).map_err(anyhow::Error::msg)?;
-    disk.bootstrap(initial_membership(cfg)?, data)
+    disk.bootstrap(initial_membership(cfg)?, witness, data)
         .map_err(anyhow::Error::msg)?;
     Ok(())
 }
@@ -144,12 +155,15 @@ fn restored_cluster_id(flags_id: u64, data: &[u8]) -> u64 {
 /// The restored cluster needs a witness with no past: any witness state comes from a log the
 /// restored members do not have (the old cluster's, or a started member's of this same
 /// restore), so its term and log position would outvote them, or its term and subterm numbers
-/// would be reused for other entries.
-async fn check_witness(name: &str, url: &WitnessUrl, cluster_id: u64) -> anyhow::Result<()> {
+/// would be reused for other entries. Returns what the restored members see of it (its
+/// generation).
+async fn check_witness(name: &str, url: &WitnessUrl, cluster_id: u64) -> anyhow::Result<Seen> {
     let clean = format!(
-        "once no member of any cluster that uses this witness is running, clean it with \
-         `etcdutl witness init --force --name {name} --advertise-peer-url '{url}'` (or \
-         initialise a witness at a new location and name that in --initial-cluster)"
+        "initialise a witness at a new location (`etcdutl witness init`) and name that in \
+         --initial-cluster, or, once no member of any cluster that uses this witness is running \
+         any more, clean it with `etcdutl witness init --force --name {name} \
+         --advertise-peer-url '{url}'` (a cluster still using it would refuse the cleaned \
+         witness and lose its vote)"
     );
     let store = open_store(url).with_context(|| format!("--initial-cluster {name}={url}"))?;
     let loaded = store
@@ -185,7 +199,7 @@ async fn check_witness(name: &str, url: &WitnessUrl, cluster_id: u64) -> anyhow:
             s.last_log_term
         );
     }
-    Ok(())
+    Ok(Seen::of(s))
 }
 
 #[cfg(test)]

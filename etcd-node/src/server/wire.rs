@@ -4,8 +4,8 @@
 
 use prost::Message as _;
 
-use crate::raft::{Body, Entry, Message, Snapshot, SnapshotMeta};
-use crate::storage::codec::{Invalid, PbEntry, PbSnapshotMeta};
+use crate::raft::{Body, Entry, KnownWitness, Message, Snapshot, SnapshotMeta};
+use crate::storage::codec::{Invalid, PbEntry, PbKnownWitness, PbSnapshotMeta};
 
 #[derive(Clone, PartialEq, prost::Message)]
 struct PbMessage {
@@ -42,6 +42,9 @@ struct PbMessage {
     snapshot_meta: Option<PbSnapshotMeta>,
     #[prost(bytes = "vec", tag = "13")]
     snapshot_data: Vec<u8>,
+    /// A leader's knowledge of its witness.
+    #[prost(message, optional, tag = "14")]
+    witness: Option<PbKnownWitness>,
 }
 
 /// One thing a member sends another.
@@ -107,6 +110,7 @@ fn message_to_pb(m: &Message) -> PbMessage {
         from: m.from,
         to: m.to,
         term: m.term,
+        witness: m.witness.map(PbKnownWitness::from),
         ..Default::default()
     };
     match &m.body {
@@ -213,6 +217,7 @@ fn message_from_pb(p: PbMessage) -> Result<Message, Invalid> {
         to: p.to,
         term: p.term,
         body,
+        witness: p.witness.map(KnownWitness::from),
     })
 }
 
@@ -312,6 +317,15 @@ mod tests {
                 to: 2,
                 term: 7,
                 body,
+                witness: Some(crate::raft::KnownWitness {
+                    id: 3,
+                    seen: witness_core::Seen {
+                        generation: 0xfeed,
+                        term: 6,
+                        log_term: 6,
+                        log_subterm: 2,
+                    },
+                }),
             })
         };
         let entry = Entry {

@@ -4,12 +4,12 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use witness_core::WitnessState;
+use witness_core::{Seen, WitnessState};
 
 use super::invariants::{Checker, Violation};
 use crate::raft::{
-    ChangeKind, ConfChange, Config, Entry, MemStorage, Membership, Message, NodeId, Raft, Refused,
-    Role, Storage, WitnessRequest, WitnessResponse, apply_rule,
+    ChangeKind, ConfChange, Config, Entry, KnownWitness, MemStorage, Membership, Message, NodeId,
+    Raft, Refused, Role, Storage, WitnessRequest, WitnessResponse, apply_rule,
 };
 
 /// Network fault rates (per message) and delays, in ticks.
@@ -52,6 +52,10 @@ pub struct Stats {
     pub reads_served: u64,
     pub conf_changes: u64,
     pub transfers: u64,
+    /// Witness storage wiped and initialised again (a new generation).
+    pub witness_wipes: u64,
+    /// Witness steps refused because the witness lost its state.
+    pub witness_refusals: u64,
 }
 
 #[derive(Debug)]
@@ -106,6 +110,14 @@ pub struct Cluster {
     template: Config,
 }
 
+/// A witness register as `etcdutl witness init` makes it, with a generation from the run's seed.
+fn fresh_witness(rng: &mut StdRng) -> WitnessState {
+    WitnessState {
+        generation: rng.random_range(1..=u64::MAX),
+        ..WitnessState::new(0, "witness", "witness:sim")
+    }
+}
+
 /// Used in `cut` for a node's link to the witness storage.
 const WITNESS_LINK: NodeId = u64::MAX;
 
@@ -132,13 +144,26 @@ impl Cluster {
         tune(&mut template);
         let membership = Membership::new(1..=regular, witness.then_some(regular + 1))
             .expect("a valid simulated configuration");
+        let mut rng = StdRng::seed_from_u64(seed);
+        let register = membership
+            .voters
+            .witness
+            .map(|w| (w, fresh_witness(&mut rng)));
+        let known = register.as_ref().map(|(w, state)| KnownWitness {
+            id: *w,
+            seen: Seen::of(state),
+        });
         let mut c = Cluster {
-            rng: StdRng::seed_from_u64(seed),
+            rng,
             nodes: BTreeMap::new(),
             witnesses: BTreeMap::new(),
             max_commit: 0,
             reads: 0,
-            checker: Checker::new(&MemStorage::bootstrap(membership.clone()).snapshot().meta),
+            checker: Checker::new(
+                &MemStorage::bootstrap(membership.clone(), known)
+                    .snapshot()
+                    .meta,
+            ),
             now: 0,
             queue: BTreeMap::new(),
             seq: 0,
@@ -149,12 +174,10 @@ impl Cluster {
             witness_mutation: None,
             template,
         };
-        if let Some(w) = membership.voters.witness {
-            c.witnesses
-                .insert(w, WitnessState::new(0, "witness", "witness:sim"));
-        }
+        c.witnesses.extend(register);
+        // Every member read the witness before its first start: it is bound to its generation.
         for &id in &membership.voters.regular {
-            c.add_node(id, MemStorage::bootstrap(membership.clone()));
+            c.add_node(id, MemStorage::bootstrap(membership.clone(), known));
         }
         c
     }
@@ -263,6 +286,26 @@ impl Cluster {
         self.cut.insert(link(a, b));
     }
 
+    /// The witness's storage is wiped and initialised again, as an operator might after losing
+    /// it: a register with a new generation, term 0 and no log position.
+    pub fn wipe_witness(&mut self, id: NodeId) {
+        if self.witnesses.contains_key(&id) {
+            let fresh = fresh_witness(&mut self.rng);
+            self.witnesses.insert(id, fresh);
+            self.stats.witness_wipes += 1;
+        }
+    }
+
+    /// The witness's storage is put back to `state` (an older copy restored).
+    pub fn revert_witness(&mut self, id: NodeId, state: WitnessState) {
+        self.witnesses.insert(id, state);
+    }
+
+    /// The witness register `id` holds now.
+    pub fn witness_state(&self, id: NodeId) -> Option<&WitnessState> {
+        self.witnesses.get(&id)
+    }
+
     /// Cuts a node off from the witness storage.
     pub fn cut_witness(&mut self, id: NodeId) {
         self.cut.insert(link(id, WITNESS_LINK));
@@ -308,8 +351,18 @@ impl Cluster {
 
     /// Proposes a configuration change on the leader. Nodes it adds are started (with empty
     /// storage, as etcd's `--initial-cluster-state existing`), a witness it adds gets a fresh
-    /// register.
-    pub fn propose_conf_change(&mut self, cc: ConfChange) -> Result<u64, Refused> {
+    /// register, whose generation the change carries (as the server reads it from the storage
+    /// before it proposes).
+    pub fn propose_conf_change(&mut self, mut cc: ConfChange) -> Result<u64, Refused> {
+        for change in &cc.changes {
+            if change.kind == ChangeKind::AddWitness && !self.witnesses.contains_key(&change.node) {
+                let fresh = fresh_witness(&mut self.rng);
+                self.witnesses.insert(change.node, fresh);
+            }
+            if let Some(w) = self.witnesses.get(&change.node) {
+                cc.witness_generation = w.generation;
+            }
+        }
         let index = self.on_leader(|r| r.propose_conf_change(cc.clone()))?;
         self.stats.conf_changes += 1;
         for change in &cc.changes {
@@ -318,11 +371,6 @@ impl Cluster {
                     if !self.nodes.contains_key(&change.node) =>
                 {
                     self.add_node(change.node, MemStorage::joining());
-                }
-                ChangeKind::AddWitness => {
-                    self.witnesses
-                        .entry(change.node)
-                        .or_insert_with(|| WitnessState::new(0, "witness", "witness:sim"));
                 }
                 _ => {}
             }
@@ -484,12 +532,17 @@ impl Cluster {
         let view = self.witness_view(register, &request);
         let (response, write) = match apply_rule(&view, &request, "sim") {
             Ok(out) => (out.reply, out.write),
-            Err(_) => (
-                WitnessResponse::Failed {
-                    request: request.clone(),
-                },
-                None,
-            ),
+            Err(e) => {
+                if e.is_lost_state() {
+                    self.stats.witness_refusals += 1;
+                }
+                (
+                    WitnessResponse::Failed {
+                        request: request.clone(),
+                    },
+                    None,
+                )
+            }
         };
         if let Some(next) = write {
             let old = &self.witnesses[&id];

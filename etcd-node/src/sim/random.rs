@@ -1,6 +1,6 @@
 //! Random runs: one seed drives proposals, linearizable reads, configuration changes (voters,
 //! learners, the witness; single and joint), leader transfers, log compaction, crashes,
-//! restarts, partitions and network faults; then a liveness phase heals everything and requires
+//! restarts, partitions, network faults and a wiped-and-reinitialised witness; then a liveness phase heals everything and requires
 //! a leader to commit a new proposal.
 
 use rand::Rng;
@@ -50,6 +50,7 @@ fn random_conf_change(c: &mut Cluster, next_id: &mut NodeId) -> ConfChange {
     ConfChange {
         changes,
         context: Vec::new(),
+        witness_generation: 0,
     }
 }
 
@@ -173,6 +174,13 @@ pub fn run_seed(seed: u64, run: &RandomRun) -> Result<Stats, String> {
             }
             r if r < 0.414 => {
                 let _ = c.transfer_leader(pick);
+            }
+            r if r < 0.4143 => {
+                // The witness's storage is lost and initialised again: every member must refuse
+                // it (no vote, no append), never elect a member that lacks committed entries.
+                if let Some(w) = c.membership().voters.witness {
+                    c.wipe_witness(w);
+                }
             }
             _ => {}
         }

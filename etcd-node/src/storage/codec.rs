@@ -6,7 +6,8 @@
 use prost::Message;
 
 use crate::raft::{
-    Change, ChangeKind, ConfChange, Entry, EntryData, HardState, Membership, SnapshotMeta, Voters,
+    Change, ChangeKind, ConfChange, Entry, EntryData, HardState, KnownWitness, Membership,
+    SnapshotMeta, Voters,
 };
 
 #[derive(Clone, PartialEq, prost::Message)]
@@ -33,6 +34,9 @@ pub struct PbEntry {
     pub data: Vec<u8>,
     #[prost(message, repeated, tag = "6")]
     pub changes: Vec<PbChange>,
+    /// A configuration change's witness generation (see `ConfChange::witness_generation`).
+    #[prost(uint64, tag = "7")]
+    pub witness_generation: u64,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
@@ -43,6 +47,50 @@ pub struct PbHardState {
     pub vote: u64,
     #[prost(uint64, tag = "3")]
     pub commit: u64,
+    /// What the member knows of its witness (absent: nothing).
+    #[prost(message, optional, tag = "4")]
+    pub witness: Option<PbKnownWitness>,
+}
+
+/// A [`KnownWitness`]: in the hard state, and on a leader's messages.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct PbKnownWitness {
+    #[prost(uint64, tag = "1")]
+    pub id: u64,
+    #[prost(uint64, tag = "2")]
+    pub generation: u64,
+    #[prost(uint64, tag = "3")]
+    pub term: u64,
+    #[prost(uint64, tag = "4")]
+    pub log_term: u64,
+    #[prost(uint64, tag = "5")]
+    pub log_subterm: u64,
+}
+
+impl From<KnownWitness> for PbKnownWitness {
+    fn from(k: KnownWitness) -> Self {
+        PbKnownWitness {
+            id: k.id,
+            generation: k.seen.generation,
+            term: k.seen.term,
+            log_term: k.seen.log_term,
+            log_subterm: k.seen.log_subterm,
+        }
+    }
+}
+
+impl From<PbKnownWitness> for KnownWitness {
+    fn from(p: PbKnownWitness) -> Self {
+        KnownWitness {
+            id: p.id,
+            seen: witness_core::Seen {
+                generation: p.generation,
+                term: p.term,
+                log_term: p.log_term,
+                log_subterm: p.log_subterm,
+            },
+        }
+    }
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
@@ -86,6 +134,10 @@ fn kind_code(kind: ChangeKind) -> u32 {
 
 impl From<&Entry> for PbEntry {
     fn from(e: &Entry) -> Self {
+        let witness_generation = match &e.data {
+            EntryData::ConfChange(cc) => cc.witness_generation,
+            _ => 0,
+        };
         let (kind, data, changes) = match &e.data {
             EntryData::Empty => (0, Vec::new(), Vec::new()),
             EntryData::Normal(d) => (1, d.clone(), Vec::new()),
@@ -108,6 +160,7 @@ impl From<&Entry> for PbEntry {
             kind,
             data,
             changes,
+            witness_generation,
         }
     }
 }
@@ -134,6 +187,7 @@ impl TryFrom<PbEntry> for Entry {
                     })
                     .collect::<Result<_, _>>()?,
                 context: p.data,
+                witness_generation: p.witness_generation,
             }),
             k => return Err(Invalid(format!("entry {}: unknown kind {k}", p.index))),
         };
@@ -155,6 +209,7 @@ impl From<HardState> for PbHardState {
             term: h.term,
             vote: h.vote,
             commit: h.commit,
+            witness: h.witness.map(PbKnownWitness::from),
         }
     }
 }
@@ -165,6 +220,7 @@ impl From<PbHardState> for HardState {
             term: p.term,
             vote: p.vote,
             commit: p.commit,
+            witness: p.witness.map(KnownWitness::from),
         }
     }
 }

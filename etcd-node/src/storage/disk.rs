@@ -12,7 +12,9 @@ use std::path::Path;
 
 use super::snap::SnapDir;
 use super::wal::{SEGMENT_BYTES, Wal};
-use crate::raft::{Entry, HardState, MemStorage, Membership, Ready, Snapshot, Storage};
+use crate::raft::{
+    Entry, HardState, KnownWitness, MemStorage, Membership, Ready, Snapshot, Storage,
+};
 
 /// Snapshot files kept after a compaction.
 const KEEP_SNAPSHOTS: usize = 5;
@@ -103,9 +105,14 @@ impl DiskStorage {
 
     /// Makes a new member of a new cluster: the committed starting position every member shares
     /// (see [`crate::raft::MemStorage::bootstrap`]), holding the key space `data` (empty, or a
-    /// restored snapshot's).
-    pub fn bootstrap(&mut self, membership: Membership, data: Vec<u8>) -> Result<(), String> {
-        let boot = MemStorage::bootstrap(membership);
+    /// restored snapshot's), knowing `witness` of its witness.
+    pub fn bootstrap(
+        &mut self,
+        membership: Membership,
+        witness: Option<KnownWitness>,
+        data: Vec<u8>,
+    ) -> Result<(), String> {
+        let boot = MemStorage::bootstrap(membership, witness);
         let mut snapshot = boot.snapshot();
         snapshot.data = data;
         let boot = MemStorage::from_parts(boot.hard_state(), snapshot, Vec::new());
@@ -197,6 +204,7 @@ mod tests {
                 term: 2,
                 vote: 1,
                 commit,
+                witness: None,
             }),
             entries,
             ..Ready::default()
@@ -210,7 +218,7 @@ mod tests {
         {
             let (mut s, _) = DiskStorage::open(dir.path()).unwrap();
             assert!(s.is_empty());
-            s.bootstrap(membership.clone(), Vec::new()).unwrap();
+            s.bootstrap(membership.clone(), None, Vec::new()).unwrap();
             s.persist(&batch(vec![entry(2, 2), entry(3, 2)], 2))
                 .unwrap();
             s.persist(&batch(vec![entry(3, 3)], 2)).unwrap();
@@ -228,7 +236,7 @@ mod tests {
     fn compaction_drops_covered_segments_and_restart_sees_snapshot_plus_tail() {
         let dir = tempfile::tempdir().unwrap();
         let (mut s, _) = DiskStorage::open_with(dir.path(), 2048).unwrap();
-        s.bootstrap(Membership::new([1], None).unwrap(), Vec::new())
+        s.bootstrap(Membership::new([1], None).unwrap(), None, Vec::new())
             .unwrap();
         for i in 2..=200 {
             s.persist(&batch(vec![entry(i, 2)], i - 1)).unwrap();
@@ -263,7 +271,7 @@ mod tests {
         };
         let (mut s, _) = DiskStorage::open_with(Path::new(&dir), 4096).unwrap();
         if s.is_empty() {
-            s.bootstrap(Membership::new([1], None).unwrap(), Vec::new())
+            s.bootstrap(Membership::new([1], None).unwrap(), None, Vec::new())
                 .unwrap();
         }
         let start = s.entries().last().map_or(2, |e| e.index + 1);

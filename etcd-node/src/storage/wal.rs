@@ -452,6 +452,16 @@ mod tests {
             term,
             vote: 1,
             commit,
+            // (what the member knows of its witness is kept with the hard state)
+            witness: Some(crate::raft::KnownWitness {
+                id: 3,
+                seen: witness_core::Seen {
+                    generation: 0xabc,
+                    term,
+                    log_term: term,
+                    log_subterm: 1,
+                },
+            }),
         }
     }
 
@@ -537,11 +547,13 @@ mod tests {
         wal.save(Some(hs(1, 2)), &[entry(2, 1)]).unwrap();
         let end = wal.offset;
         drop(wal);
-        // A crash in the middle of the second batch: half its bytes reached the disk.
+        // A crash in the middle of the second batch: only its first bytes reached the disk (a
+        // few bytes into its first record, whatever the records' sizes).
         let path = only_segment(dir.path());
         let mut data = fs::read(&path).unwrap();
-        let half = (good + (end - good) / 2) as usize;
-        data[half..end as usize].fill(0);
+        let torn = good as usize + 6;
+        assert!((torn as u64) < end);
+        data[torn..end as usize].fill(0);
         fs::write(&path, &data).unwrap();
         let (mut wal, rec) = Wal::open(dir.path(), 4096).unwrap();
         assert_eq!(rec.entries, vec![entry(1, 1)]);

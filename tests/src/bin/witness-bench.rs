@@ -56,6 +56,7 @@ enum Backend {
 const CALLER: Caller = Caller {
     cluster_id: 0xc1,
     witness_id: 0x3,
+    seen: witness_core::Seen::NOTHING,
 };
 
 type Opener = Box<dyn Fn() -> Arc<dyn WitnessStore>>;
