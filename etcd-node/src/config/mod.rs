@@ -103,6 +103,10 @@ pub struct Flags {
         default_value = "5m"
     )]
     pub experimental_corrupt_check_time: String,
+    /// How often each member reads its witness to check that it is there, readable and the one
+    /// the cluster is bound to (a Go duration; 0s turns the probe off). A read, never a write.
+    #[arg(long, env = "ETCD_WITNESS_PROBE_INTERVAL", default_value = "10s")]
+    pub witness_probe_interval: String,
     /// Log level: debug, info, warn or error.
     #[arg(long, env = "ETCD_LOG_LEVEL", default_value = "info")]
     pub log_level: String,
@@ -219,6 +223,8 @@ pub struct ServerConfig {
     pub watch_progress_notify_interval: Duration,
     /// How often the leader runs the corruption check (None: never).
     pub corrupt_check: Option<Duration>,
+    /// How often the member probes its witness (None: never).
+    pub witness_probe: Option<Duration>,
 }
 
 /// A Go duration (`10m`, `1m30s`, `500ms`, `2h`): what etcd's duration flags take.
@@ -382,6 +388,8 @@ impl ServerConfig {
             "experimental-corrupt-check-time",
             &f.experimental_corrupt_check_time,
         )?;
+        let witness_probe =
+            parse_go_duration("witness-probe-interval", &f.witness_probe_interval)?;
         let listen_client_urls = url_list("listen-client-urls", &f.listen_client_urls)?;
         let advertise_client_urls = url_list("advertise-client-urls", &f.advertise_client_urls)?;
         let listen_peer_urls = url_list("listen-peer-urls", &f.listen_peer_urls)?;
@@ -483,6 +491,7 @@ impl ServerConfig {
             listen_metrics_urls,
             watch_progress_notify_interval,
             corrupt_check: (!corrupt_check.is_zero()).then_some(corrupt_check),
+            witness_probe: (!witness_probe.is_zero()).then_some(witness_probe),
         })
     }
 

@@ -267,6 +267,11 @@ impl Raft {
         }
     }
 
+    /// How this node asks its witness (None: the configuration has none).
+    pub fn witness_caller(&self) -> Option<Caller> {
+        self.membership.witness().map(|_| self.caller())
+    }
+
     /// What this node knows of its witness.
     pub fn witness_known(&self) -> Option<KnownWitness> {
         self.witness_known

@@ -173,10 +173,15 @@ pub enum WitnessRequest {
 impl WitnessRequest {
     /// The witness member the request is for (its storage is the one to step).
     pub fn witness_id(&self) -> NodeId {
+        self.caller().witness_id
+    }
+
+    /// Who asks, and what it saw of the witness.
+    pub fn caller(&self) -> &Caller {
         match self {
-            WitnessRequest::Append(r) => r.caller.witness_id,
-            WitnessRequest::Vote { request, .. } => request.caller.witness_id,
-            WitnessRequest::ReadTerm { caller, .. } => caller.witness_id,
+            WitnessRequest::Append(r) => &r.caller,
+            WitnessRequest::Vote { request, .. } => &request.caller,
+            WitnessRequest::ReadTerm { caller, .. } => caller,
         }
     }
 }

@@ -198,10 +198,16 @@ impl Api {
             .map_err(|_| timed_out())?
     }
 
-    /// `/health`: healthy when there is a leader and a linearizable read succeeds.
+    /// `/health`: healthy when there is a leader, the witness (if any) is well, and a
+    /// linearizable read succeeds. A witness that is unreadable or lost makes the member
+    /// unhealthy although it serves: the cluster has lost its tie-breaker, which it needs as soon
+    /// as a member fails.
     pub async fn health(&self) -> (bool, String) {
         if self.status.borrow().leader == 0 {
             return (false, "RAFT NO LEADER".into());
+        }
+        if let Some(why) = self.metrics.witness_problem(WITNESS_ERROR_WINDOW) {
+            return (false, format!("WITNESS: {why}"));
         }
         match self.barrier().await {
             Ok(()) => (true, String::new()),
@@ -513,9 +519,9 @@ impl PbMaintenanceService for Api {
         if s.leader == 0 {
             errors.push("etcdserver: no leader".to_string());
         }
-        // A step fails when the witness was needed (a member down, an election) and its
-        // storage did not answer; the retries come within an election timeout.
-        if let Some(why) = self.metrics.witness_unavailable(WITNESS_ERROR_WINDOW) {
+        // The probe's last failure, a step that found the witness's state lost, or a step that
+        // failed lately (the witness was needed and did not answer).
+        if let Some(why) = self.metrics.witness_problem(WITNESS_ERROR_WINDOW) {
             errors.push(format!("etcdserver: witness unavailable: {why}"));
         }
         for a in self.mvcc.alarms().map_err(internal)? {

@@ -4,7 +4,7 @@
 use std::fmt::Write as _;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use witness_core::client::Stepped;
 
@@ -37,13 +37,25 @@ pub struct Metrics {
     witness_writes: AtomicU64,
     witness_conflicts: AtomicU64,
     witness_failures: AtomicU64,
-    /// When the last witness step failed, and why; cleared by a step that succeeds.
-    witness_error: Mutex<Option<(Instant, String)>>,
+    /// When the last witness step failed, why, and whether the witness lost its state (then
+    /// reported until a step succeeds, however old); cleared by a step that succeeds.
+    witness_error: Mutex<Option<(Instant, String, bool)>>,
+    /// What the periodic probe of the witness last found.
+    witness_probe: Mutex<Probe>,
     snapshots_sent: AtomicU64,
     snapshots_received: AtomicU64,
     watch_catch_ups: AtomicU64,
     /// (subterm, witness in the replication set) while leading.
     leader_view: Mutex<Option<(u64, bool)>>,
+}
+
+/// The witness probe's findings.
+#[derive(Debug, Default)]
+struct Probe {
+    /// Wall-clock time of the last probe that found the witness well.
+    last_ok: Option<SystemTime>,
+    /// Why the last probe failed (None: it succeeded, or none ran yet).
+    failing: Option<String>,
 }
 
 impl Metrics {
@@ -83,7 +95,7 @@ impl Metrics {
             }
             Err(e) => {
                 self.witness_failures.fetch_add(1, Relaxed);
-                Some((Instant::now(), e.to_string()))
+                Some((Instant::now(), e.to_string(), e.is_lost_state()))
             }
         };
         if let Ok(mut last) = self.witness_error.lock() {
@@ -91,11 +103,36 @@ impl Metrics {
         }
     }
 
-    /// Why the witness is unavailable, if its last step (within `recent`) failed.
-    pub fn witness_unavailable(&self, recent: Duration) -> Option<String> {
+    /// A witness vote refused because this member's log is behind: reported like a failed
+    /// step (it clears when a later step succeeds).
+    pub fn witness_refused(&self, why: String) {
+        if let Ok(mut last) = self.witness_error.lock() {
+            *last = Some((Instant::now(), why, false));
+        }
+    }
+
+    /// Records what a probe of the witness found. Returns the previous failure, if any (the
+    /// caller logs changes).
+    pub fn witness_probed(&self, result: Result<(), String>) -> Option<String> {
+        let mut p = self.witness_probe.lock().unwrap_or_else(|e| e.into_inner());
+        match result {
+            Ok(()) => {
+                p.last_ok = Some(SystemTime::now());
+                p.failing.take()
+            }
+            Err(why) => p.failing.replace(why),
+        }
+    }
+
+    /// What is wrong with the witness, if anything: the probe's failure, else a step that
+    /// found the witness's state lost, else a step that failed within `recent`.
+    pub fn witness_problem(&self, recent: Duration) -> Option<String> {
+        if let Some(why) = self.witness_probe.lock().ok()?.failing.clone() {
+            return Some(why);
+        }
         let last = self.witness_error.lock().ok()?;
-        let (at, why) = last.as_ref()?;
-        (at.elapsed() <= recent).then(|| why.clone())
+        let (at, why, lost) = last.as_ref()?;
+        (*lost || at.elapsed() <= recent).then(|| why.clone())
     }
     pub fn set_leader_view(&self, view: Option<(u64, bool)>) {
         if let Ok(mut v) = self.leader_view.lock() {
@@ -132,6 +169,24 @@ impl Metrics {
             "etcd_server_applied_index",
             "The Raft applied index.",
             status.applied,
+        );
+        let (probe_ok, last_ok) = self
+            .witness_probe
+            .lock()
+            .map(|p| (p.failing.is_none(), p.last_ok))
+            .unwrap_or((false, None));
+        gauge(
+            "etcd_witness_healthy",
+            "1 while the last probe found the witness readable and the one this member is bound to \
+             (0: see /health and Status for why).",
+            u64::from(probe_ok),
+        );
+        gauge(
+            "etcd_witness_last_probe_success_timestamp_seconds",
+            "Unix time of the last probe that found the witness well (0: none yet).",
+            last_ok
+                .and_then(|t| t.duration_since(SystemTime::UNIX_EPOCH).ok())
+                .map_or(0, |d| d.as_secs()),
         );
         gauge(
             "etcd_mvcc_db_total_size_in_bytes",

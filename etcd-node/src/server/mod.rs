@@ -14,6 +14,7 @@ pub mod peer;
 pub mod restore;
 pub mod watches;
 pub mod wire;
+pub mod witness_probe;
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
@@ -88,7 +89,8 @@ async fn open_storage(cfg: &ServerConfig) -> anyhow::Result<(DiskStorage, Arc<Mv
         tracing::warn!(snapshot = %s, "skipped a snapshot file that failed its checks");
     }
     let mvcc = Arc::new(Mvcc::open(&member_dir.join("kv.redb"))?);
-    if disk.is_empty() {
+    let bootstrapped_now = disk.is_empty();
+    if bootstrapped_now {
         match cfg.initial_cluster_state {
             ClusterState::New => {
                 // Everything is checked before anything is written: a start that fails here
@@ -129,6 +131,9 @@ async fn open_storage(cfg: &ServerConfig) -> anyhow::Result<(DiskStorage, Arc<Mv
         }
         (member, cluster) => Ids { member, cluster },
     };
+    if !bootstrapped_now {
+        warn_if_flags_ignored(cfg, &mvcc.members()?);
+    }
     let snapshot = disk.snapshot();
     if mvcc.position()?.applied < snapshot.meta.index && !snapshot.data.is_empty() {
         // A crash between saving a received snapshot and restoring the key space from it.
@@ -206,6 +211,39 @@ pub(crate) async fn read_witness_at_bootstrap(
 
 /// How long a new member waits for its first reading of the witness.
 const BOOTSTRAP_WITNESS_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// A data directory's stored member list wins over `--initial-cluster` (as in etcd): when the
+/// flag names other members or URLs, say so, and how to change the members, rather than let a
+/// corrected flag be ignored in silence.
+fn warn_if_flags_ignored(cfg: &ServerConfig, stored: &[PbMember]) {
+    let urls = |members: &[PbMember]| -> BTreeSet<String> {
+        members
+            .iter()
+            .flat_map(|m| {
+                m.peer_ur_ls
+                    .iter()
+                    .map(|u| format!("{}={}", m.name, witness_core::url::redact(u)))
+            })
+            .collect()
+    };
+    let (flags, stored) = (urls(&initial_members(cfg)), urls(stored));
+    let ignored: Vec<&String> = flags.difference(&stored).collect();
+    if ignored.is_empty() {
+        return;
+    }
+    tracing::warn!(
+        "--data-dir {} already holds this member's data: its stored member list wins, and \
+         --initial-cluster entries it does not hold ({}) are ignored, as etcd does. Change \
+         members with `etcdctl member add|remove` (for the witness: docs/operations.md, \
+         \"Replacing the witness\"), or start from an empty --data-dir to bootstrap anew",
+        cfg.data_dir.display(),
+        ignored
+            .iter()
+            .map(|u| u.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+}
 
 /// The members `--initial-cluster` names, as the key space stores them.
 fn initial_members(cfg: &ServerConfig) -> Vec<PbMember> {
@@ -293,6 +331,10 @@ pub async fn run(
     cfg: ServerConfig,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> anyhow::Result<()> {
+    // Every port first: a port in use refuses the start before the data directory is touched.
+    let peer_listeners = bind("--listen-peer-urls", &cfg.listen_peer_urls).await?;
+    let client_listeners = bind("--listen-client-urls", &cfg.listen_client_urls).await?;
+    let metrics_listeners = bind("--listen-metrics-urls", &cfg.listen_metrics_urls).await?;
     let (disk, mvcc, ids) = open_storage(&cfg).await?;
     let tick = cfg.heartbeat_interval;
     let mut rc = raft::Config::new(ids.member);
@@ -340,6 +382,7 @@ pub async fn run(
     let client_urls = Arc::new(Mutex::new(Default::default()));
     let watches = WatchHub::default();
 
+    let witness_for_probe = witness.clone();
     let raft_loop = RaftLoop {
         raft,
         disk,
@@ -392,7 +435,7 @@ pub async fn run(
         }
     };
     let mut servers = tokio::task::JoinSet::new();
-    for l in bind("--listen-peer-urls", &cfg.listen_peer_urls).await? {
+    for l in peer_listeners {
         let svc = peer::pb::peer_server::PeerServer::new(PeerService {
             me: me.clone(),
             mvcc: mvcc.clone(),
@@ -424,11 +467,11 @@ pub async fn run(
         ));
         with_http(grpc.into_axum_router(), &api)
     };
-    for l in bind("--listen-client-urls", &cfg.listen_client_urls).await? {
+    for l in client_listeners {
         servers.spawn(serve(l, client_routes(), stopped()));
     }
     let metrics_routes = || with_http(axum::Router::new(), &api);
-    for l in bind("--listen-metrics-urls", &cfg.listen_metrics_urls).await? {
+    for l in metrics_listeners {
         servers.spawn(serve(l, metrics_routes(), stopped()));
     }
     tracing::info!(
@@ -437,6 +480,14 @@ pub async fn run(
         cluster = format!("{:x}", ids.cluster),
         "serving"
     );
+    if let (Some(every), Some((_, w))) = (cfg.witness_probe, witness_for_probe) {
+        tokio::spawn(witness_probe::run(
+            w,
+            api.status.clone(),
+            api.metrics.clone(),
+            every,
+        ));
+    }
     if let Some(every) = cfg.corrupt_check {
         // (ends with the runtime, like the other background tasks)
         tokio::spawn(corruption::run(api.clone(), every));
@@ -476,7 +527,11 @@ fn with_http(router: axum::Router, api: &Api) -> Routes {
                         } else {
                             axum::http::StatusCode::SERVICE_UNAVAILABLE
                         };
-                        let body = format!(r#"{{"health":"{healthy}","reason":"{reason}"}}"#);
+                        let body = serde_json::json!({
+                            "health": healthy.to_string(),
+                            "reason": reason,
+                        })
+                        .to_string();
                         (code, body)
                     }
                 }),

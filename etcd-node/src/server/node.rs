@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use prost::Message as _;
 use tokio::sync::{oneshot, watch};
+use witness_core::rules::{Caller, Refusal};
 use witness_core::{Witness, WitnessStore, WitnessUrl};
 
 use super::lessor::Lessor;
@@ -73,6 +74,8 @@ pub struct Status {
     pub commit: u64,
     pub applied: u64,
     pub is_leader: bool,
+    /// How this member asks its witness, with what it saw of it (None: no witness).
+    pub witness: Option<Caller>,
 }
 
 /// (remaining TTL, granted TTL) of a lease, None when there is no such lease.
@@ -239,6 +242,7 @@ impl RaftLoop {
             commit: self.raft.commit(),
             applied: self.raft.applied(),
             is_leader: self.raft.role() == Role::Leader,
+            witness: self.raft.witness_caller(),
         };
         let witness = self.raft.membership().witness();
         self.metrics.set_leader_view(
@@ -712,6 +716,26 @@ impl RaftLoop {
         Ok(())
     }
 
+    /// The other regular members, by name, for messages ("infra1" or "infra1, infra3").
+    fn others_named(&self) -> String {
+        let me = self.raft.id();
+        let voters = &self.raft.membership().voters.regular;
+        let members = self.mvcc.members().unwrap_or_default();
+        let names: Vec<String> = voters
+            .iter()
+            .filter(|&&id| id != me)
+            .map(|&id| match members.iter().find(|m| m.id == id) {
+                Some(m) if !m.name.is_empty() => format!("member {} ({id:x})", m.name),
+                _ => format!("member {id:x}"),
+            })
+            .collect();
+        if names.is_empty() {
+            "the other members".into()
+        } else {
+            names.join(", ")
+        }
+    }
+
     /// Runs a witness step against this node's witness storage; the answer comes back as input.
     fn run_witness_step(&self, request: WitnessRequest) {
         let feedback = self.feedback.clone();
@@ -724,6 +748,8 @@ impl RaftLoop {
             return;
         };
         let metrics = self.metrics.clone();
+        let seen = request.caller().seen;
+        let others = self.others_named();
         self.runtime.spawn(async move {
             let name = match &request {
                 WitnessRequest::Append(_) => "append",
@@ -734,11 +760,16 @@ impl RaftLoop {
             let started = Instant::now();
             let stepped = witness
                 .step(name, |state, location| apply_rule(state, &request, location))
-                .await;
+                .await
+                .map_err(|e| e.for_member(&seen));
             metrics.witness_step(name, started.elapsed(), &stepped);
             let response = match stepped {
                 Ok(s) => {
                     tracing::debug!(step = name, reply = ?s.reply, "witness step");
+                    if let Some(why) = refused_as_behind(&s.reply, &others) {
+                        tracing::warn!("{why}");
+                        metrics.witness_refused(why);
+                    }
                     s.reply
                 }
                 Err(e) => {
@@ -749,6 +780,37 @@ impl RaftLoop {
             let _ = feedback.send(Input::Witness(response));
         });
     }
+}
+
+/// When the witness refused this member's vote because its log is behind what the witness
+/// acknowledged (the known, correct unavailability of the design): what to tell the operator.
+fn refused_as_behind(reply: &WitnessResponse, others: &str) -> Option<String> {
+    let WitnessResponse::Vote {
+        pre,
+        request,
+        reply,
+        seen,
+    } = reply
+    else {
+        return None;
+    };
+    let (Some(Refusal::LogBehind | Refusal::OutsideReplicationSet { .. }), false) =
+        (reply.refusal, reply.granted)
+    else {
+        return None;
+    };
+    Some(format!(
+        "the witness refused this member's {}vote: its log ends at term {} subterm {}, but the \
+         witness acknowledged writes up to term {} subterm {} that only {others} holds; this \
+         member cannot be elected without them (acknowledged writes would be lost). Start \
+         {others} again; this is expected and safe (docs/operations.md, \"A member and the \
+         witness are up, but no leader\")",
+        if *pre { "pre-" } else { "" },
+        request.last_log_term,
+        request.last_log_subterm,
+        seen.log_term,
+        seen.log_subterm,
+    ))
 }
 
 /// The peer URL a regular member is reached at (none for the witness: it is storage).

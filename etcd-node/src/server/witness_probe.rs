@@ -1,0 +1,76 @@
+//! The witness probe: every `--witness-probe-interval` each member reads its witness, so that a
+//! witness that is gone (a deleted directory, a dead share, an expired SAS) or that lost its
+//! state (wiped, re-initialised, restored from an old copy) shows while both members are up, not
+//! first when a member fails and the witness is needed.
+//!
+//! Invariants: a probe only reads (one load, then the pure identity and history check of the
+//! witness rules, which writes nothing); its findings go to `/health`, Status errors, the
+//! `etcd_witness_healthy` metric and the log (a WARN line when a failure starts or changes, and
+//! once a minute while it lasts; an INFO line when it clears).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::watch;
+use witness_core::rules::{self, Caller};
+use witness_core::{Error, WitnessStore};
+
+use super::metrics::Metrics;
+use super::node::{SharedWitness, Status};
+
+/// A failure that lasts is logged again this often.
+const REPEAT_WARNING: Duration = Duration::from_secs(60);
+
+/// Probes until the runtime ends.
+pub async fn run(
+    witness: SharedWitness,
+    status: watch::Receiver<Status>,
+    metrics: Arc<Metrics>,
+    every: Duration,
+) {
+    let mut ticker = tokio::time::interval(every);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut warned: Option<Instant> = None;
+    loop {
+        ticker.tick().await;
+        let Some(caller) = status.borrow().witness else {
+            continue;
+        };
+        let result = probe(witness.store(), caller, every).await;
+        let before = metrics.witness_probed(result.clone());
+        match (result, before) {
+            (Ok(()), Some(_)) => {
+                warned = None;
+                tracing::info!(witness = %witness.store().location(), "the witness is well again");
+            }
+            (Ok(()), None) => {}
+            (Err(why), before) => {
+                let again = before.as_deref() != Some(why.as_str())
+                    || warned.is_none_or(|at| at.elapsed() >= REPEAT_WARNING);
+                if again {
+                    warned = Some(Instant::now());
+                    tracing::warn!("witness probe failed: {why}");
+                }
+            }
+        }
+    }
+}
+
+/// One probe: load, then the checks every witness step makes first.
+pub async fn probe(
+    store: &Arc<dyn WitnessStore>,
+    caller: Caller,
+    every: Duration,
+) -> Result<(), String> {
+    let location = store.location();
+    let limit = every.max(Duration::from_secs(1));
+    let loaded = tokio::time::timeout(limit, store.load())
+        .await
+        .map_err(|_| format!("the witness storage {location} did not answer within {limit:?}"))?;
+    let outcome = match loaded {
+        Ok(Some(l)) => rules::read_term(&l.state, caller, &location).map(drop),
+        Ok(None) => Err(Error::NotInitialised { location }.for_member(&caller.seen)),
+        Err(e) => Err(e),
+    };
+    outcome.map_err(|e| e.to_string())
+}
