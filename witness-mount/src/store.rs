@@ -182,7 +182,13 @@ impl Inner {
     fn list(&self) -> Result<(Vec<u64>, Vec<String>)> {
         let mut versions = Vec::new();
         let mut temps = Vec::new();
-        let entries = fs::read_dir(&self.dir).map_err(|e| io_error("list", &self.dir, e))?;
+        let entries = fs::read_dir(&self.dir).map_err(|e| match e.kind() {
+            // The share is gone (unmounted, renamed, deleted): say so, not "failed to list".
+            io::ErrorKind::NotFound => Error::NoSuchDirectory {
+                location: self.dir.display().to_string(),
+            },
+            _ => io_error("list", &self.dir, e),
+        })?;
         for entry in entries {
             let entry = entry.map_err(|e| io_error("list", &self.dir, e))?;
             let Some(name) = entry.file_name().to_str().map(str::to_owned) else {
