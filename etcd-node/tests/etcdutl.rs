@@ -156,7 +156,7 @@ fn a_corrupt_record_is_reported_and_force_repairs_it() {
     assert!(!o.status.success());
     let msg = text(&o);
     assert!(
-        msg.contains("corrupt") && msg.contains("truncated") && msg.contains("--force"),
+        msg.contains("corrupt") && msg.contains("truncated") && msg.contains("replace"),
         "{msg}"
     );
     let o = init("w", &url, &[]);
@@ -164,6 +164,7 @@ fn a_corrupt_record_is_reported_and_force_repairs_it() {
         !o.status.success(),
         "init without --force must not touch a corrupt witness"
     );
+    assert!(text(&o).contains("pass --force"), "{}", text(&o));
     assert_eq!(std::fs::read(&file).unwrap(), bytes);
     let o = init("w", &url, &["--force"]);
     assert!(o.status.success(), "{}", text(&o));

@@ -97,7 +97,11 @@ fn a_wiped_and_reinitialised_witness_is_refused_and_no_acknowledged_write_is_los
             init_witness(etcdutl, "w", &c.witness_url);
         }
     }
-    assert!(acked.len() >= 90, "the leader kept committing: {}", acked.len());
+    assert!(
+        acked.len() >= 90,
+        "the leader kept committing: {}",
+        acked.len()
+    );
     // 3. The leader dies; the follower starts alone.
     c.kill(l);
     c.start_member(f);
@@ -179,7 +183,9 @@ fn the_probe_shows_a_missing_unreadable_or_reset_witness_while_both_members_run(
     let dir = witness_dir(&c);
     let aside = c.dir.path().join("witness.aside");
     // Each failure kind, then the witness put back: (break it, what /health says).
-    let kinds: [(&str, Box<dyn Fn()>, &str); 3] = [
+    /// (failure kind, how to break the witness, what /health then says)
+    type Kind<'a> = (&'a str, Box<dyn Fn() + 'a>, &'a str);
+    let kinds: [Kind; 3] = [
         (
             "missing",
             Box::new(|| std::fs::rename(&dir, &aside).unwrap()),
@@ -212,9 +218,15 @@ fn the_probe_shows_a_missing_unreadable_or_reset_witness_while_both_members_run(
             });
             assert_eq!(c.metric(i, "etcd_witness_healthy"), Some(0.0), "{kind}");
             let errors = rt.block_on(status_errors(&c.members[i].url()));
-            assert!(errors.iter().any(|e| e.contains(says)), "{kind}: {errors:?}");
+            assert!(
+                errors.iter().any(|e| e.contains(says)),
+                "{kind}: {errors:?}"
+            );
         }
-        assert!(c.log(l).contains("witness probe failed"), "{kind}: a WARN line");
+        assert!(
+            c.log(l).contains("witness probe failed"),
+            "{kind}: a WARN line"
+        );
         // Put the witness back: healthy again.
         if dir.is_dir() {
             std::fs::remove_dir_all(&dir).unwrap();
@@ -223,7 +235,9 @@ fn the_probe_shows_a_missing_unreadable_or_reset_witness_while_both_members_run(
         }
         std::fs::rename(&aside, &dir).unwrap();
         for i in [0, 1] {
-            wait(&c, i, Duration::from_secs(15), "healthy again", || healthy(i));
+            wait(&c, i, Duration::from_secs(15), "healthy again", || {
+                healthy(i)
+            });
         }
     }
 }
@@ -306,7 +320,14 @@ fn a_start_that_fails_on_the_witness_writes_nothing_and_the_corrected_flag_wins(
     init_witness(etcdutl, "w", &good);
     assert!(start_alone(&good, &data, 8).is_none(), "it runs now");
     let status = Command::new(etcdutl)
-        .args(["witness", "status", "--advertise-peer-url", &good, "-w", "json"])
+        .args([
+            "witness",
+            "status",
+            "--advertise-peer-url",
+            &good,
+            "-w",
+            "json",
+        ])
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&status.stdout);

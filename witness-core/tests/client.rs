@@ -166,8 +166,9 @@ async fn corrupt_state_is_an_error_and_untouched() {
     let err = w.append(&req(1)).await.unwrap_err();
     assert!(matches!(err, Error::Corrupt { .. }), "{err}");
     assert!(
-        err.to_string().contains("etcdutl witness init --force"),
-        "{err}"
+        err.to_string().contains("replace the witness at runtime")
+            && !err.to_string().contains("--force"),
+        "points to the safe recovery, never to --force: {err}"
     );
     assert_eq!(
         store.counts().1,

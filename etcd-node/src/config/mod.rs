@@ -388,8 +388,7 @@ impl ServerConfig {
             "experimental-corrupt-check-time",
             &f.experimental_corrupt_check_time,
         )?;
-        let witness_probe =
-            parse_go_duration("witness-probe-interval", &f.witness_probe_interval)?;
+        let witness_probe = parse_go_duration("witness-probe-interval", &f.witness_probe_interval)?;
         let listen_client_urls = url_list("listen-client-urls", &f.listen_client_urls)?;
         let advertise_client_urls = url_list("advertise-client-urls", &f.advertise_client_urls)?;
         let listen_peer_urls = url_list("listen-peer-urls", &f.listen_peer_urls)?;

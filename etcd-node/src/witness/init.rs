@@ -71,7 +71,15 @@ pub async fn init(opts: &InitOptions) -> anyhow::Result<InitReport> {
     let state = WitnessState::new(0, opts.name.clone(), opts.url.to_string()).with_fresh_nonce();
     let (version, replaced) = match store.create(&state).await? {
         CasOutcome::Written(v) => (v, false),
-        CasOutcome::Conflict => (replace(&*store, &state, opts).await?, true),
+        CasOutcome::Conflict => match replace(&*store, &state, opts).await {
+            Ok(v) => (v, true),
+            Err(e @ Error::Corrupt { .. }) => anyhow::bail!(
+                "{e}. To overwrite it here anyway, pass --force, and only once no member of any \
+                 cluster that used it will run again: a cluster bound to it refuses a new \
+                 witness at this location"
+            ),
+            Err(e) => return Err(e.into()),
+        },
     };
     if let WitnessUrl::AzBlob { uri } = &opts.url {
         AzBlobStore::open(uri, AzBlobOptions::default())?
