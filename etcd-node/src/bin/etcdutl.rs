@@ -96,6 +96,24 @@ enum WitnessCommand {
         #[arg(long)]
         force: bool,
     },
+    /// Add an initialised witness to a running cluster (a configuration change, through a
+    /// member's client URL). etcdctl 3.4 refuses a `witness:` URL in `member add` before sending
+    /// it, so this does what `etcdctl member add NAME --peer-urls 'witness:...'` would.
+    Add {
+        /// Client URLs of the cluster's members (host:port or http://host:port), comma-separated.
+        #[arg(long, default_value = "127.0.0.1:2379", value_delimiter = ',')]
+        endpoints: Vec<String>,
+        /// The witness's peer URL (initialised first with `etcdutl witness init`).
+        #[arg(
+            long = "advertise-peer-url",
+            alias = "initial-advertise-url",
+            value_name = "URL"
+        )]
+        advertise_peer_url: String,
+        /// USER:PASSWORD of a root user, when authentication is enabled.
+        #[arg(long)]
+        user: Option<String>,
+    },
     /// Show a witness's state.
     Status {
         /// The witness's peer URL.
@@ -150,6 +168,44 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             println!(
                 "{verb} witness {name:?} at {url} (storage version {})",
                 report.version
+            );
+        }
+        Command::Witness(WitnessCommand::Add {
+            endpoints,
+            advertise_peer_url,
+            user,
+        }) => {
+            let url = parse_url(&advertise_peer_url)?;
+            let mut opts = etcd_client::ConnectOptions::new()
+                .with_connect_timeout(std::time::Duration::from_secs(5))
+                .with_timeout(std::time::Duration::from_secs(30));
+            if let Some(user) = user {
+                let (name, password) = user
+                    .split_once(':')
+                    .context("--user: write USER:PASSWORD")?;
+                opts = opts.with_user(name, password);
+            }
+            let client = etcd_client::Client::connect(&endpoints, Some(opts))
+                .await
+                .with_context(|| format!("connecting to {}", endpoints.join(",")))?;
+            // (the cluster client sends the URL as given; `Client::member_add` would prefix
+            // "http://" to it)
+            let added = client
+                .cluster_client()
+                .member_add(vec![advertise_peer_url], None)
+                .await
+                .map_err(|e| match e {
+                    // The server's message says what to do; the status code adds nothing.
+                    etcd_client::Error::GRpcStatus(s) => anyhow::anyhow!("{}", s.message()),
+                    e => e.into(),
+                })
+                .with_context(|| format!("etcdutl witness add {url}"))?;
+            let m = added.member().context("the answer names no member")?;
+            println!(
+                "added witness {:?} ({:x}) at {url} to the cluster ({:x})",
+                m.name(),
+                m.id(),
+                added.header().map_or(0, |h| h.cluster_id())
             );
         }
         Command::Witness(WitnessCommand::Status {

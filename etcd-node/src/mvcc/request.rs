@@ -85,6 +85,10 @@ pub struct MemberChange {
     pub member: Option<etcd_client::proto::PbMember>,
     #[prost(bool, tag = "3")]
     pub remove: bool,
+    /// When a witness is added: the generation the proposer read from its freshly initialised
+    /// storage (every member binds to it; see `ConfChange::witness_generation`). 0 otherwise.
+    #[prost(uint64, tag = "4")]
+    pub witness_generation: u64,
 }
 
 /// The result of applying an [`Op`]; headers carry only the revision (the server fills in the

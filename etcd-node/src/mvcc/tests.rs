@@ -506,7 +506,14 @@ fn members_are_seeded_once_changed_by_entries_and_carried_by_snapshots() {
     m.seed_members(&[member(1, "a", false), member(2, "b", false)])
         .unwrap();
     m.seed_members(&[member(9, "ignored", false)]).unwrap();
-    let change = |id, member, remove| Command::Member(MemberChange { id, member, remove });
+    let change = |id, member, remove| {
+        Command::Member(MemberChange {
+            id,
+            member,
+            remove,
+            witness_generation: 0,
+        })
+    };
     m.apply(
         &[
             (3, change(1, Some(member(3, "c", true)), false)),

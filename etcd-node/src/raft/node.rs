@@ -607,6 +607,37 @@ impl Raft {
         Ok(index)
     }
 
+    /// etcd's strict reconfiguration check, for a leader about to propose `cc`: would the
+    /// configuration after it have a quorum among this leader, the regular voters it heard from
+    /// lately and its witness (storage, counted as available)? Refuses a change that leaves the
+    /// cluster unable to commit, e.g. removing the witness while the other member is down.
+    pub fn check_reconfig_quorum(&self, cc: &ConfChange) -> Result<(), Refused> {
+        self.check_leader()?;
+        let next = self
+            .membership
+            .apply(cc)
+            .map_err(Refused::InvalidConfChange)?;
+        let w = next.witness();
+        let unreachable: Vec<String> = next
+            .voters
+            .regular
+            .iter()
+            .filter(|&&v| v != self.cfg.id && !self.reachable(v))
+            .map(|v| format!("{v:x}"))
+            .collect();
+        if next
+            .voters
+            .majority(|v| Some(v) == w || v == self.cfg.id || self.reachable(v))
+        {
+            return Ok(());
+        }
+        Err(Refused::InvalidConfChange(format!(
+            "the configuration after this change would have no quorum: member {} is not \
+             reachable; start it (or wait until it is connected) and try again",
+            unreachable.join(", ")
+        )))
+    }
+
     /// Hands leadership to regular voter `to` (never the witness): once `to` holds the whole
     /// log it is told to campaign at once. Proposals are refused meanwhile; the transfer is
     /// abandoned after an election timeout.

@@ -318,18 +318,25 @@ impl PbClusterService for Api {
         self.require_root(token_of(request.metadata()).as_deref())?;
         let r = request.into_inner();
         if r.peer_ur_ls.is_empty() {
-            return Err(bad_urls("no peer URL given"));
-        }
-        for u in &r.peer_ur_ls {
-            if WitnessUrl::is_witness(u) {
-                return Err(Status::failed_precondition(
-                    "etcd-node does not add a witness through the API yet; a cluster's witness is \
-                     named in --initial-cluster when it is bootstrapped (docs/operations.md)",
-                ));
-            }
-            HttpUrl::parse("peer-urls", u).map_err(|e| bad_urls(&e))?;
+            return Err(bad_urls(
+                "no peer URL given; write http://host:port, or a witness: URL for a witness",
+            ));
         }
         let members = self.mvcc.members().map_err(internal)?;
+        let witness = match r.peer_ur_ls.as_slice() {
+            [u] if WitnessUrl::is_witness(u) => Some(self.new_witness(u, &r, &members).await?),
+            urls => {
+                for u in urls {
+                    if WitnessUrl::is_witness(u) {
+                        return Err(Status::invalid_argument(
+                            "etcdserver: a witness has exactly one peer URL, its witness: URL",
+                        ));
+                    }
+                    HttpUrl::parse("peer-urls", u).map_err(|e| bad_urls(&e))?;
+                }
+                None
+            }
+        };
         if members
             .iter()
             .any(|m| m.peer_ur_ls.iter().any(|u| r.peer_ur_ls.contains(u)))
@@ -342,9 +349,10 @@ impl PbClusterService for Api {
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs());
+        let (name, generation) = witness.unwrap_or_default();
         let member = PbMember {
             id: crate::config::member_id(&r.peer_ur_ls, &now.to_string()),
-            name: String::new(),
+            name,
             peer_ur_ls: r.peer_ur_ls,
             client_ur_ls: Vec::new(),
             is_learner: r.is_learner,
@@ -354,7 +362,8 @@ impl PbClusterService for Api {
                 "etcdserver: member ID already exist",
             ));
         }
-        self.change_member(member.clone(), false).await?;
+        self.change_member(member.clone(), false, generation)
+            .await?;
         Ok(Response::new(PbMemberAddResponse {
             header: self.header(self.revision()?),
             member: Some(member),
@@ -374,7 +383,7 @@ impl PbClusterService for Api {
                 member.id
             )));
         }
-        self.change_member(member, true).await?;
+        self.change_member(member, true, 0).await?;
         Ok(Response::new(PbMemberRemoveResponse {
             header: self.header(self.revision()?),
             members: self.member_views()?,
@@ -398,7 +407,7 @@ impl PbClusterService for Api {
             ));
         }
         member.is_learner = false;
-        self.change_member(member, false).await?;
+        self.change_member(member, false, 0).await?;
         Ok(Response::new(PbMemberPromoteResponse {
             header: self.header(self.revision()?),
             members: self.member_views()?,
@@ -418,10 +427,87 @@ impl PbClusterService for Api {
     }
 }
 
+/// How long `member add` of a witness waits for its storage to answer.
+const WITNESS_READ_LIMIT: Duration = Duration::from_secs(15);
+
+impl Api {
+    /// Checks a witness that `member add` names before it is proposed: the cluster has no
+    /// witness, and the location holds a freshly initialised record that no cluster used.
+    /// Returns the witness's name (as `etcdutl witness init` recorded it) and its generation,
+    /// which binds every member to this record.
+    async fn new_witness(
+        &self,
+        url: &str,
+        request: &PbMemberAddRequest,
+        members: &[PbMember],
+    ) -> Result<(String, u64), Status> {
+        let parsed = WitnessUrl::parse(url)
+            .map_err(|e| Status::invalid_argument(format!("etcdserver: {e}")))?;
+        let shown = witness_core::url::redact(url);
+        if request.is_learner {
+            return Err(Status::invalid_argument(
+                "etcdserver: a witness cannot be a learner (it stores no log); add it without --learner",
+            ));
+        }
+        if let Some(w) = members
+            .iter()
+            .find(|m| super::node::regular_peer_url(m).is_none())
+        {
+            return Err(Status::failed_precondition(format!(
+                "etcdserver: the cluster already has a witness, {} ({:x}); a cluster has one witness. \
+                 To move it, remove it first (`etcdctl member remove {:x}`), then add the new one \
+                 (docs/operations.md, \"Moving or replacing the witness\")",
+                w.name, w.id, w.id
+            )));
+        }
+        let store = crate::witness::open_store(&parsed).map_err(|e| {
+            Status::failed_precondition(format!("etcdserver: witness {shown}: {e}"))
+        })?;
+        let location = store.location();
+        let loaded = tokio::time::timeout(WITNESS_READ_LIMIT, store.load())
+            .await
+            .map_err(|_| {
+                Status::unavailable(format!(
+                    "etcdserver: the witness storage {location} did not answer within \
+                     {WITNESS_READ_LIMIT:?} (share not mounted here, blob host unreachable?); \
+                     nothing was changed"
+                ))
+            })?
+            .map_err(|e| {
+                Status::failed_precondition(format!("etcdserver: {e}; nothing was changed"))
+            })?;
+        let Some(loaded) = loaded else {
+            return Err(Status::failed_precondition(format!(
+                "etcdserver: the witness at {location} is not initialised; initialise it first: \
+                 `etcdutl witness init --name NAME --advertise-peer-url '{shown}'`, then add it \
+                 again; nothing was changed"
+            )));
+        };
+        let state = loaded.state;
+        if state.cluster_id != 0 || state.member_id != 0 || state.term != 0 {
+            return Err(Status::failed_precondition(format!(
+                "etcdserver: the witness at {location} was already used (cluster {:x}, member {:x}, \
+                 term {}); a witness location serves one cluster, once: initialise a new, empty \
+                 location (another directory or blob) with `etcdutl witness init` and add that; \
+                 nothing was changed",
+                state.cluster_id, state.member_id, state.term
+            )));
+        }
+        if state.generation == 0 {
+            return Err(Status::failed_precondition(format!(
+                "etcdserver: the witness at {location} has no identity (initialised by an older \
+                 etcdutl); no cluster used it, so initialise it again with this version: \
+                 `etcdutl witness init --force --name {} --advertise-peer-url '{shown}'`; \
+                 nothing was changed",
+                state.name
+            )));
+        }
+        Ok((state.name, state.generation))
+    }
+}
+
 fn bad_urls(why: &str) -> Status {
-    Status::invalid_argument(format!(
-        "etcdserver: given member URLs are invalid ({why}); write http://host:port"
-    ))
+    Status::invalid_argument(format!("etcdserver: given member URLs are invalid ({why})"))
 }
 
 impl Api {
@@ -465,12 +551,18 @@ impl Api {
     }
 
     /// Proposes a membership change and waits until this member has applied it.
-    async fn change_member(&self, member: PbMember, remove: bool) -> Result<(), Status> {
+    async fn change_member(
+        &self,
+        member: PbMember,
+        remove: bool,
+        witness_generation: u64,
+    ) -> Result<(), Status> {
         self.require_leader()?;
         let change = MemberChange {
             id: 0,
             member: Some(member),
             remove,
+            witness_generation,
         };
         self.ask(|reply| Input::ProposeMember { change, reply })
             .await

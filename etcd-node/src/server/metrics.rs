@@ -103,9 +103,10 @@ impl Metrics {
         }
     }
 
-    /// A witness vote refused because this member's log is behind: reported like a failed
-    /// step (it clears when a later step succeeds).
-    pub fn witness_refused(&self, why: String) {
+    /// A witness vote refused because this member's log is behind, or a step that could not
+    /// start (the storage cannot be opened here): reported like a failed step (it clears when a
+    /// later step succeeds).
+    pub fn witness_unavailable(&self, why: String) {
         if let Ok(mut last) = self.witness_error.lock() {
             *last = Some((Instant::now(), why, false));
         }
@@ -121,6 +122,17 @@ impl Metrics {
                 p.failing.take()
             }
             Err(why) => p.failing.replace(why),
+        }
+    }
+
+    /// The cluster's witness changed (added, removed, replaced): what was found about the old
+    /// one no longer applies.
+    pub fn witness_changed(&self) {
+        if let Ok(mut last) = self.witness_error.lock() {
+            *last = None;
+        }
+        if let Ok(mut p) = self.witness_probe.lock() {
+            *p = Probe::default();
         }
     }
 

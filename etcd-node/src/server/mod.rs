@@ -15,6 +15,7 @@ pub mod restore;
 pub mod watches;
 pub mod wire;
 pub mod witness_probe;
+pub mod witness_slot;
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
@@ -30,7 +31,6 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tonic::service::{Routes, interceptor::InterceptedService};
 use tonic::transport::server::TcpIncoming;
-use witness_core::{Witness, WitnessUrl};
 
 use crate::config::{ClusterState, HttpUrl, PeerUrls, ServerConfig};
 use crate::mvcc::Mvcc;
@@ -43,6 +43,7 @@ use metrics::Metrics;
 use node::{Announced, RaftLoop, Status};
 use peer::{Identity, MAX_FRAME_BYTES, PeerService, Peers};
 use watches::WatchHub;
+use witness_slot::WitnessSlot;
 
 /// Accepted connections without Nagle's algorithm: a small response must not wait for the
 /// peer's delayed ACK (40-200 ms per request for a lone client otherwise).
@@ -345,19 +346,6 @@ pub async fn run(
     let raft = Raft::new(rc, &disk).map_err(anyhow::Error::msg)?;
 
     let members = mvcc.members()?;
-    let witness = match members.iter().find_map(|m| {
-        let url = m.peer_ur_ls.first().filter(|u| WitnessUrl::is_witness(u))?;
-        Some((m, url))
-    }) {
-        Some((m, url)) => {
-            let store = WitnessUrl::parse(url)
-                .map_err(anyhow::Error::from)
-                .and_then(|u| Ok(open_store(&u)?))
-                .with_context(|| format!("witness member {} ({url})", m.name))?;
-            Some((m.id, Arc::new(Witness::new(store))))
-        }
-        None => None,
-    };
     let own_client_urls: Vec<String> = cfg
         .advertise_client_urls
         .iter()
@@ -379,16 +367,17 @@ pub async fn run(
     let (inputs_tx, inputs_rx) = std::sync::mpsc::channel();
     let (status_tx, status_rx) = watch::channel(Status::default());
     let metrics = Arc::new(Metrics::default());
+    let witness = Arc::new(WitnessSlot::new(metrics.clone()));
+    witness.follow(&members);
     let client_urls = Arc::new(Mutex::new(Default::default()));
     let watches = WatchHub::default();
 
-    let witness_for_probe = witness.clone();
     let raft_loop = RaftLoop {
         raft,
         disk,
         mvcc: mvcc.clone(),
         peers,
-        witness,
+        witness: witness.clone(),
         runtime: runtime.clone(),
         inputs: inputs_rx,
         feedback: inputs_tx.clone(),
@@ -480,9 +469,9 @@ pub async fn run(
         cluster = format!("{:x}", ids.cluster),
         "serving"
     );
-    if let (Some(every), Some((_, w))) = (cfg.witness_probe, witness_for_probe) {
+    if let Some(every) = cfg.witness_probe {
         tokio::spawn(witness_probe::run(
-            w,
+            witness,
             api.status.clone(),
             api.metrics.clone(),
             every,

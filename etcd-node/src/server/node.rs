@@ -19,6 +19,7 @@ use super::metrics::Metrics;
 use super::peer::Peers;
 use super::watches::WatchHub;
 use super::wire::Envelope;
+use super::witness_slot::WitnessSlot;
 use crate::mvcc::{ApiError, Command, MemberChange, Mvcc, Op, Proposal, Response};
 use crate::raft::{
     Body, Change, ChangeKind, ConfChange, EntryData, NONE, NodeId, Raft, Ready, Refused, Role,
@@ -107,8 +108,8 @@ pub struct RaftLoop {
     pub disk: DiskStorage,
     pub mvcc: Arc<Mvcc>,
     pub peers: Peers,
-    /// The witness member's id and the client of its storage.
-    pub witness: Option<(NodeId, SharedWitness)>,
+    /// The witness of the applied configuration (it changes at run time).
+    pub witness: Arc<WitnessSlot>,
     pub runtime: tokio::runtime::Handle,
     pub inputs: Receiver<Input>,
     /// Where witness answers come back.
@@ -578,6 +579,8 @@ impl RaftLoop {
         };
         let kind = if change.remove {
             ChangeKind::Remove
+        } else if regular_peer_url(m).is_none() {
+            ChangeKind::AddWitness
         } else if m.is_learner {
             ChangeKind::AddLearner
         } else {
@@ -585,11 +588,12 @@ impl RaftLoop {
         };
         let cc = ConfChange {
             changes: vec![Change { kind, node: m.id }],
+            witness_generation: change.witness_generation,
             context: data,
-            witness_generation: 0,
         };
         self.raft
-            .propose_conf_change(cc)
+            .check_reconfig_quorum(&cc)
+            .and_then(|()| self.raft.propose_conf_change(cc))
             .map(|_| ())
             .map_err(|r| match r {
                 Refused::InvalidConfChange(why) => ApiError::new(
@@ -679,6 +683,17 @@ impl RaftLoop {
         } else if let Some(url) = regular_peer_url(m) {
             self.peers.add(m.id, url);
         }
+        if regular_peer_url(m).is_none() {
+            self.follow_witness();
+        }
+    }
+
+    /// Points the witness slot at the witness of the applied member list.
+    fn follow_witness(&self) {
+        match self.mvcc.members() {
+            Ok(members) => self.witness.follow(&members),
+            Err(e) => tracing::error!(error = %e, "reading the member list to follow the witness"),
+        }
     }
 
     /// After a snapshot replaced the member list: links to every member it names, none to the
@@ -686,6 +701,7 @@ impl RaftLoop {
     /// member's own addition does not name it, so it says nothing about a removal.
     fn follow_members(&mut self) -> Result<(), String> {
         let members = self.mvcc.members().map_err(|e| e.to_string())?;
+        self.witness.follow(&members);
         self.peers.retain(|id| members.iter().any(|m| m.id == id));
         for m in &members {
             if let Some(url) = regular_peer_url(m) {
@@ -739,14 +755,20 @@ impl RaftLoop {
     /// Runs a witness step against this node's witness storage; the answer comes back as input.
     fn run_witness_step(&self, request: WitnessRequest) {
         let feedback = self.feedback.clone();
-        let Some((id, witness)) = self
-            .witness
-            .clone()
-            .filter(|(id, _)| *id == request.witness_id())
-        else {
-            let _ = feedback.send(Input::Witness(WitnessResponse::Failed { request }));
-            return;
+        let witness = match self.witness.get() {
+            Some((id, Ok(w))) if id == request.witness_id() => w,
+            Some((id, Err(why))) if id == request.witness_id() => {
+                tracing::warn!(witness = format!("{id:x}"), "witness step failed: {why}");
+                self.metrics.witness_unavailable(why);
+                let _ = feedback.send(Input::Witness(WitnessResponse::Failed { request }));
+                return;
+            }
+            _ => {
+                let _ = feedback.send(Input::Witness(WitnessResponse::Failed { request }));
+                return;
+            }
         };
+        let id = request.witness_id();
         let metrics = self.metrics.clone();
         let seen = request.caller().seen;
         let others = self.others_named();
@@ -768,7 +790,7 @@ impl RaftLoop {
                     tracing::debug!(step = name, reply = ?s.reply, "witness step");
                     if let Some(why) = refused_as_behind(&s.reply, &others) {
                         tracing::warn!("{why}");
-                        metrics.witness_refused(why);
+                        metrics.witness_unavailable(why);
                     }
                     s.reply
                 }

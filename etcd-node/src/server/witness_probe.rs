@@ -16,14 +16,15 @@ use witness_core::rules::{self, Caller};
 use witness_core::{Error, WitnessStore};
 
 use super::metrics::Metrics;
-use super::node::{SharedWitness, Status};
+use super::node::Status;
+use super::witness_slot::WitnessSlot;
 
 /// A failure that lasts is logged again this often.
 const REPEAT_WARNING: Duration = Duration::from_secs(60);
 
 /// Probes until the runtime ends.
 pub async fn run(
-    witness: SharedWitness,
+    witness: Arc<WitnessSlot>,
     status: watch::Receiver<Status>,
     metrics: Arc<Metrics>,
     every: Duration,
@@ -36,12 +37,19 @@ pub async fn run(
         let Some(caller) = status.borrow().witness else {
             continue;
         };
-        let result = probe(witness.store(), caller, every).await;
+        let (location, result) = match witness.get() {
+            Some((id, Ok(w))) if id == caller.witness_id => {
+                (w.store().location(), probe(w.store(), caller, every).await)
+            }
+            Some((id, Err(why))) if id == caller.witness_id => (format!("{id:x}"), Err(why)),
+            // The slot and the applied configuration disagree for a moment during a change.
+            _ => continue,
+        };
         let before = metrics.witness_probed(result.clone());
         match (result, before) {
             (Ok(()), Some(_)) => {
                 warned = None;
-                tracing::info!(witness = %witness.store().location(), "the witness is well again");
+                tracing::info!(witness = %location, "the witness is well again");
             }
             (Ok(()), None) => {}
             (Err(why), before) => {

@@ -1,0 +1,241 @@
+//! End to end, the witness changed at run time (issue 13, part 2): real etcd-node processes,
+//! the real `etcdutl` and `etcdctl`, a writer that never stops.
+//! - refusals first: an uninitialised location, a second witness, a location already used;
+//! - the witness moved (remove, then add a freshly initialised one) while a client writes
+//!   without pause: no write fails; the longest write pause is printed;
+//! - the old location is never written after it left;
+//! - the new witness is really used: with the follower killed, the leader commits through it;
+//! - removing the witness while the follower is down is refused (it would leave no quorum).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use e2e_tests::cluster::{Cluster, etcdctl, init_witness};
+use etcd_client::{Client, ConnectOptions};
+
+const LEADER_WAIT: Duration = Duration::from_secs(30);
+
+fn bins() -> (&'static Path, &'static Path) {
+    (
+        Path::new(env!("CARGO_BIN_EXE_etcd-node")),
+        Path::new(env!("CARGO_BIN_EXE_etcdutl")),
+    )
+}
+
+fn mount_url(dir: &Path) -> String {
+    std::fs::create_dir_all(dir).unwrap();
+    format!(
+        "witness:mount?path={}",
+        percent_encoding::utf8_percent_encode(
+            dir.to_str().unwrap(),
+            percent_encoding::NON_ALPHANUMERIC
+        )
+    )
+}
+
+fn text(out: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// `etcdutl witness add` against the cluster.
+fn witness_add(etcdutl: &Path, c: &Cluster, url: &str) -> Output {
+    Command::new(etcdutl)
+        .args(["witness", "add", "--endpoints", &c.endpoints().join(",")])
+        .args(["--advertise-peer-url", url])
+        .output()
+        .expect("run etcdutl")
+}
+
+/// The witness member's id (hex) in `etcdctl member list`, if any.
+fn witness_id(c: &Cluster) -> Option<String> {
+    let out = etcdctl(&c.endpoints(), &["member", "list"], None);
+    assert!(out.status.success(), "member list: {}", text(&out));
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .find(|l| l.contains("witness:"))
+        .map(|l| l.split(',').next().unwrap().trim().to_string())
+}
+
+/// Every file in `dir` with its contents.
+fn contents(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
+    let mut files: Vec<(PathBuf, Vec<u8>)> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| {
+            let p = e.unwrap().path();
+            let bytes = std::fs::read(&p).unwrap();
+            (p, bytes)
+        })
+        .collect();
+    files.sort();
+    files
+}
+
+/// What a writer saw: writes acknowledged, writes failed (with why), the longest time one
+/// write took.
+#[derive(Debug, Default)]
+struct Writes {
+    acked: u64,
+    failed: Vec<String>,
+    longest: Duration,
+}
+
+/// Writes `key-N` one after another through `endpoints` until `stop`: each write may take up
+/// to 30 s (the client's own retries included), so a write that fails really failed.
+async fn write_until(endpoints: Vec<String>, stop: Arc<AtomicBool>) -> Writes {
+    let opts = ConnectOptions::new()
+        .with_connect_timeout(Duration::from_secs(2))
+        .with_timeout(Duration::from_secs(30));
+    let mut client = Client::connect(&endpoints, Some(opts))
+        .await
+        .expect("writer connects");
+    let mut w = Writes::default();
+    let mut i = 0u64;
+    while !stop.load(Ordering::Relaxed) {
+        let started = Instant::now();
+        match client.put(format!("key-{i}"), format!("v{i}"), None).await {
+            Ok(_) => w.acked += 1,
+            Err(e) => w.failed.push(format!("key-{i}: {e}")),
+        }
+        w.longest = w.longest.max(started.elapsed());
+        i += 1;
+    }
+    w
+}
+
+#[test]
+fn the_witness_is_moved_at_runtime_under_writes_and_no_write_fails() {
+    let (node, etcdutl) = bins();
+    let mut c = Cluster::start(node, etcdutl, &["--witness-probe-interval", "1s"]);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    c.wait_leader(LEADER_WAIT);
+    let old_id = witness_id(&c).expect("the bootstrap witness is listed");
+    let old_dir = c.dir.path().join("witness");
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = rt.spawn(write_until(c.endpoints(), stop.clone()));
+
+    // Refused, with what to run: a location nobody initialised...
+    let new_dir = c.dir.path().join("witness-2");
+    let new_url = mount_url(&new_dir);
+    let out = etcdctl(&c.endpoints(), &["member", "remove", &old_id], None);
+    assert!(
+        out.status.success(),
+        "remove the old witness: {}",
+        text(&out)
+    );
+    let removed_at = contents(&old_dir);
+    let out = witness_add(etcdutl, &c, &new_url);
+    assert!(!out.status.success());
+    assert!(
+        text(&out).contains("not initialised") && text(&out).contains("etcdutl witness init"),
+        "{}",
+        text(&out)
+    );
+    // ...and a location another cluster (here: this one, before) has used.
+    let out = witness_add(etcdutl, &c, &c.witness_url);
+    assert!(
+        !out.status.success() && text(&out).contains("already used"),
+        "{}",
+        text(&out)
+    );
+    // A fresh location is added.
+    init_witness(etcdutl, "w2", &new_url);
+    let out = witness_add(etcdutl, &c, &new_url);
+    assert!(out.status.success(), "add the new witness: {}", text(&out));
+    assert!(text(&out).contains("\"w2\""), "{}", text(&out));
+    let new_id = witness_id(&c).expect("the new witness is listed");
+    assert_ne!(new_id, old_id);
+    // A second witness is refused, naming the first and the command that removes it.
+    let third_dir = c.dir.path().join("witness-3");
+    let third_url = mount_url(&third_dir);
+    init_witness(etcdutl, "w3", &third_url);
+    let out = witness_add(etcdutl, &c, &third_url);
+    assert!(
+        !out.status.success()
+            && text(&out).contains("already has a witness")
+            && text(&out).contains(&format!("etcdctl member remove {new_id}")),
+        "{}",
+        text(&out)
+    );
+    // Moved once more, to the third location, still under writes.
+    let out = etcdctl(&c.endpoints(), &["member", "remove", &new_id], None);
+    assert!(out.status.success(), "remove: {}", text(&out));
+    let second_removed_at = contents(&new_dir);
+    let out = witness_add(etcdutl, &c, &third_url);
+    assert!(out.status.success(), "add: {}", text(&out));
+    std::thread::sleep(Duration::from_secs(2));
+    stop.store(true, Ordering::Relaxed);
+    let writes = rt.block_on(writer).unwrap();
+    println!(
+        "writes during three witness changes: {} acknowledged, {} failed, longest write {:?}",
+        writes.acked,
+        writes.failed.len(),
+        writes.longest
+    );
+    assert!(
+        writes.failed.is_empty(),
+        "failed writes: {:?}",
+        writes.failed
+    );
+    assert!(writes.acked > 0);
+
+    // The third witness is the one in use: with the follower gone, the leader commits through
+    // it, and it records this cluster.
+    let l = c.wait_leader(LEADER_WAIT);
+    c.kill(1 - l);
+    let lep = c.members[l].endpoint();
+    for i in 0..5 {
+        let out = etcdctl(
+            std::slice::from_ref(&lep),
+            &["put", &format!("after-{i}"), "v"],
+            None,
+        );
+        assert!(
+            out.status.success(),
+            "put with the follower down: {}",
+            text(&out)
+        );
+    }
+    let status = Command::new(etcdutl)
+        .args([
+            "witness",
+            "status",
+            "--advertise-peer-url",
+            &third_url,
+            "-w",
+            "json",
+        ])
+        .output()
+        .unwrap();
+    let status: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    assert!(
+        status["last_log_index"].as_u64() > Some(0) && status["cluster_id"] != "(not bound yet)",
+        "the new witness acknowledged this cluster's writes: {status}"
+    );
+    // Removing it now would leave {leader, dead follower}: refused, naming the member.
+    let out = etcdctl(
+        std::slice::from_ref(&lep),
+        &["member", "remove", &witness_id(&c).unwrap()],
+        None,
+    );
+    assert!(
+        !out.status.success() && text(&out).contains("no quorum"),
+        "{}",
+        text(&out)
+    );
+    // Neither former location was written after it left.
+    assert!(
+        contents(&old_dir) == removed_at,
+        "the first witness was written after it left"
+    );
+    assert!(
+        contents(&new_dir) == second_removed_at,
+        "the second witness was written after it left"
+    );
+}
