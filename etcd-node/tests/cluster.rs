@@ -967,7 +967,8 @@ fn watchers_on_both_members_see_every_write_once_across_a_leader_kill() {
     let leader = c.wait_leader(LEADER_WAIT);
     let survivor = 1 - leader;
     let urls = [c.members[leader].url(), c.members[survivor].url()];
-    let collect = |url: String| {
+    let leader_events = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let collect = |url: String, count: std::sync::Arc<std::sync::atomic::AtomicUsize>| {
         rt.spawn(async move {
             let mut client = Client::connect([url.as_str()], None).await.unwrap();
             let mut ws = client
@@ -979,17 +980,29 @@ fn watchers_on_both_members_see_every_write_once_across_a_leader_kill() {
                 tokio::time::timeout(Duration::from_secs(5), ws.message()).await
             {
                 got.extend(seen(&r));
+                count.store(got.len(), std::sync::atomic::Ordering::Relaxed);
             }
             got
         })
     };
-    let (on_leader, on_survivor) = (collect(urls[0].clone()), collect(urls[1].clone()));
+    let (on_leader, on_survivor) = (
+        collect(urls[0].clone(), leader_events.clone()),
+        collect(urls[1].clone(), Default::default()),
+    );
     std::thread::sleep(Duration::from_millis(300));
     let mut acked = Vec::new();
     for i in 0..100 {
         let k = format!("k/{i:03}");
         assert!(rt.block_on(put_until(&urls[0], &k, "v", Duration::from_secs(10))));
         acked.push(k);
+    }
+    // Events of acknowledged writes may still be on their way to the leader's watcher: give
+    // them time to arrive before the kill (the prefix check below then covers all 100).
+    let waiting = std::time::Instant::now();
+    while leader_events.load(std::sync::atomic::Ordering::Relaxed) < 100
+        && waiting.elapsed() < Duration::from_secs(10)
+    {
+        std::thread::sleep(Duration::from_millis(20));
     }
     c.kill(leader);
     for i in 100..200 {

@@ -1,11 +1,14 @@
 //! End to end, the witness changed at run time (issue 13, part 2): real etcd-node processes,
 //! the real `etcdutl` and `etcdctl`, a writer that never stops.
 //! - refusals first: an uninitialised location, a second witness, a location already used;
-//! - the witness moved (remove, then add a freshly initialised one) while a client writes
-//!   without pause: no write fails; the longest write pause is printed;
+//! - the witness moved (remove, then add a freshly initialised one), from a directory to an
+//!   Azurite blob to another directory, while a client writes without pause: no write fails;
+//!   the longest write pause is printed;
 //! - the old location is never written after it left;
 //! - the new witness is really used: with the follower killed, the leader commits through it;
-//! - removing the witness while the follower is down is refused (it would leave no quorum).
+//! - removing the witness while the follower is down is refused (it would leave no quorum);
+//! - a blob witness's SAS signature is in no member list, snapshot or log; an expiring SAS
+//!   shows in `/health`, and a new one in `--witness-sas-file` is used without a restart.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -13,6 +16,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use e2e_tests::azurite::{Azurite, account_sas, account_sas_until, utc_in};
 use e2e_tests::cluster::{Cluster, etcdctl, init_witness};
 use etcd_client::{Client, ConnectOptions};
 
@@ -112,7 +116,22 @@ async fn write_until(endpoints: Vec<String>, stop: Arc<AtomicBool>) -> Writes {
 #[test]
 fn the_witness_is_moved_at_runtime_under_writes_and_no_write_fails() {
     let (node, etcdutl) = bins();
-    let mut c = Cluster::start(node, etcdutl, &["--witness-probe-interval", "1s"]);
+    // The witness moves from a directory to an Azurite blob to another directory. The blob's
+    // SAS token is in each member's --witness-sas-file (the member list holds no secret).
+    let azurite = Azurite::start();
+    let sas_dir = tempfile::tempdir().unwrap();
+    let sas_file = sas_dir.path().join("witness.sas");
+    std::fs::write(&sas_file, account_sas()).unwrap();
+    let mut c = Cluster::start(
+        node,
+        etcdutl,
+        &[
+            "--witness-probe-interval",
+            "1s",
+            "--witness-sas-file",
+            sas_file.to_str().unwrap(),
+        ],
+    );
     let rt = tokio::runtime::Runtime::new().unwrap();
     c.wait_leader(LEADER_WAIT);
     let old_id = witness_id(&c).expect("the bootstrap witness is listed");
@@ -121,8 +140,8 @@ fn the_witness_is_moved_at_runtime_under_writes_and_no_write_fails() {
     let writer = rt.spawn(write_until(c.endpoints(), stop.clone()));
 
     // Refused, with what to run: a location nobody initialised...
-    let new_dir = c.dir.path().join("witness-2");
-    let new_url = mount_url(&new_dir);
+    let new_url = azurite.witness_url("witness", "moved");
+    let blob = || azurite.get_blob("witness", "moved");
     let out = etcdctl(&c.endpoints(), &["member", "remove", &old_id], None);
     assert!(
         out.status.success(),
@@ -163,17 +182,21 @@ fn the_witness_is_moved_at_runtime_under_writes_and_no_write_fails() {
         "{}",
         text(&out)
     );
+    // The blob is in use: every member probes it successfully with its own token.
+    wait_for("both members probe the blob", || {
+        (0..2).all(|i| c.http_get(i, "/health").map(|r| r.0) == Some(200))
+    });
     // Moved once more, to the third location, still under writes.
     let out = etcdctl(&c.endpoints(), &["member", "remove", &new_id], None);
     assert!(out.status.success(), "remove: {}", text(&out));
-    let second_removed_at = contents(&new_dir);
+    let second_removed_at = blob();
     let out = witness_add(etcdutl, &c, &third_url);
     assert!(out.status.success(), "add: {}", text(&out));
     std::thread::sleep(Duration::from_secs(2));
     stop.store(true, Ordering::Relaxed);
     let writes = rt.block_on(writer).unwrap();
     println!(
-        "writes during three witness changes: {} acknowledged, {} failed, longest write {:?}",
+        "writes during four witness changes (directory -> blob -> directory): {} acknowledged, {} failed, longest write {:?}",
         writes.acked,
         writes.failed.len(),
         writes.longest
@@ -235,7 +258,108 @@ fn the_witness_is_moved_at_runtime_under_writes_and_no_write_fails() {
         "the first witness was written after it left"
     );
     assert!(
-        contents(&new_dir) == second_removed_at,
+        blob() == second_removed_at,
         "the second witness was written after it left"
     );
+}
+
+/// The SAS signature of a blob witness never leaves the members (member list, snapshot, logs),
+/// a SAS that expires shows in `/health` within a probe interval, and a new token written to
+/// `--witness-sas-file` is used without a restart.
+#[test]
+fn the_sas_signature_stays_on_the_members_and_is_rotated_without_a_restart() {
+    let (node, etcdutl) = bins();
+    let azurite = Azurite::start();
+    let url = azurite.witness_url("witness", "rotated");
+    let dir = tempfile::tempdir().unwrap();
+    // Each member reads its token from this file; the first one expires soon.
+    let sas_file = dir.path().join("witness.sas");
+    let short = account_sas_until(&utc_in(Duration::from_secs(20)));
+    std::fs::write(&sas_file, &short).unwrap();
+    let sas_flag = sas_file.to_str().unwrap().to_string();
+    let mut c = Cluster::start_with(
+        dir,
+        node,
+        etcdutl,
+        url.clone(),
+        &[
+            "--witness-probe-interval",
+            "1s",
+            "--witness-sas-file",
+            &sas_flag,
+        ],
+    );
+    let l = c.wait_leader(LEADER_WAIT);
+    let healthy = |c: &Cluster, i: usize| c.http_get(i, "/health").map(|r| r.0) == Some(200);
+    wait_for("both members healthy", || healthy(&c, 0) && healthy(&c, 1));
+    // Every form the two signatures take: raw, escaped in the SAS, escaped again in the URL.
+    let mut secrets = Vec::new();
+    for sas in [short.as_str(), account_sas().as_str()] {
+        let sig = sas.split("sig=").nth(1).unwrap().to_string();
+        let raw = percent_encoding::percent_decode_str(&sig)
+            .decode_utf8()
+            .unwrap()
+            .to_string();
+        let twice = percent_encoding::utf8_percent_encode(&sig, percent_encoding::NON_ALPHANUMERIC)
+            .to_string();
+        secrets.extend([raw, sig, twice]);
+    }
+    let leaks = |what: &str, text: &[u8]| {
+        for s in &secrets {
+            assert!(
+                !text.windows(s.len()).any(|w| w == s.as_bytes()),
+                "{what} holds the SAS signature {s}"
+            );
+        }
+    };
+    let out = etcdctl(&c.endpoints(), &["member", "list", "-w", "json"], None);
+    assert!(out.status.success(), "{}", text(&out));
+    leaks("member list", &out.stdout);
+    assert!(text(&out).contains("REDACTED"), "{}", text(&out));
+    let snap = c.dir.path().join("snap.db");
+    let out = etcdctl(
+        &[c.members[l].endpoint()],
+        &["snapshot", "save", snap.to_str().unwrap()],
+        None,
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    leaks("a snapshot", &std::fs::read(&snap).unwrap());
+
+    // The token expires: the probe says so on both members, with what to do.
+    wait_for("the expired SAS shows in /health", || {
+        (0..2).all(|i| {
+            c.http_get(i, "/health")
+                .is_some_and(|(code, body)| code == 503 && body.contains("permission denied"))
+        })
+    });
+    // A new token in the file: both members are well again, no restart.
+    std::fs::write(&sas_file, account_sas()).unwrap();
+    wait_for("healthy again after the rotation", || {
+        healthy(&c, 0) && healthy(&c, 1)
+    });
+    // And the witness is usable with it: the follower dies, the leader commits through it.
+    let l = c.wait_leader(LEADER_WAIT);
+    c.kill(1 - l);
+    let out = etcdctl(
+        &[c.members[l].endpoint()],
+        &["put", "after-rotation", "v"],
+        None,
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(c.metric(l, "etcd_witness_writes_total") >= Some(1.0));
+    for i in 0..2 {
+        leaks(&format!("member {i}'s log"), c.log(i).as_bytes());
+    }
+}
+
+/// Waits up to 60 s for `cond`.
+fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
+    let started = Instant::now();
+    while !cond() {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "{what}: not within 60 s"
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
 }

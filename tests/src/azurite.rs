@@ -176,7 +176,12 @@ impl Drop for Azurite {
 /// An account SAS (service version 2019-12-12) for Azurite's development account: blob service,
 /// service/container/object resources, read/write/delete/list/add/create, valid until 2099.
 pub fn account_sas() -> String {
-    let (sv, ss, srt, sp, se) = ("2019-12-12", "b", "sco", "rwdlac", "2099-01-01T00:00:00Z");
+    account_sas_until("2099-01-01T00:00:00Z")
+}
+
+/// As [`account_sas`], expiring at `se` (UTC, `YYYY-MM-DDTHH:MM:SSZ`; see [`utc_in`]).
+pub fn account_sas_until(se: &str) -> String {
+    let (sv, ss, srt, sp) = ("2019-12-12", "b", "sco", "rwdlac");
     // StringToSign for an account SAS before version 2020-12-06:
     // account, permissions, services, resource types, start, expiry, IP, protocol, version.
     let string_to_sign = format!("{ACCOUNT}\n{sp}\n{ss}\n{srt}\n\n{se}\n\n\n{sv}\n");
@@ -190,5 +195,30 @@ pub fn account_sas() -> String {
         "sv={sv}&ss={ss}&srt={srt}&sp={sp}&se={}&sig={}",
         utf8_percent_encode(se, NON_ALPHANUMERIC),
         utf8_percent_encode(&sig, NON_ALPHANUMERIC)
+    )
+}
+
+/// The UTC time `from_now` ahead, as a SAS expiry (`YYYY-MM-DDTHH:MM:SSZ`).
+pub fn utc_in(from_now: Duration) -> String {
+    let t = (std::time::SystemTime::now() + from_now)
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after 1970")
+        .as_secs() as i64;
+    let (days, secs) = (t.div_euclid(86_400), t.rem_euclid(86_400));
+    // Civil date from days since 1970-01-01 (the proleptic Gregorian calendar).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
+        secs / 3600,
+        secs % 3600 / 60,
+        secs % 60
     )
 }

@@ -163,6 +163,33 @@ impl BlobSasUri {
             .collect()
     }
 
+    /// Do both name the same blob (whatever their SAS tokens)?
+    pub fn same_blob(&self, other: &BlobSasUri) -> bool {
+        (self.endpoint(), &self.container, &self.blob)
+            == (other.endpoint(), &other.container, &other.blob)
+    }
+
+    /// Is the signature the placeholder [`BlobSasUri::redacted`] writes (a URL as stored in a
+    /// member list, which holds no secret)?
+    pub fn has_redacted_signature(&self) -> bool {
+        self.uri
+            .query_pairs()
+            .any(|(k, v)| k == "sig" && v == REDACTED)
+    }
+
+    /// The same blob with another SAS token (a query string, with or without its `?`), checked
+    /// as [`BlobSasUri::parse`] checks.
+    pub fn with_sas(&self, sas: &str) -> Result<BlobSasUri, UrlProblem> {
+        let mut u = self.uri.clone();
+        u.set_query(Some(sas.trim().trim_start_matches('?')));
+        BlobSasUri::parse(u.as_str())
+    }
+
+    /// The SAS token: the query string, signature included. Never log this.
+    pub fn sas_query(&self) -> &str {
+        self.uri.query().unwrap_or_default()
+    }
+
     /// The full URI including the SAS signature. Never log this.
     pub fn expose_secret(&self) -> &str {
         self.uri.as_str()
@@ -383,6 +410,22 @@ mod tests {
             }
             other => panic!("{s}: expected InvalidUrl, got {other:?}"),
         }
+    }
+
+    #[test]
+    fn a_stored_redacted_uri_takes_a_new_sas_for_the_same_blob() {
+        let full = BlobSasUri::parse(AZURE).unwrap();
+        let stored = BlobSasUri::parse(&full.redacted()).unwrap();
+        assert!(stored.has_redacted_signature() && !full.has_redacted_signature());
+        assert!(stored.same_blob(&full));
+        let rotated = stored
+            .with_sas("?sv=2022-11-02&sr=b&sp=rw&sig=NEWSIG")
+            .unwrap();
+        assert!(rotated.same_blob(&full));
+        assert_eq!(rotated.sas_query(), "sv=2022-11-02&sr=b&sp=rw&sig=NEWSIG");
+        assert_eq!(stored.with_sas("sv=1").unwrap_err(), UrlProblem::MissingSas);
+        let other = BlobSasUri::parse(AZURITE).unwrap();
+        assert!(!other.same_blob(&full));
     }
 
     #[test]

@@ -107,6 +107,12 @@ pub struct Flags {
     /// the cluster is bound to (a Go duration; 0s turns the probe off). A read, never a write.
     #[arg(long, env = "ETCD_WITNESS_PROBE_INTERVAL", default_value = "10s")]
     pub witness_probe_interval: String,
+    /// A file holding the SAS token of a blob witness (the query string, or the whole blob SAS
+    /// URI). Read at every use, so a rotated token is picked up without a restart. The member
+    /// list stores the witness's URL with its signature redacted: each member needs the token
+    /// here (or in its own --initial-cluster).
+    #[arg(long, env = "ETCD_WITNESS_SAS_FILE")]
+    pub witness_sas_file: Option<PathBuf>,
     /// Log level: debug, info, warn or error.
     #[arg(long, env = "ETCD_LOG_LEVEL", default_value = "info")]
     pub log_level: String,
@@ -225,6 +231,8 @@ pub struct ServerConfig {
     pub corrupt_check: Option<Duration>,
     /// How often the member probes its witness (None: never).
     pub witness_probe: Option<Duration>,
+    /// Where a blob witness's SAS token is (see `--witness-sas-file`).
+    pub witness_sas_file: Option<PathBuf>,
 }
 
 /// A Go duration (`10m`, `1m30s`, `500ms`, `2h`): what etcd's duration flags take.
@@ -315,8 +323,13 @@ fn parse_initial_cluster(s: &str, token: &str) -> Result<Vec<InitialMember>, Str
             (None, peer) => members.push(InitialMember {
                 name: name.to_string(),
                 id: 0,
+                // A witness's SAS signature stays in this member's flags: the member list (and
+                // the id, which hashes these) gets the redacted URL.
+                peer_texts: vec![match peer {
+                    PeerUrls::Witness(_) => witness_core::url::redact(url),
+                    PeerUrls::Regular(_) => url.to_string(),
+                }],
                 peer,
-                peer_texts: vec![url.to_string()],
             }),
         }
     }
@@ -491,6 +504,7 @@ impl ServerConfig {
             watch_progress_notify_interval,
             corrupt_check: (!corrupt_check.is_zero()).then_some(corrupt_check),
             witness_probe: (!witness_probe.is_zero()).then_some(witness_probe),
+            witness_sas_file: f.witness_sas_file.clone(),
         })
     }
 

@@ -323,6 +323,7 @@ impl PbClusterService for Api {
             ));
         }
         let members = self.mvcc.members().map_err(internal)?;
+        let mut r = r;
         let witness = match r.peer_ur_ls.as_slice() {
             [u] if WitnessUrl::is_witness(u) => Some(self.new_witness(u, &r, &members).await?),
             urls => {
@@ -337,6 +338,15 @@ impl PbClusterService for Api {
                 None
             }
         };
+        if witness.is_some() {
+            // The member list (replicated, in every snapshot) never holds a SAS signature: each
+            // member takes the token from its own configuration (--witness-sas-file).
+            r.peer_ur_ls = r
+                .peer_ur_ls
+                .iter()
+                .map(|u| witness_core::url::redact(u))
+                .collect();
+        }
         if members
             .iter()
             .any(|m| m.peer_ur_ls.iter().any(|u| r.peer_ur_ls.contains(u)))
@@ -535,6 +545,10 @@ impl Api {
             .unwrap_or_default();
         let mut members = self.mvcc.members().map_err(internal)?;
         for m in &mut members {
+            // (a member list written before witness URLs were stored redacted)
+            for u in &mut m.peer_ur_ls {
+                *u = witness_core::url::redact(u);
+            }
             let announced = if m.id == self.member_id {
                 Some(&self.own)
             } else {

@@ -43,7 +43,7 @@ use metrics::Metrics;
 use node::{Announced, RaftLoop, Status};
 use peer::{Identity, MAX_FRAME_BYTES, PeerService, Peers};
 use watches::WatchHub;
-use witness_slot::WitnessSlot;
+use witness_slot::{Credentials, WitnessSlot};
 
 /// Accepted connections without Nagle's algorithm: a small response must not wait for the
 /// peer's delayed ACK (40-200 ms per request for a lone client otherwise).
@@ -172,20 +172,23 @@ pub(crate) async fn read_witness_at_bootstrap(
         "nothing was written to --data-dir {}; fix this and start again",
         cfg.data_dir.display()
     );
-    let store = open_store(url)
+    let resolved = credentials(cfg)
+        .resolve(url)
+        .map_err(|e| anyhow::anyhow!("--initial-cluster {name}={url}: {e}; {nothing_written}"))?;
+    let store = open_store(&resolved)
         .with_context(|| format!("--initial-cluster {name}={url}: {nothing_written}"))?;
     let loaded = tokio::time::timeout(BOOTSTRAP_WITNESS_TIMEOUT, store.load())
         .await
         .map_err(|_| {
             anyhow::anyhow!(
-                "--initial-cluster {name}={url}: the witness storage did not answer within {:?}                  (share not mounted, blob host unreachable?); {nothing_written}",
+                "--initial-cluster {name}={url}: the witness storage did not answer within {:?} (share not mounted, blob host unreachable?); {nothing_written}",
                 BOOTSTRAP_WITNESS_TIMEOUT
             )
         })?
         .with_context(|| format!("--initial-cluster {name}={url}: {nothing_written}"))?;
     let Some(loaded) = loaded else {
         bail!(
-            "--initial-cluster {name}={url}: the witness is not initialised; initialise it once,              before the cluster's first start: `etcdutl witness init --name {name}              --advertise-peer-url '{url}'`; {nothing_written}"
+            "--initial-cluster {name}={url}: the witness is not initialised; initialise it once, before the cluster's first start: `etcdutl witness init --name {name} --advertise-peer-url '{url}'`; {nothing_written}"
         );
     };
     let state = loaded.state;
@@ -208,6 +211,14 @@ pub(crate) async fn read_witness_at_bootstrap(
         id: member.id,
         seen: witness_core::Seen::of(&state),
     }))
+}
+
+/// Where this member finds its witness's SAS token (never in the replicated member list).
+pub(crate) fn credentials(cfg: &ServerConfig) -> Credentials {
+    Credentials {
+        sas_file: cfg.witness_sas_file.clone(),
+        initial: cfg.witness().map(|(_, u)| u.clone()),
+    }
 }
 
 /// How long a new member waits for its first reading of the witness.
@@ -367,7 +378,7 @@ pub async fn run(
     let (inputs_tx, inputs_rx) = std::sync::mpsc::channel();
     let (status_tx, status_rx) = watch::channel(Status::default());
     let metrics = Arc::new(Metrics::default());
-    let witness = Arc::new(WitnessSlot::new(metrics.clone()));
+    let witness = Arc::new(WitnessSlot::new(metrics.clone(), credentials(&cfg)));
     witness.follow(&members);
     let client_urls = Arc::new(Mutex::new(Default::default()));
     let watches = WatchHub::default();
