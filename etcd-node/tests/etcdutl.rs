@@ -106,7 +106,8 @@ fn init_then_status_on_a_directory_with_the_seed_command_form() {
         "last log term",
         "last log subterm",
         "last log index",
-        "replication set",
+        "replication set (last write)*",
+        "generation",
         "storage version",
     ] {
         assert!(
@@ -114,6 +115,15 @@ fn init_then_status_on_a_directory_with_the_seed_command_form() {
             "table lacks {row}: {table}"
         );
     }
+    // The replication set is the last write's, and the output says so (finding 5.6).
+    assert!(table.contains("* the replication sets are those of the last witness write"));
+    assert!(
+        s["replication_set_note"]
+            .as_str()
+            .unwrap()
+            .contains("last witness write")
+    );
+    assert_ne!(s["generation"], "0");
     // The alias from the issue works too.
     let o = etcdutl(&["witness", "status", "--initial-advertise-url", &url]);
     assert!(o.status.success(), "{}", text(&o));

@@ -19,11 +19,22 @@ pub struct StatusReport {
     pub last_log_term: u64,
     pub last_log_subterm: u64,
     pub last_log_index: u64,
+    /// The replication set recorded by the last witness write (see [`REPLICATION_SET_NOTE`]).
     pub replication_set: Vec<String>,
     pub replication_set_outgoing: Vec<String>,
+    /// What the two replication sets are (they are easily mistaken for the leader's).
+    pub replication_set_note: &'static str,
+    /// The identity `witness init` gave this record (members refuse any other).
+    pub generation: String,
     pub storage_version: String,
     pub location: String,
 }
+
+/// The witness records a replication set only when it is written (a leader needs it after a
+/// member failed); the leader's current set changes without writing the witness.
+pub const REPLICATION_SET_NOTE: &str = "the replication sets are those of the last witness \
+     write, not necessarily the leader's current ones (the leader changes its set without \
+     writing the witness; its etcd_witness_in_replication_set metric shows the current one)";
 
 fn id(v: u64) -> String {
     if v == 0 {
@@ -53,6 +64,8 @@ pub async fn status(url: &WitnessUrl) -> Result<StatusReport> {
         last_log_index: s.last_log_index,
         replication_set: s.replication_set.into_iter().map(id).collect(),
         replication_set_outgoing: s.replication_set_outgoing.into_iter().map(id).collect(),
+        replication_set_note: REPLICATION_SET_NOTE,
+        generation: format!("{:x}", s.generation),
         storage_version: loaded.version.to_string(),
         location,
     })
@@ -79,13 +92,14 @@ impl StatusReport {
             ("last log subterm", self.last_log_subterm.to_string()),
             ("last log index", self.last_log_index.to_string()),
             (
-                "replication set",
+                "replication set (last write)*",
                 or_none(&self.replication_set.join(","), "(empty)"),
             ),
             (
-                "outgoing replication set",
+                "outgoing replication set (last write)*",
                 or_none(&self.replication_set_outgoing.join(","), "(none)"),
             ),
+            ("generation", self.generation.clone()),
             ("storage version", self.storage_version.clone()),
             ("location", self.location.clone()),
         ]
@@ -102,6 +116,7 @@ impl StatusReport {
             out.push_str(&format!("| {k:<w0$} | {v:<w1$} |\n"));
         }
         out.push_str(&line);
+        out.push_str(&format!("* {}\n", self.replication_set_note));
         out
     }
 }
