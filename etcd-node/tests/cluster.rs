@@ -2081,3 +2081,77 @@ fn a_python_etcd3_client_works_against_the_cluster() {
         );
     }
 }
+
+/// Fault-campaign finding 5.1: while a member is paused (SIGSTOP), clients cancel requests on
+/// their deadlines; when it resumes, those cancellations arrive at once. They must not make the
+/// server tear the connection down (GOAWAY ENHANCE_YOUR_CALM "too_many_resets"): requests
+/// still waiting on that connection are answered.
+#[test]
+fn a_paused_member_answers_the_requests_still_waiting_after_a_burst_of_cancellations() {
+    let c = cluster();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    c.wait_leader(LEADER_WAIT);
+    let ep = c.members[0].url();
+    let serializable = || Some(GetOptions::new().with_serializable());
+    rt.block_on(async {
+        // One client, one HTTP/2 connection, shared by every request below.
+        let mut client = Client::connect([ep.as_str()], None).await.unwrap();
+        client.put("paused", "v", None).await.unwrap();
+        c.pause(0);
+        let mut cancelled = Vec::new();
+        for _ in 0..200 {
+            let mut cl = client.clone();
+            cancelled.push(tokio::spawn(async move {
+                tokio::time::timeout(Duration::from_millis(100), cl.get("paused", serializable()))
+                    .await
+                    .is_err()
+            }));
+        }
+        for t in cancelled {
+            assert!(t.await.unwrap(), "answered while the member was stopped");
+        }
+        let mut waiting = Vec::new();
+        for _ in 0..20 {
+            let mut cl = client.clone();
+            waiting.push(tokio::spawn(async move {
+                cl.get("paused", serializable())
+                    .await
+                    .map(|r| r.kvs().len())
+                    .map_err(|e| e.to_string())
+            }));
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        c.resume(0);
+        for t in waiting {
+            assert_eq!(
+                t.await.unwrap(),
+                Ok(1),
+                "a waiting request failed after the pause"
+            );
+        }
+    });
+}
+
+/// Fault-campaign finding 5.5: a request over the size limit gets etcd's answer,
+/// RESOURCE_EXHAUSTED "grpc: received message larger than max (N vs. M)".
+#[test]
+fn an_oversized_request_is_resource_exhausted_as_etcd_answers() {
+    let c = cluster();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    c.wait_leader(LEADER_WAIT);
+    let ep = c.members[0].url();
+    let status = rt.block_on(async {
+        let mut client = Client::connect([ep.as_str()], None).await.unwrap();
+        match client.put("big", vec![b'x'; 3 << 20], None).await {
+            Err(etcd_client::Error::GRpcStatus(s)) => s,
+            other => panic!("a 3 MiB put: {other:?}"),
+        }
+    });
+    assert_eq!(status.code(), tonic::Code::ResourceExhausted, "{status:?}");
+    assert!(
+        status
+            .message()
+            .starts_with("grpc: received message larger than max ("),
+        "{status:?}"
+    );
+}

@@ -205,6 +205,22 @@ impl Cluster {
         }
     }
 
+    /// SIGSTOP (`resume` continues it): the process is frozen, its sockets stay open.
+    pub fn pause(&self, i: usize) {
+        self.signal_running(i, Signal::SIGSTOP);
+    }
+
+    /// SIGCONT after [`Cluster::pause`].
+    pub fn resume(&self, i: usize) {
+        self.signal_running(i, Signal::SIGCONT);
+    }
+
+    fn signal_running(&self, i: usize, sig: Signal) {
+        if let Some(child) = &self.members[i].child {
+            let _ = kill(Pid::from_raw(child.id() as i32), sig);
+        }
+    }
+
     /// Has member `i`'s process ended by itself (a failpoint aborted it)?
     pub fn exited(&mut self, i: usize) -> bool {
         self.members[i]

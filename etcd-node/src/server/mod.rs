@@ -445,7 +445,7 @@ pub async fn run(
         .max_decoding_message_size(MAX_FRAME_BYTES);
         let stop = stopped();
         servers.spawn(async move {
-            tonic::transport::Server::builder()
+            grpc_server()
                 .add_service(svc)
                 .serve_with_incoming_shutdown(incoming(l), stop)
                 .await
@@ -465,7 +465,10 @@ pub async fn run(
             api.clone(),
             check(),
         ));
-        with_http(grpc.into_axum_router(), &api)
+        let router = grpc
+            .into_axum_router()
+            .layer(axum::middleware::map_response(etcd_size_error));
+        with_http(router, &api)
     };
     for l in client_listeners {
         servers.spawn(serve(l, client_routes(), stopped()));
@@ -512,6 +515,38 @@ pub async fn run(
 }
 
 /// Adds `/health` and `/metrics` to a router.
+/// etcd (grpc-go) refuses a request over the size limit with RESOURCE_EXHAUSTED "grpc: received
+/// message larger than max (N vs. M)"; tonic with OUT_OF_RANGE "Error, decoded message length
+/// too large: found N bytes, the limit is: M bytes". Clients act on etcd's code (not retrying a
+/// request that cannot fit): the answer is rewritten to etcd's.
+async fn etcd_size_error(mut r: axum::response::Response) -> axum::response::Response {
+    let Some(status) = tonic::Status::from_header_map(r.headers()) else {
+        return r;
+    };
+    let Some(sizes) = (status.code() == tonic::Code::OutOfRange)
+        .then(|| {
+            status
+                .message()
+                .strip_prefix("Error, decoded message length too large: found ")
+        })
+        .flatten()
+    else {
+        return r;
+    };
+    let numbers: Vec<&str> = sizes
+        .split(|c: char| !c.is_ascii_digit())
+        .filter(|n| !n.is_empty())
+        .collect();
+    let [found, limit] = numbers[..] else {
+        return r;
+    };
+    let etcd = tonic::Status::resource_exhausted(format!(
+        "grpc: received message larger than max ({found} vs. {limit})"
+    ));
+    let _ = etcd.add_header(r.headers_mut());
+    r
+}
+
 fn with_http(router: axum::Router, api: &Api) -> Routes {
     let (a, b) = (api.clone(), api.clone());
     Routes::from(
@@ -546,12 +581,26 @@ fn with_http(router: axum::Router, api: &Api) -> Routes {
     )
 }
 
+/// How many streams a client may reset before the server accepted them, per connection.
+/// Clients cancel requests all the time (deadlines): after a pause of this process (SIGSTOP, a
+/// VM stall, swapping) every cancellation of the pause arrives at once, and h2's default of 20
+/// would answer GOAWAY ENHANCE_YOUR_CALM "too_many_resets", failing every request on the
+/// connection. The count drains as streams are accepted, so a flood still costs only this many
+/// queued entries.
+const MAX_PENDING_RESETS: usize = 100_000;
+
+/// The HTTP/2 server every listener (client and peer) uses.
+fn grpc_server() -> tonic::transport::Server {
+    tonic::transport::Server::builder()
+        .http2_max_pending_accept_reset_streams(Some(MAX_PENDING_RESETS))
+}
+
 async fn serve(
     listener: TcpListener,
     routes: Routes,
     stop: impl std::future::Future<Output = ()>,
 ) -> Result<(), tonic::transport::Error> {
-    tonic::transport::Server::builder()
+    grpc_server()
         .accept_http1(true)
         .add_routes(routes)
         .serve_with_incoming_shutdown(incoming(listener), stop)
