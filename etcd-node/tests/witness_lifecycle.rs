@@ -336,3 +336,90 @@ fn a_start_that_fails_on_the_witness_writes_nothing_and_the_corrected_flag_wins(
         "the corrected witness is the one in use: {text}"
     );
 }
+
+/// The last resort, `--force-new-cluster`: refused on the member that is behind (the witness's
+/// record shows writes it lacks), and on the up-to-date member, with the witness lost, it makes
+/// that member the only voter with every acknowledged write.
+#[test]
+fn force_new_cluster_refuses_the_member_behind_and_keeps_every_write_on_the_other() {
+    let (node, etcdutl) = bins();
+    let mut c = Cluster::start(node, etcdutl, &["--witness-probe-interval", "1s"]);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let l = c.wait_leader(LEADER_WAIT);
+    let f = 1 - l;
+    wait(&c, l, LEADER_WAIT, "the witness leaves R", || {
+        c.metric(l, "etcd_witness_in_replication_set") == Some(0.0)
+    });
+    c.kill(f);
+    let lep = c.members[l].url();
+    let mut acked = Vec::new();
+    for i in 0..20 {
+        let (k, v) = (format!("k{i:02}"), format!("v{i}"));
+        assert!(
+            rt.block_on(put(&lep, &k, &v)),
+            "put {k} with the follower down"
+        );
+        acked.push((k, v));
+    }
+    c.kill(l);
+    // The follower lacks those writes and the witness's record says so: refused, unchanged.
+    c.start_member_with(f, &["--force-new-cluster"], &[]);
+    let started = Instant::now();
+    while !c.exited(f) {
+        assert!(
+            started.elapsed() < LEADER_WAIT,
+            "the forced start of the member behind did not end; log:\n{}",
+            c.log(f)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    c.stop(f);
+    let log = c.log(f);
+    assert!(
+        log.contains("--force-new-cluster refused") && log.contains("nothing was changed"),
+        "{log}"
+    );
+    // The witness is lost too; the leader, up to date, is forced into a cluster of its own.
+    wipe(&witness_dir(&c));
+    c.start_member_with(l, &["--force-new-cluster"], &[]);
+    let have = rt.block_on(async {
+        let started = Instant::now();
+        loop {
+            if let Some(mut cl) = client(&lep).await
+                && cl.put("forced", "yes", None).await.is_ok()
+                && let Ok(r) = cl.get("k", Some(GetOptions::new().with_prefix())).await
+            {
+                break r
+                    .kvs()
+                    .iter()
+                    .map(|kv| {
+                        (
+                            kv.key_str().unwrap().to_string(),
+                            kv.value_str().unwrap().to_string(),
+                        )
+                    })
+                    .collect::<Vec<_>>();
+            }
+            assert!(
+                started.elapsed() < LEADER_WAIT,
+                "the forced member takes no writes"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    });
+    assert_eq!(
+        have, acked,
+        "the forced member holds every acknowledged write"
+    );
+    let members = rt.block_on(async {
+        let mut cl = client(&lep).await.unwrap();
+        cl.member_list().await.unwrap().members().len()
+    });
+    assert_eq!(members, 1, "only the forced member remains");
+    // Restarted without the flag, it is still a cluster of one with its data.
+    c.stop(l);
+    c.start_member(l);
+    wait(&c, l, LEADER_WAIT, "the forced member restarts", || {
+        rt.block_on(put(&lep, "again", "v"))
+    });
+}

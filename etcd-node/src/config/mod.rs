@@ -113,6 +113,11 @@ pub struct Flags {
     /// here (or in its own --initial-cluster).
     #[arg(long, env = "ETCD_WITNESS_SAS_FILE")]
     pub witness_sas_file: Option<PathBuf>,
+    /// Restart this member as the only voter of its cluster (same ids, no witness), keeping its
+    /// data: the last resort when the other member is gone for good. Refused when this member
+    /// is provably behind. Remove the flag before the next restart.
+    #[arg(long, env = "ETCD_FORCE_NEW_CLUSTER", action = clap::ArgAction::SetTrue)]
+    pub force_new_cluster: bool,
     /// Log level: debug, info, warn or error.
     #[arg(long, env = "ETCD_LOG_LEVEL", default_value = "info")]
     pub log_level: String,
@@ -233,6 +238,7 @@ pub struct ServerConfig {
     pub witness_probe: Option<Duration>,
     /// Where a blob witness's SAS token is (see `--witness-sas-file`).
     pub witness_sas_file: Option<PathBuf>,
+    pub force_new_cluster: bool,
 }
 
 /// A Go duration (`10m`, `1m30s`, `500ms`, `2h`): what etcd's duration flags take.
@@ -505,6 +511,7 @@ impl ServerConfig {
             corrupt_check: (!corrupt_check.is_zero()).then_some(corrupt_check),
             witness_probe: (!witness_probe.is_zero()).then_some(witness_probe),
             witness_sas_file: f.witness_sas_file.clone(),
+            force_new_cluster: f.force_new_cluster,
         })
     }
 

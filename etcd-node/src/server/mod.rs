@@ -6,6 +6,7 @@
 pub mod api;
 pub mod auth;
 pub mod corruption;
+pub mod force;
 pub mod leases;
 pub mod lessor;
 pub mod metrics;
@@ -139,6 +140,16 @@ async fn open_storage(cfg: &ServerConfig) -> anyhow::Result<(DiskStorage, Arc<Mv
     if mvcc.position()?.applied < snapshot.meta.index && !snapshot.data.is_empty() {
         // A crash between saving a received snapshot and restoring the key space from it.
         mvcc.restore(&snapshot.data, snapshot.meta.index)?;
+    }
+    if cfg.force_new_cluster {
+        if bootstrapped_now {
+            bail!(
+                "--force-new-cluster restarts an existing member from its data; {} holds none \
+                 (point --data-dir at the member's data directory)",
+                cfg.data_dir.display()
+            );
+        }
+        force::force_new_cluster(&mut disk, &mvcc, ids.member, &credentials(cfg)).await?;
     }
     // Only a key space that has applied everything the log committed knows the final member
     // list (a member whose own addition is still to be replayed is not missing from it); a

@@ -611,17 +611,7 @@ impl RaftLoop {
         let batch: Vec<(u64, Command)> = ready
             .committed
             .iter()
-            .map(|e| {
-                // Data that does not decode was refused by every member alike: a no-op.
-                let c = match &e.data {
-                    EntryData::Normal(d) => Proposal::decode(d.as_slice()).map(Command::Kv),
-                    EntryData::ConfChange(cc) => {
-                        MemberChange::decode(cc.context.as_slice()).map(Command::Member)
-                    }
-                    EntryData::Empty => Ok(Command::Noop),
-                };
-                (e.index, c.unwrap_or(Command::Noop))
-            })
+            .map(|e| (e.index, command_of(e)))
             .collect();
         st.unsynced += batch.len() as u64;
         let durable = st.unsynced >= SYNC_EVERY;
@@ -802,6 +792,19 @@ impl RaftLoop {
             let _ = feedback.send(Input::Witness(response));
         });
     }
+}
+
+/// What applying a committed entry does to the key space. Data that does not decode was
+/// refused by every member alike: a no-op.
+pub fn command_of(e: &crate::raft::Entry) -> Command {
+    let c = match &e.data {
+        EntryData::Normal(d) => Proposal::decode(d.as_slice()).map(Command::Kv),
+        EntryData::ConfChange(cc) => {
+            MemberChange::decode(cc.context.as_slice()).map(Command::Member)
+        }
+        EntryData::Empty => Ok(Command::Noop),
+    };
+    c.unwrap_or(Command::Noop)
 }
 
 /// When the witness refused this member's vote because its log is behind what the witness
