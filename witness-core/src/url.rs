@@ -273,6 +273,37 @@ impl WitnessUrl {
         }
     }
 
+    /// The form a cluster's member list stores of witness URL `s`: a blob's SAS signature
+    /// replaced by `REDACTED` (the member list is replicated, so it is in every snapshot; each
+    /// member keeps the token itself); a mount URL as written. A URL that does not parse is
+    /// returned redacted as text.
+    pub fn member_list_form(s: &str) -> String {
+        match WitnessUrl::parse(s) {
+            Ok(WitnessUrl::AzBlob { uri }) => format!(
+                "witness:azblob?uri={}",
+                utf8_percent_encode(&uri.redacted(), VALUE)
+            ),
+            Ok(WitnessUrl::Mount { .. }) => s.to_string(),
+            Err(_) => redact(s),
+        }
+    }
+
+    /// What a witness member's id hashes for witness URL `s`: the storage it names and nothing
+    /// of a SAS token (members given different tokens for the same blob agree on the id); a
+    /// mount URL as written (as etcd hashes peer URLs).
+    pub fn identity(s: &str) -> String {
+        match WitnessUrl::parse(s) {
+            Ok(WitnessUrl::AzBlob { uri }) => format!(
+                "witness:azblob?uri={}",
+                utf8_percent_encode(
+                    &format!("{}/{}/{}", uri.endpoint(), uri.container(), uri.blob()),
+                    VALUE
+                )
+            ),
+            _ => s.to_string(),
+        }
+    }
+
     /// The kind, as written in the URL.
     pub fn kind(&self) -> &'static str {
         match self {
@@ -426,6 +457,33 @@ mod tests {
         assert_eq!(stored.with_sas("sv=1").unwrap_err(), UrlProblem::MissingSas);
         let other = BlobSasUri::parse(AZURITE).unwrap();
         assert!(!other.same_blob(&full));
+    }
+
+    #[test]
+    fn member_list_form_and_identity_keep_no_secret_and_ignore_the_token() {
+        let a = WitnessUrl::AzBlob {
+            uri: BlobSasUri::parse(AZURE).unwrap(),
+        }
+        .to_url_string();
+        let other_token = a
+            .replace("TOPSECRET", "OTHER")
+            .replace("sp%3Drw", "sp%3Drwc");
+        let listed = WitnessUrl::member_list_form(&a);
+        assert!(
+            !listed.contains("TOPSECRET") && listed.contains("REDACTED"),
+            "{listed}"
+        );
+        assert_eq!(WitnessUrl::member_list_form(&listed), listed, "idempotent");
+        assert_eq!(WitnessUrl::identity(&a), WitnessUrl::identity(&other_token));
+        assert_eq!(WitnessUrl::identity(&a), WitnessUrl::identity(&listed));
+        assert!(!WitnessUrl::identity(&a).contains("TOPSECRET"));
+        let mount = "witness:mount?path=%2Fsrv%2Fsig%3D1";
+        assert_eq!(
+            WitnessUrl::member_list_form(mount),
+            mount,
+            "a mount path is kept"
+        );
+        assert_eq!(WitnessUrl::identity(mount), mount);
     }
 
     #[test]

@@ -332,7 +332,7 @@ fn parse_initial_cluster(s: &str, token: &str) -> Result<Vec<InitialMember>, Str
                 // A witness's SAS signature stays in this member's flags: the member list (and
                 // the id, which hashes these) gets the redacted URL.
                 peer_texts: vec![match peer {
-                    PeerUrls::Witness(_) => witness_core::url::redact(url),
+                    PeerUrls::Witness(_) => WitnessUrl::member_list_form(url),
                     PeerUrls::Regular(_) => url.to_string(),
                 }],
                 peer,
@@ -340,7 +340,11 @@ fn parse_initial_cluster(s: &str, token: &str) -> Result<Vec<InitialMember>, Str
         }
     }
     for m in &mut members {
-        m.id = member_id(&m.peer_texts, token);
+        m.id = match &m.peer {
+            // (the storage it names, whatever SAS token this member was given)
+            PeerUrls::Witness(_) => member_id(&[WitnessUrl::identity(&m.peer_texts[0])], token),
+            PeerUrls::Regular(_) => member_id(&m.peer_texts, token),
+        };
     }
     Ok(members)
 }

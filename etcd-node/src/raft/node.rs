@@ -609,21 +609,34 @@ impl Raft {
 
     /// etcd's strict reconfiguration check, for a leader about to propose `cc`: would the
     /// configuration after it have a quorum among this leader, the regular voters it heard from
-    /// lately and its witness (storage, counted as available)? Refuses a change that leaves the
-    /// cluster unable to commit, e.g. removing the witness while the other member is down.
-    pub fn check_reconfig_quorum(&self, cc: &ConfChange) -> Result<(), Refused> {
+    /// lately and the current witness when the host says it is usable (its storage opens and
+    /// answers)? Refuses a change that leaves the cluster unable to commit, e.g. removing the
+    /// witness while the other member is down, or removing the other member while the witness
+    /// cannot be reached. A witness being added does not count.
+    pub fn check_reconfig_quorum(
+        &self,
+        cc: &ConfChange,
+        witness_usable: bool,
+    ) -> Result<(), Refused> {
         self.check_leader()?;
         let next = self
             .membership
             .apply(cc)
             .map_err(Refused::InvalidConfChange)?;
-        let w = next.witness();
+        let w = next
+            .witness()
+            .filter(|&w| witness_usable && self.membership.witness() == Some(w));
         let unreachable: Vec<String> = next
             .voters
             .regular
             .iter()
             .filter(|&&v| v != self.cfg.id && !self.reachable(v))
-            .map(|v| format!("{v:x}"))
+            .map(|v| format!("member {v:x} is not reachable"))
+            .chain(
+                next.witness()
+                    .filter(|&v| Some(v) != w)
+                    .map(|v| format!("the witness {v:x} cannot be used from this member")),
+            )
             .collect();
         if next
             .voters
@@ -632,8 +645,8 @@ impl Raft {
             return Ok(());
         }
         Err(Refused::InvalidConfChange(format!(
-            "the configuration after this change would have no quorum: member {} is not \
-             reachable; start it (or wait until it is connected) and try again",
+            "the configuration after this change would have no quorum: {}; start the member \
+             (or wait until it is connected) or repair the witness, and try again",
             unreachable.join(", ")
         )))
     }

@@ -53,6 +53,8 @@ pub struct Api {
     pub quota_bytes: u64,
     /// `--election-timeout` (a require-leader watch ends after three of them without a leader).
     pub election_timeout: Duration,
+    /// Where this member finds a blob witness's SAS token.
+    pub credentials: super::witness_slot::Credentials,
 }
 
 /// Did the client ask for etcd's `WithRequireLeader` (metadata `hasleader: true`)?
@@ -344,7 +346,7 @@ impl PbClusterService for Api {
             r.peer_ur_ls = r
                 .peer_ur_ls
                 .iter()
-                .map(|u| witness_core::url::redact(u))
+                .map(|u| WitnessUrl::member_list_form(u))
                 .collect();
         }
         if members
@@ -359,9 +361,14 @@ impl PbClusterService for Api {
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs());
+        let hashed = match witness {
+            // (the storage it names, not the SAS token it was given with)
+            Some(_) => vec![WitnessUrl::identity(&r.peer_ur_ls[0])],
+            None => r.peer_ur_ls.clone(),
+        };
         let (name, generation) = witness.unwrap_or_default();
         let member = PbMember {
-            id: crate::config::member_id(&r.peer_ur_ls, &now.to_string()),
+            id: crate::config::member_id(&hashed, &now.to_string()),
             name,
             peer_ur_ls: r.peer_ur_ls,
             client_ur_ls: Vec::new(),
@@ -470,27 +477,13 @@ impl Api {
                 w.name, w.id, w.id
             )));
         }
-        let store = crate::witness::open_store(&parsed).map_err(|e| {
-            Status::failed_precondition(format!("etcdserver: witness {shown}: {e}"))
-        })?;
-        let location = store.location();
-        let loaded = tokio::time::timeout(WITNESS_READ_LIMIT, store.load())
-            .await
-            .map_err(|_| {
-                Status::unavailable(format!(
-                    "etcdserver: the witness storage {location} did not answer within \
-                     {WITNESS_READ_LIMIT:?} (share not mounted here, blob host unreachable?); \
-                     nothing was changed"
-                ))
-            })?
-            .map_err(|e| {
-                Status::failed_precondition(format!("etcdserver: {e}; nothing was changed"))
-            })?;
+        let (location, loaded) = load_witness(&parsed).await?;
         let Some(loaded) = loaded else {
             return Err(Status::failed_precondition(format!(
                 "etcdserver: the witness at {location} is not initialised; initialise it first: \
-                 `etcdutl witness init --name NAME --advertise-peer-url '{shown}'`, then add it \
-                 again; nothing was changed"
+                 `etcdutl witness init --name NAME --advertise-peer-url '{shown}'` (with the \
+                 real SAS token in place of REDACTED, for a blob), then add it again; nothing \
+                 was changed"
             )));
         };
         let state = loaded.state;
@@ -506,14 +499,60 @@ impl Api {
         if state.generation == 0 {
             return Err(Status::failed_precondition(format!(
                 "etcdserver: the witness at {location} has no identity (initialised by an older \
-                 etcdutl); no cluster used it, so initialise it again with this version: \
-                 `etcdutl witness init --force --name {} --advertise-peer-url '{shown}'`; \
-                 nothing was changed",
+                 etcdutl) and holds no cluster's state; if no member of any other cluster was \
+                 started with it, initialise it again with this version: `etcdutl witness init \
+                 --force --name {} --advertise-peer-url '{shown}'` (with the real SAS token in \
+                 place of REDACTED, for a blob); otherwise use a new location; nothing was \
+                 changed",
                 state.name
             )));
         }
+        // Every member reaches the witness with its own token (the member list holds none): this
+        // one must, or the cluster would gain a voter nobody can use.
+        let own = WitnessUrl::parse(&WitnessUrl::member_list_form(url))
+            .map_err(|e| Status::invalid_argument(format!("etcdserver: {e}")))
+            .and_then(|stored| {
+                self.credentials.resolve(&stored).map_err(|why| {
+                    Status::failed_precondition(format!(
+                        "etcdserver: this member cannot use the witness with its own \
+                         configuration: {why}; give every member the SAS token first; nothing \
+                         was changed"
+                    ))
+                })
+            })?;
+        if own.to_url_string() != parsed.to_url_string() {
+            let (_, mine) = load_witness(&own).await?;
+            if mine.map(|l| l.state.generation) != Some(state.generation) {
+                return Err(Status::failed_precondition(format!(
+                    "etcdserver: with this member's own SAS token (--witness-sas-file) the \
+                     witness at {location} reads differently; check the token names the same \
+                     blob; nothing was changed"
+                )));
+            }
+        }
         Ok((state.name, state.generation))
     }
+}
+
+/// Opens and reads the witness at `url` for `member add`, within [`WITNESS_READ_LIMIT`]: its
+/// location (redacted) and record.
+async fn load_witness(url: &WitnessUrl) -> Result<(String, Option<witness_core::Loaded>), Status> {
+    let store = crate::witness::open_store(url)
+        .map_err(|e| Status::failed_precondition(format!("etcdserver: witness {url}: {e}")))?;
+    let location = store.location();
+    let loaded = tokio::time::timeout(WITNESS_READ_LIMIT, store.load())
+        .await
+        .map_err(|_| {
+            Status::unavailable(format!(
+                "etcdserver: the witness storage {location} did not answer within \
+                 {WITNESS_READ_LIMIT:?} (share not mounted here, blob host unreachable?); \
+                 nothing was changed"
+            ))
+        })?
+        .map_err(|e| {
+            Status::failed_precondition(format!("etcdserver: {e}; nothing was changed"))
+        })?;
+    Ok((location, loaded))
 }
 
 fn bad_urls(why: &str) -> Status {
@@ -546,9 +585,7 @@ impl Api {
         let mut members = self.mvcc.members().map_err(internal)?;
         for m in &mut members {
             // (a member list written before witness URLs were stored redacted)
-            for u in &mut m.peer_ur_ls {
-                *u = witness_core::url::redact(u);
-            }
+            super::node::redact_witness_url(m);
             let announced = if m.id == self.member_id {
                 Some(&self.own)
             } else {

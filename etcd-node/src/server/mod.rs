@@ -437,6 +437,7 @@ pub async fn run(
         watch_progress: cfg.watch_progress_notify_interval,
         quota_bytes: cfg.quota_backend_bytes,
         election_timeout: cfg.election_timeout,
+        credentials: credentials(&cfg),
     };
     let (stop_tx, stop_rx) = watch::channel(false);
     let stopped = move || {
@@ -597,8 +598,9 @@ fn with_http(router: axum::Router, api: &Api) -> Routes {
 /// VM stall, swapping) every cancellation of the pause arrives at once, and h2's default of 20
 /// would answer GOAWAY ENHANCE_YOUR_CALM "too_many_resets", failing every request on the
 /// connection. The count drains as streams are accepted, so a flood still costs only this many
-/// queued entries.
-const MAX_PENDING_RESETS: usize = 100_000;
+/// queued entries; the bound keeps h2's guard against reset floods (CVE-2023-44487) while
+/// covering the cancellations of a pause (the fault campaign saw about 100 per pause).
+const MAX_PENDING_RESETS: usize = 10_000;
 
 /// The HTTP/2 server every listener (client and peer) uses.
 fn grpc_server() -> tonic::transport::Server {

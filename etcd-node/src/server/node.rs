@@ -591,8 +591,13 @@ impl RaftLoop {
             witness_generation: change.witness_generation,
             context: data,
         };
+        let usable = self
+            .raft
+            .membership()
+            .witness()
+            .is_some_and(|w| self.witness.usable(w));
         self.raft
-            .check_reconfig_quorum(&cc)
+            .check_reconfig_quorum(&cc, usable)
             .and_then(|()| self.raft.propose_conf_change(cc))
             .map(|_| ())
             .map_err(|r| match r {
@@ -745,24 +750,27 @@ impl RaftLoop {
     /// Runs a witness step against this node's witness storage; the answer comes back as input.
     fn run_witness_step(&self, request: WitnessRequest) {
         let feedback = self.feedback.clone();
-        let witness = match self.witness.get() {
-            Some((id, Ok(w))) if id == request.witness_id() => w,
-            Some((id, Err(why))) if id == request.witness_id() => {
-                tracing::warn!(witness = format!("{id:x}"), "witness step failed: {why}");
-                self.metrics.witness_unavailable(why);
-                let _ = feedback.send(Input::Witness(WitnessResponse::Failed { request }));
-                return;
-            }
-            _ => {
-                let _ = feedback.send(Input::Witness(WitnessResponse::Failed { request }));
-                return;
-            }
-        };
+        let slot = self.witness.clone();
         let id = request.witness_id();
         let metrics = self.metrics.clone();
         let seen = request.caller().seen;
         let others = self.others_named();
         self.runtime.spawn(async move {
+            // (opening the storage may block: a stat of the mount, the SAS file)
+            let got = tokio::task::spawn_blocking(move || slot.get()).await.ok().flatten();
+            let witness = match got {
+                Some((w, Ok(client))) if w == id => client,
+                Some((w, Err(why))) if w == id => {
+                    metrics.witness_unavailable(why);
+                    let _ = feedback.send(Input::Witness(WitnessResponse::Failed { request }));
+                    return;
+                }
+                // The witness left the configuration meanwhile.
+                _ => {
+                    let _ = feedback.send(Input::Witness(WitnessResponse::Failed { request }));
+                    return;
+                }
+            };
             let name = match &request {
                 WitnessRequest::Append(_) => "append",
                 WitnessRequest::Vote { pre: true, .. } => "pre-vote",
@@ -844,6 +852,18 @@ pub fn regular_peer_url(m: &etcd_client::proto::PbMember) -> Option<&str> {
         .first()
         .map(String::as_str)
         .filter(|u| !WitnessUrl::is_witness(u))
+}
+
+/// A member as shown outside this member: a witness URL stored by an older release with its
+/// SAS signature gets it redacted (today's member list never holds one).
+pub fn redact_witness_url(m: &mut etcd_client::proto::PbMember) {
+    for u in m
+        .peer_ur_ls
+        .iter_mut()
+        .filter(|u| WitnessUrl::is_witness(u))
+    {
+        *u = WitnessUrl::member_list_form(u);
+    }
 }
 
 /// Member attributes learned at run time (client URLs of the others come with their frames).

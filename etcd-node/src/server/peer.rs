@@ -204,10 +204,11 @@ pub struct PeerService {
 impl Peer for PeerService {
     async fn members(&self, _: Request<MembersRequest>) -> Result<Response<MembersReply>, Status> {
         use prost::Message as _;
-        let members = self
+        let mut members = self
             .mvcc
             .members()
             .map_err(|e| Status::internal(e.to_string()))?;
+        members.iter_mut().for_each(super::node::redact_witness_url);
         Ok(Response::new(MembersReply {
             cluster_id: self.me.cluster_id,
             members: members.iter().map(|m| m.encode_to_vec()).collect(),

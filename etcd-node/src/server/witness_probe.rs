@@ -37,11 +37,24 @@ pub async fn run(
         let Some(caller) = status.borrow().witness else {
             continue;
         };
-        let (location, result) = match witness.get() {
-            Some((id, Ok(w))) if id == caller.witness_id => {
-                (w.store().location(), probe(w.store(), caller, every).await)
-            }
-            Some((id, Err(why))) if id == caller.witness_id => (format!("{id:x}"), Err(why)),
+        let slot = witness.clone();
+        let limit = every.max(Duration::from_secs(1));
+        // (opening the storage may block: a stat of a hung mount)
+        let got =
+            tokio::time::timeout(limit, tokio::task::spawn_blocking(move || slot.get())).await;
+        let id = caller.witness_id;
+        let (location, result) = match got {
+            Err(_) => (
+                format!("{id:x}"),
+                Err(format!(
+                    "the witness storage did not open within {limit:?} (a hung mount?)"
+                )),
+            ),
+            Ok(Ok(Some((w, Ok(client))))) if w == id => (
+                client.store().location(),
+                probe(client.store(), caller, every).await,
+            ),
+            Ok(Ok(Some((w, Err(why))))) if w == id => (format!("{id:x}"), Err(why)),
             // The slot and the applied configuration disagree for a moment during a change.
             _ => continue,
         };

@@ -11,10 +11,15 @@
 //! Invariants: the slot follows the applied member list (the loop calls [`WitnessSlot::follow`]
 //! after every applied membership change and snapshot, before the Raft core acts on the change,
 //! so no step of a new witness ever finds the slot empty); once a witness has left the member
-//! list no new step reaches its storage (a step already running finishes).
+//! list no new step reaches its storage (a step already running finishes); `follow` does no
+//! I/O (it runs on the Raft thread), `get` opens the storage on a blocking thread, tries a
+//! failed open again after a second, and keeps an open client while the token file cannot be
+//! read; the resolved URL (which holds the secret) is kept only as a digest.
 
+use std::hash::{Hash, Hasher};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use etcd_client::proto::PbMember;
 use witness_core::url::BlobSasUri;
@@ -90,33 +95,30 @@ pub struct WitnessSlot {
     metrics: Arc<Metrics>,
 }
 
+/// How often opening a witness's storage that failed is tried again.
+const REOPEN_AFTER: Duration = Duration::from_secs(1);
+
+/// A failure to open the storage is logged again this often while it lasts.
+const REPEAT_WARNING: Duration = Duration::from_secs(60);
+
 #[derive(Debug, Clone)]
 struct Current {
     id: NodeId,
     /// The peer URL as the member list stores it.
     url: String,
-    /// The URL the client was opened with (secret included), to notice a rotated SAS token.
-    opened: Option<String>,
-    /// The open client, or why the storage could not be opened here.
-    client: Result<SharedWitness, String>,
+    /// What the client was opened with: a digest of the resolved URL (it holds the secret, so
+    /// only its digest is kept), to notice a rotated SAS token.
+    opened: u64,
+    /// The open client; None before the first open, or after one that failed.
+    client: Option<SharedWitness>,
+    /// The last failure to open, when it was tried, and when it was last logged.
+    failed: Option<(String, Instant, Option<Instant>)>,
 }
 
-impl Current {
-    fn open(id: NodeId, url: String, credentials: &Credentials) -> Current {
-        let resolved = WitnessUrl::parse(&url)
-            .map_err(|e| e.to_string())
-            .and_then(|stored| credentials.resolve(&stored));
-        let (opened, client) = match resolved {
-            Ok(u) => (Some(u.to_url_string()), open(&u)),
-            Err(why) => (None, Err(why)),
-        };
-        Current {
-            id,
-            url,
-            opened,
-            client,
-        }
-    }
+fn digest(s: &str) -> u64 {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    s.hash(&mut h);
+    h.finish()
 }
 
 impl WitnessSlot {
@@ -128,8 +130,9 @@ impl WitnessSlot {
         }
     }
 
-    /// Follows `members`: opens the witness it names (if not already open), or forgets the
-    /// witness that left. A new or departed witness clears what was reported of the old one.
+    /// Follows `members`: notes the witness it names, or forgets the witness that left. No I/O
+    /// (it runs on the Raft thread): the storage is opened by the first [`WitnessSlot::get`].
+    /// A new or departed witness clears what was reported of the old one.
     pub fn follow(&self, members: &[PbMember]) {
         let named = members.iter().find_map(|m| {
             let url = m.peer_ur_ls.first().filter(|u| WitnessUrl::is_witness(u))?;
@@ -159,36 +162,113 @@ impl WitnessSlot {
                 }
             }
         }
-        *current = named.map(|(id, url)| Current::open(id, url, &self.credentials));
+        *current = named.map(|(id, url)| Current {
+            id,
+            url,
+            opened: 0,
+            client: None,
+            failed: None,
+        });
+        drop(current);
         self.metrics.witness_changed();
     }
 
-    /// The current witness: its id and client. `Err` says why its storage cannot be used here.
-    /// A blob witness's SAS token is looked up again each time: a changed one reopens the
-    /// client.
+    /// The current witness: its id and client, opened here when needed. `Err` says why its
+    /// storage cannot be used on this member. It may block (a stat of the mount, a file read),
+    /// so call it off the Raft thread. A blob witness's SAS token is looked up again each time:
+    /// a changed one reopens the client; a token that cannot be read keeps the open client.
+    /// A failed open is tried again after [`REOPEN_AFTER`].
     pub fn get(&self) -> Option<(NodeId, Result<SharedWitness, String>)> {
-        let mut current = self.lock();
-        let c = current.as_mut()?;
-        if c.url.starts_with("witness:azblob") {
-            let now = WitnessUrl::parse(&c.url)
-                .map_err(|e| e.to_string())
-                .and_then(|stored| self.credentials.resolve(&stored))
-                .map(|u| u.to_url_string());
-            if now.as_ref().ok() != c.opened.as_ref() {
-                tracing::info!(
-                    witness = format!("{:x}", c.id),
-                    "the witness's SAS token changed: reopening its storage"
-                );
-                *c = Current::open(c.id, c.url.clone(), &self.credentials);
+        let (id, url, opened, client, failed) = {
+            let current = self.lock();
+            let c = current.as_ref()?;
+            (
+                c.id,
+                c.url.clone(),
+                c.opened,
+                c.client.clone(),
+                c.failed.clone(),
+            )
+        };
+        let resolved = WitnessUrl::parse(&url)
+            .map_err(|e| e.to_string())
+            .and_then(|stored| self.credentials.resolve(&stored));
+        let attempt = match (&resolved, client, &failed) {
+            // The same URL and token as the open client: use it.
+            (Ok(u), Some(c), _) if digest(&u.to_url_string()) == opened => {
+                return Some((id, Ok(c)));
             }
-        }
-        Some((c.id, c.client.clone()))
+            // The token cannot be read now (a rotation half written?): keep the open client.
+            (Err(why), Some(c), _) => {
+                tracing::debug!(
+                    witness = format!("{id:x}"),
+                    "keeping the open witness client: {why}"
+                );
+                return Some((id, Ok(c)));
+            }
+            // Failed lately: not again yet.
+            (_, None, Some((why, at, _))) if at.elapsed() < REOPEN_AFTER => {
+                return Some((id, Err(why.clone())));
+            }
+            (Ok(u), had, _) => {
+                if had.is_some() {
+                    tracing::info!(
+                        witness = format!("{id:x}"),
+                        "the witness's SAS token changed: reopening its storage"
+                    );
+                }
+                open(u).map(|c| (c, digest(&u.to_url_string())))
+            }
+            (Err(why), None, _) => Err(why.clone()),
+        };
+        let mut current = self.lock();
+        let c = current.as_mut().filter(|c| c.id == id && c.url == url)?;
+        let answer = match attempt {
+            Ok((client, opened)) => {
+                if c.failed.take().is_some() {
+                    tracing::info!(witness = format!("{id:x}"), "the witness's storage opened");
+                }
+                c.client = Some(client.clone());
+                c.opened = opened;
+                Ok(client)
+            }
+            Err(why) => {
+                let logged = c.failed.as_ref().and_then(|f| f.2);
+                let again = c.failed.as_ref().is_none_or(|f| f.0 != why)
+                    || logged.is_none_or(|at| at.elapsed() >= REPEAT_WARNING);
+                if again {
+                    tracing::warn!(witness = format!("{id:x}"), "{why}");
+                }
+                c.client = None;
+                c.failed = Some((
+                    why.clone(),
+                    Instant::now(),
+                    if again { Some(Instant::now()) } else { logged },
+                ));
+                Err(why)
+            }
+        };
+        Some((id, answer))
+    }
+
+    /// Can this member use the witness `id` right now, as far as it knows without I/O: it is
+    /// the current witness, its storage opened, and no failure of it is being reported.
+    pub fn usable(&self, id: NodeId) -> bool {
+        let open = self
+            .lock()
+            .as_ref()
+            .is_some_and(|c| c.id == id && c.client.is_some());
+        open && self.metrics.witness_problem(USABLE_WINDOW).is_none()
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Option<Current>> {
         self.current.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
+
+/// A witness step or probe that failed within this long makes the witness count as unusable
+/// for the strict reconfiguration check.
+const USABLE_WINDOW: Duration = Duration::from_secs(30);
 
 /// Opens the storage a witness URL names.
 fn open(url: &WitnessUrl) -> Result<SharedWitness, String> {
