@@ -337,11 +337,12 @@ fn a_start_that_fails_on_the_witness_writes_nothing_and_the_corrected_flag_wins(
     );
 }
 
-/// The last resort, `--force-new-cluster`: refused on the member that is behind (the witness's
-/// record shows writes it lacks), and on the up-to-date member, with the witness lost, it makes
-/// that member the only voter with every acknowledged write.
+/// A member that is behind, alone with the witness, is refused its vote and says which member
+/// to start (finding 5.4). The last resort, `--force-new-cluster`, is refused on it too (the
+/// witness's record shows writes it lacks); on the up-to-date member, with the witness lost, it
+/// makes that member the only voter with every acknowledged write.
 #[test]
-fn force_new_cluster_refuses_the_member_behind_and_keeps_every_write_on_the_other() {
+fn a_member_behind_is_refused_and_named_and_force_new_cluster_keeps_every_write() {
     let (node, etcdutl) = bins();
     let mut c = Cluster::start(node, etcdutl, &["--witness-probe-interval", "1s"]);
     let rt = tokio::runtime::Runtime::new().unwrap();
@@ -362,6 +363,30 @@ fn force_new_cluster_refuses_the_member_behind_and_keeps_every_write_on_the_othe
         acked.push((k, v));
     }
     c.kill(l);
+    // Alone, the follower cannot be elected: the witness refuses its vote (its log lacks what
+    // the witness acknowledged), and it says so, naming the member to start (finding 5.4).
+    c.start_member(f);
+    let fep = c.members[f].url();
+    let other = format!("member {}", c.members[l].name);
+    wait(
+        &c,
+        f,
+        LEADER_WAIT,
+        "Status names the member to start",
+        || {
+            rt.block_on(status_errors(&fep))
+                .iter()
+                .any(|e| e.contains("refused this member's") && e.contains(&other))
+        },
+    );
+    let (code, body) = c.http_get(f, "/health").expect("/health");
+    assert!(code == 503 && body.contains(&other), "{code} {body}");
+    let log = c.log(f);
+    assert!(
+        log.contains("WARN") && log.contains("refused this member's") && log.contains(&other),
+        "{log}"
+    );
+    c.stop(f);
     // The follower lacks those writes and the witness's record says so: refused, unchanged.
     c.start_member_with(f, &["--force-new-cluster"], &[]);
     let started = Instant::now();

@@ -205,10 +205,17 @@ impl Api {
     /// unhealthy although it serves: the cluster has lost its tie-breaker, which it needs as soon
     /// as a member fails.
     pub async fn health(&self) -> (bool, String) {
+        let witness = self.metrics.witness_problem(WITNESS_ERROR_WINDOW);
         if self.status.borrow().leader == 0 {
-            return (false, "RAFT NO LEADER".into());
+            // etcd's reason, then why the witness cannot help (e.g. it refused this member's
+            // vote: which member must come back).
+            let reason = match witness {
+                Some(why) => format!("RAFT NO LEADER; WITNESS: {why}"),
+                None => "RAFT NO LEADER".into(),
+            };
+            return (false, reason);
         }
-        if let Some(why) = self.metrics.witness_problem(WITNESS_ERROR_WINDOW) {
+        if let Some(why) = witness {
             return (false, format!("WITNESS: {why}"));
         }
         match self.barrier().await {
