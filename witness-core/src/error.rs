@@ -35,7 +35,7 @@ pub enum Error {
     Lost { location: String, expected: u64 },
     /// `create` found a witness already there.
     #[error(
-        "a witness is already initialised at {location} (member {name:?}), and it may be in use (`etcdutl witness status` shows the cluster bound to it): a cluster that uses it records its generation and would refuse a witness initialised here again, losing its tie-breaker. To give a running cluster a new witness, initialise a new location and replace the witness member (docs/operations.md, \"Replacing the witness\"); pass --force only if no member of any cluster that used this witness will run again (its term and vote are discarded)"
+        "a witness is already initialised at {location} (member {name:?}), and it may be in use (`etcdutl witness status` shows the cluster bound to it): a cluster that uses it records its generation and would refuse a witness initialised here again, losing its tie-breaker. To give a running cluster a new witness, initialise a new location and replace the witness member (docs/operations.md, \"Moving or replacing the witness\"); pass --force only if no member of any cluster that used this witness will run again (its term and vote are discarded)"
     )]
     AlreadyInitialised { location: String, name: String },
     /// The stored record is damaged. Never fall back to an older one: restore or re-initialise.

@@ -258,7 +258,7 @@ fn warn_if_flags_ignored(cfg: &ServerConfig, stored: &[PbMember]) {
         "--data-dir {} already holds this member's data: its stored member list wins, and \
          --initial-cluster entries it does not hold ({}) are ignored, as etcd does. Change \
          members with `etcdctl member add|remove` (for the witness: docs/operations.md, \
-         \"Replacing the witness\"), or start from an empty --data-dir to bootstrap anew",
+         \"Moving or replacing the witness\"), or start from an empty --data-dir to bootstrap anew",
         cfg.data_dir.display(),
         ignored
             .iter()

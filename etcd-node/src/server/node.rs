@@ -836,8 +836,8 @@ fn refused_as_behind(reply: &WitnessResponse, others: &str) -> Option<String> {
         "the witness refused this member's {}vote: its log ends at term {} subterm {}, but the \
          witness acknowledged writes up to term {} subterm {} that only {others} holds; this \
          member cannot be elected without them (acknowledged writes would be lost). Start \
-         {others} again; this is expected and safe (docs/operations.md, \"A member and the \
-         witness are up, but no leader\")",
+         {others} again; this is expected and safe (docs/operations.md, \"What happens when \
+         something fails\": one member and the witness are up, but no leader)",
         if *pre { "pre-" } else { "" },
         request.last_log_term,
         request.last_log_subterm,
