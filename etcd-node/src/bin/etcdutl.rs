@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Context;
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{Args, Parser, Subcommand, ValueEnum};
 use etcd_node::config::ServerConfig;
 use etcd_node::mvcc::summarize;
 use etcd_node::server::restore::{RestoreOptions, restore};
@@ -85,13 +85,8 @@ enum WitnessCommand {
         /// The witness member's name, as in --initial-cluster NAME=witness:...
         #[arg(long)]
         name: String,
-        /// The witness's peer URL: witness:mount?path=<escaped path> or witness:azblob?uri=<escaped SAS URI>.
-        #[arg(
-            long = "advertise-peer-url",
-            alias = "initial-advertise-url",
-            value_name = "URL"
-        )]
-        advertise_peer_url: String,
+        #[command(flatten)]
+        url: PeerUrl,
         /// Replace an existing or corrupt witness (discards its term and vote; only while no node uses it).
         #[arg(long)]
         force: bool,
@@ -103,30 +98,39 @@ enum WitnessCommand {
         /// Client URLs of the cluster's members (host:port or http://host:port), comma-separated.
         #[arg(long, default_value = "127.0.0.1:2379", value_delimiter = ',')]
         endpoints: Vec<String>,
-        /// The witness's peer URL (initialised first with `etcdutl witness init`).
-        #[arg(
-            long = "advertise-peer-url",
-            alias = "initial-advertise-url",
-            value_name = "URL"
-        )]
-        advertise_peer_url: String,
+        #[command(flatten)]
+        url: PeerUrl,
         /// USER:PASSWORD of a root user, when authentication is enabled.
         #[arg(long)]
         user: Option<String>,
     },
     /// Show a witness's state.
     Status {
-        /// The witness's peer URL.
-        #[arg(
-            long = "advertise-peer-url",
-            alias = "initial-advertise-url",
-            value_name = "URL"
-        )]
-        advertise_peer_url: String,
+        #[command(flatten)]
+        url: PeerUrl,
         /// Output format.
         #[arg(short = 'w', long = "write-out", value_enum, default_value_t = Format::Table)]
         write_out: Format,
     },
+}
+
+/// The witness a command works on.
+#[derive(Args, Debug)]
+struct PeerUrl {
+    /// The witness's peer URL: witness:mount?path=<escaped path> or
+    /// witness:azblob?uri=<escaped SAS URI>.
+    #[arg(
+        long = "advertise-peer-url",
+        alias = "initial-advertise-url",
+        value_name = "URL"
+    )]
+    advertise_peer_url: String,
+}
+
+impl PeerUrl {
+    fn parse(&self) -> anyhow::Result<WitnessUrl> {
+        WitnessUrl::parse(&self.advertise_peer_url).context("--advertise-peer-url")
+    }
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -135,18 +139,14 @@ enum Format {
     Json,
 }
 
-fn parse_url(s: &str) -> anyhow::Result<WitnessUrl> {
-    WitnessUrl::parse(s).context("--advertise-peer-url")
-}
-
 async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Witness(WitnessCommand::Init {
             name,
-            advertise_peer_url,
+            url: peer,
             force,
         }) => {
-            let url = parse_url(&advertise_peer_url)?;
+            let url = peer.parse()?;
             let report = init(&InitOptions {
                 name: name.clone(),
                 url: url.clone(),
@@ -172,10 +172,10 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Witness(WitnessCommand::Add {
             endpoints,
-            advertise_peer_url,
+            url: peer,
             user,
         }) => {
-            let url = parse_url(&advertise_peer_url)?;
+            let url = peer.parse()?;
             let mut opts = etcd_client::ConnectOptions::new()
                 .with_connect_timeout(std::time::Duration::from_secs(5))
                 .with_timeout(std::time::Duration::from_secs(30));
@@ -192,7 +192,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             // "http://" to it)
             let added = client
                 .cluster_client()
-                .member_add(vec![advertise_peer_url], None)
+                .member_add(vec![peer.advertise_peer_url], None)
                 .await
                 .map_err(|e| match e {
                     // The server's message says what to do; the status code adds nothing.
@@ -209,10 +209,10 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             );
         }
         Command::Witness(WitnessCommand::Status {
-            advertise_peer_url,
+            url: peer,
             write_out,
         }) => {
-            let url = parse_url(&advertise_peer_url)?;
+            let url = peer.parse()?;
             let report = status(&url)
                 .await
                 .with_context(|| format!("etcdutl witness status {url}"))?;

@@ -473,10 +473,7 @@ impl Api {
                 "etcdserver: a witness cannot be a learner (it stores no log); add it without --learner",
             ));
         }
-        if let Some(w) = members
-            .iter()
-            .find(|m| super::node::regular_peer_url(m).is_none())
-        {
+        if let Some((w, _)) = super::node::witness_member(members) {
             return Err(Status::failed_precondition(format!(
                 "etcdserver: the cluster already has a witness, {} ({:x}); a cluster has one witness. \
                  To move it, remove it first (`etcdctl member remove {:x}`), then add the new one \
@@ -544,22 +541,22 @@ impl Api {
 /// Opens and reads the witness at `url` for `member add`, within [`WITNESS_READ_LIMIT`]: its
 /// location (redacted) and record.
 async fn load_witness(url: &WitnessUrl) -> Result<(String, Option<witness_core::Loaded>), Status> {
-    let store = crate::witness::open_store(url)
-        .map_err(|e| Status::failed_precondition(format!("etcdserver: witness {url}: {e}")))?;
-    let location = store.location();
-    let loaded = tokio::time::timeout(WITNESS_READ_LIMIT, store.load())
+    use crate::witness::Unread;
+    crate::witness::load_within(url, WITNESS_READ_LIMIT)
         .await
-        .map_err(|_| {
-            Status::unavailable(format!(
+        .map_err(|unread| match unread {
+            Unread::Open(e) => {
+                Status::failed_precondition(format!("etcdserver: witness {url}: {e}"))
+            }
+            Unread::TimedOut { location } => Status::unavailable(format!(
                 "etcdserver: the witness storage {location} did not answer within \
                  {WITNESS_READ_LIMIT:?} (share not mounted here, blob host unreachable?); \
                  nothing was changed"
-            ))
-        })?
-        .map_err(|e| {
-            Status::failed_precondition(format!("etcdserver: {e}; nothing was changed"))
-        })?;
-    Ok((location, loaded))
+            )),
+            Unread::Load(e) => {
+                Status::failed_precondition(format!("etcdserver: {e}; nothing was changed"))
+            }
+        })
 }
 
 fn bad_urls(why: &str) -> Status {

@@ -16,12 +16,12 @@
 
 use witness_core::WitnessUrl;
 
-use super::node::command_of;
+use super::node::{command_of, witness_member};
 use super::witness_slot::Credentials;
 use crate::mvcc::{Command, MemberChange, Mvcc};
 use crate::raft::{HardState, Membership, NodeId, Ready, Snapshot, SnapshotMeta, Storage};
 use crate::storage::disk::DiskStorage;
-use crate::witness::open_store;
+use crate::witness::load_within;
 
 /// Makes this member the only voter of its cluster. See the module invariants.
 pub async fn force_new_cluster(
@@ -76,7 +76,7 @@ pub async fn force_new_cluster(
     // Every other member (the witness included) leaves the member list.
     let mut index = last_index;
     let others: Vec<_> = mvcc.members()?.into_iter().filter(|m| m.id != me).collect();
-    if others.is_empty() && disk.snapshot().meta.membership.voters.len() == 1 {
+    if others.is_empty() && snapshot.meta.membership.voters.len() == 1 {
         tracing::warn!(
             "--force-new-cluster: this member is already the only one of its cluster; nothing \
              to do. Remove the flag: with it, every restart would remove members added since"
@@ -140,14 +140,10 @@ async fn read_witness(
     credentials: &Credentials,
 ) -> Option<witness_core::WitnessState> {
     let members = mvcc.members().ok()?;
-    let url = members
-        .iter()
-        .find_map(|m| m.peer_ur_ls.first().filter(|u| WitnessUrl::is_witness(u)))?;
+    let (_, url) = witness_member(&members)?;
     let url = credentials.resolve(&WitnessUrl::parse(url).ok()?).ok()?;
-    let store = open_store(&url).ok()?;
-    let loaded = tokio::time::timeout(std::time::Duration::from_secs(10), store.load())
+    let (_, loaded) = load_within(&url, std::time::Duration::from_secs(10))
         .await
-        .ok()?
-        .ok()??;
-    Some(loaded.state)
+        .ok()?;
+    Some(loaded?.state)
 }

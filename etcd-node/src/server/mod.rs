@@ -37,7 +37,7 @@ use crate::config::{ClusterState, HttpUrl, PeerUrls, ServerConfig};
 use crate::mvcc::Mvcc;
 use crate::raft::{self, KnownWitness, Membership, Raft, Storage};
 use crate::storage::disk::DiskStorage;
-use crate::witness::open_store;
+use crate::witness::{Unread, load_within};
 use api::{Api, MAX_REQUEST_BYTES};
 use lessor::Lessor;
 use metrics::Metrics;
@@ -186,17 +186,16 @@ pub(crate) async fn read_witness_at_bootstrap(
     let resolved = credentials(cfg)
         .resolve(url)
         .map_err(|e| anyhow::anyhow!("--initial-cluster {name}={url}: {e}; {nothing_written}"))?;
-    let store = open_store(&resolved)
-        .with_context(|| format!("--initial-cluster {name}={url}: {nothing_written}"))?;
-    let loaded = tokio::time::timeout(BOOTSTRAP_WITNESS_TIMEOUT, store.load())
+    let (location, loaded) = load_within(&resolved, BOOTSTRAP_WITNESS_TIMEOUT)
         .await
-        .map_err(|_| {
-            anyhow::anyhow!(
+        .map_err(|unread| match unread {
+            Unread::TimedOut { .. } => anyhow::anyhow!(
                 "--initial-cluster {name}={url}: the witness storage did not answer within {:?} (share not mounted, blob host unreachable?); {nothing_written}",
                 BOOTSTRAP_WITNESS_TIMEOUT
-            )
-        })?
-        .with_context(|| format!("--initial-cluster {name}={url}: {nothing_written}"))?;
+            ),
+            Unread::Open(e) | Unread::Load(e) => anyhow::Error::from(e)
+                .context(format!("--initial-cluster {name}={url}: {nothing_written}")),
+        })?;
     let Some(loaded) = loaded else {
         bail!(
             "--initial-cluster {name}={url}: the witness is not initialised; initialise it once, before the cluster's first start: `etcdutl witness init --name {name} --advertise-peer-url '{url}'`; {nothing_written}"
@@ -207,7 +206,7 @@ pub(crate) async fn read_witness_at_bootstrap(
         bail!(
             "--initial-cluster {name}={url}: {}; {nothing_written}",
             witness_core::Error::WrongCluster {
-                location: store.location(),
+                location,
                 stored: state.cluster_id,
                 requested: cluster_id,
             }

@@ -846,6 +846,16 @@ fn refused_as_behind(reply: &WitnessResponse, others: &str) -> Option<String> {
     ))
 }
 
+/// The witness of a member list, with its (stored) witness URL.
+pub fn witness_member(
+    members: &[etcd_client::proto::PbMember],
+) -> Option<(&etcd_client::proto::PbMember, &str)> {
+    members.iter().find_map(|m| {
+        let url = m.peer_ur_ls.first().filter(|u| WitnessUrl::is_witness(u))?;
+        Some((m, url.as_str()))
+    })
+}
+
 /// The peer URL a regular member is reached at (none for the witness: it is storage).
 pub fn regular_peer_url(m: &etcd_client::proto::PbMember) -> Option<&str> {
     m.peer_ur_ls

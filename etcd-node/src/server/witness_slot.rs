@@ -26,7 +26,7 @@ use witness_core::url::BlobSasUri;
 use witness_core::{Witness, WitnessUrl};
 
 use super::metrics::Metrics;
-use super::node::SharedWitness;
+use super::node::{SharedWitness, witness_member};
 use crate::raft::NodeId;
 use crate::witness::open_store;
 
@@ -134,10 +134,7 @@ impl WitnessSlot {
     /// (it runs on the Raft thread): the storage is opened by the first [`WitnessSlot::get`].
     /// A new or departed witness clears what was reported of the old one.
     pub fn follow(&self, members: &[PbMember]) {
-        let named = members.iter().find_map(|m| {
-            let url = m.peer_ur_ls.first().filter(|u| WitnessUrl::is_witness(u))?;
-            Some((m.id, url.clone()))
-        });
+        let named = witness_member(members).map(|(m, url)| (m.id, url.to_string()));
         let mut current = self.lock();
         let unchanged = match (&*current, &named) {
             (Some(c), Some((id, url))) => c.id == *id && c.url == *url,
