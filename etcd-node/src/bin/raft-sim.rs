@@ -32,10 +32,14 @@ struct Args {
     /// Turn check-quorum off (deposed leaders linger: reads on them are tested harder).
     #[arg(long)]
     no_check_quorum: bool,
-    /// Never crash a leader between sending its appends and persisting them (the random
-    /// sequence of runs recorded before that fault existed).
+    /// Never crash a node inside a Ready (the random sequence of runs recorded before that
+    /// fault existed).
     #[arg(long)]
     no_crash_before_persist: bool,
+    /// No held deliveries and no clock drift (the random sequence of runs recorded before
+    /// those faults existed).
+    #[arg(long)]
+    no_timing_faults: bool,
 }
 
 fn main() -> ExitCode {
@@ -55,6 +59,7 @@ fn main() -> ExitCode {
         liveness_ticks: a.liveness_ticks,
         check_quorum: !a.no_check_quorum,
         crash_before_persist: !a.no_crash_before_persist,
+        timing: !a.no_timing_faults,
         ..RandomRun::new(a.regular, a.witness)
     };
     let started = Instant::now();
@@ -71,6 +76,8 @@ fn main() -> ExitCode {
                 total.transfers += s.transfers;
                 total.crashes += s.crashes;
                 total.crashes_before_persist += s.crashes_before_persist;
+                total.crashes_after_persist += s.crashes_after_persist;
+                total.held += s.held;
             }
             Err(e) => {
                 eprintln!("FAILED {e}");
@@ -81,7 +88,7 @@ fn main() -> ExitCode {
     let secs = started.elapsed().as_secs_f64();
     let t = &total;
     println!(
-        "{} seeds passed ({run:?}) in {secs:.1} s: {} ticks ({:.0} ticks/s), {} entries applied, {} witness writes, {} configuration changes, {} snapshots installed, {} reads served, {} leader transfers, {} crashes ({} of them between a leader's sends and its fsync)",
+        "{} seeds passed ({run:?}) in {secs:.1} s: {} ticks ({:.0} ticks/s), {} entries applied, {} witness writes, {} configuration changes, {} snapshots installed, {} reads served, {} leader transfers, {} crashes ({} between early sends and the fsync, {} between the fsync and the rest of a Ready), {} deliveries held 10-60 ticks",
         a.seeds,
         t.ticks,
         t.ticks as f64 / secs,
@@ -92,7 +99,9 @@ fn main() -> ExitCode {
         t.reads_served,
         t.transfers,
         t.crashes,
-        t.crashes_before_persist
+        t.crashes_before_persist,
+        t.crashes_after_persist,
+        t.held
     );
     ExitCode::SUCCESS
 }

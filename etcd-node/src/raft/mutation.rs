@@ -20,4 +20,10 @@ pub enum Mutation {
     /// Nodes forget what they saw of the witness: every witness step goes out without the
     /// generation and history to check, so a wiped or reverted witness is trusted.
     ForgetWitnessIdentity,
+    /// A node sends its vote replies before its vote is persisted (everything else in order).
+    VoteBeforePersist,
+    /// The leader counts its own entries toward commit before they are persisted.
+    CommitBeforePersist,
+    /// The leader credits a witness acknowledgement from an older subterm to the current one.
+    CreditStaleSubtermAck,
 }

@@ -401,10 +401,21 @@ impl Raft {
 
     /// Starts an election (or a pre-vote round). Also callable by tests and the host.
     pub fn campaign(&mut self) {
-        if self.role == Role::Leader || !self.promotable() {
+        if self.role == Role::Leader || !self.promotable() || self.unapplied_conf_change() {
             return;
         }
         self.start_campaign(self.cfg.pre_vote, false);
+    }
+
+    /// Whether a committed configuration change is not applied yet. A node does not campaign
+    /// then (etcd's guard): it would count votes in a configuration already replaced.
+    fn unapplied_conf_change(&self) -> bool {
+        self.commit > self.applied
+            && self
+                .log
+                .slice(self.applied + 1, self.commit)
+                .iter()
+                .any(|e| matches!(e.data, EntryData::ConfChange(_)))
     }
 
     fn start_campaign(&mut self, pre: bool, transfer: bool) {
@@ -832,7 +843,7 @@ impl Raft {
                 self.send(m.from, term, Body::HeartbeatResp { read });
             }
             Body::TimeoutNow => {
-                if self.role != Role::Leader && self.promotable() {
+                if self.role != Role::Leader && self.promotable() && !self.unapplied_conf_change() {
                     self.start_campaign(false, true);
                 }
             }
@@ -1123,6 +1134,9 @@ impl Raft {
     /// A regular member's persisted index as the leader knows it.
     fn match_of(&self, id: NodeId) -> u64 {
         if id == self.cfg.id {
+            if self.mutated(Mutation::CommitBeforePersist) {
+                return self.last_index();
+            }
             return self.persisted;
         }
         let lead = self.lead.as_ref().expect("leader");
@@ -1469,11 +1483,15 @@ impl Raft {
                 {
                     return;
                 }
+                let stale_ack_credited = self.mutated(Mutation::CreditStaleSubtermAck);
                 let lead = self.leading();
                 lead.witness_inflight = None;
                 if let AppendReply::Ack { index, .. } = reply {
                     lead.witness_match = lead.witness_match.max(index);
                     lead.witness_subterm = lead.witness_subterm.max(Some(request.entry_subterm));
+                    if stale_ack_credited {
+                        lead.witness_subterm = Some(lead.subterm);
+                    }
                 }
                 self.maybe_commit();
             }
@@ -1673,6 +1691,12 @@ impl Raft {
         // term, so only once term and vote are durable.
         let early_messages = if self.mutated(Mutation::SendBeforePersist) {
             std::mem::take(&mut messages)
+        } else if self.mutated(Mutation::VoteBeforePersist) && self.role != Role::Leader {
+            let (early, late) = messages
+                .into_iter()
+                .partition(|m| matches!(m.body, Body::VoteResp { .. }));
+            messages = late;
+            early
         } else if self.role == Role::Leader
             && (hs.term, hs.vote) == (self.persisted_hs.term, self.persisted_hs.vote)
         {
@@ -1720,5 +1744,40 @@ impl Raft {
             }
         }
         self.maybe_leave_joint();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::raft::{MemStorage, Voters};
+
+    /// docs/raft.md, "Bugs the simulator must catch": with four or more regular voters only the
+    /// outgoing half's granting voters keep the witness from electing a candidate that misses a
+    /// committed entry, and the simulator's joint changes cannot show it. The request must
+    /// carry them.
+    #[test]
+    fn joint_witness_vote_lists_both_halves() {
+        let half = |regular: [NodeId; 2]| Voters {
+            regular: regular.into_iter().collect(),
+            witness: Some(4),
+        };
+        let joint = Membership {
+            voters: half([1, 2]),
+            outgoing: Some(half([1, 3])),
+            learners: BTreeSet::new(),
+        };
+        let mut cfg = Config::new(1);
+        cfg.pre_vote = false;
+        let mut raft = Raft::new(cfg, &MemStorage::bootstrap(joint, None)).expect("a valid node");
+        raft.campaign();
+        let ready = raft.ready();
+        let vote = ready.witness_requests.iter().find_map(|r| match r {
+            WitnessRequest::Vote { request, .. } => Some(request),
+            _ => None,
+        });
+        let vote = vote.expect("the witness's vote completes both halves at once");
+        assert_eq!(vote.granted, vec![1]);
+        assert_eq!(vote.granted_outgoing, vec![1]);
     }
 }

@@ -110,6 +110,17 @@ impl MemStorage {
         self.entries.extend_from_slice(entries);
     }
 
+    /// Whether `e` is persisted here (in the log, or covered by the snapshot).
+    pub fn holds(&self, e: &Entry) -> bool {
+        let snap = &self.snapshot.meta;
+        if e.index <= snap.index {
+            return e.index < snap.index || e.term == snap.term;
+        }
+        self.entries
+            .get((e.index - snap.index - 1) as usize)
+            .is_some_and(|mine| mine.term == e.term)
+    }
+
     /// Installs a snapshot received from the leader: the log is replaced by it.
     pub fn install(&mut self, snapshot: Snapshot) {
         self.entries.clear();

@@ -20,8 +20,16 @@ pub struct Faults {
     /// Delivery delay range [min, max] in ticks (reordering comes from different delays).
     pub min_delay: u64,
     pub max_delay: u64,
-    /// Per Ready with early messages: the node sends them, then crashes before persisting.
-    pub crash_before_persist: f64,
+    /// Per Ready that persists something (any node): the node crashes inside it, either after
+    /// sending its early messages and before persisting, or after persisting and before sending
+    /// the rest, running its witness steps and applying.
+    pub crash_in_ready: f64,
+    /// Per delivery (messages, witness steps and witness replies): held for 10 to 60 ticks
+    /// instead of the usual delay (a stalled connection, a slow storage request).
+    pub hold: f64,
+    /// Clock drift: each node's clock runs at a rate drawn from [1 - drift, 1 + drift] of the
+    /// simulation's (0: every clock ticks in lockstep).
+    pub drift: f64,
 }
 
 impl Faults {
@@ -32,7 +40,9 @@ impl Faults {
             duplicate: 0.0,
             min_delay: 1,
             max_delay: 1,
-            crash_before_persist: 0.0,
+            crash_in_ready: 0.0,
+            hold: 0.0,
+            drift: 0.0,
         }
     }
 }
@@ -46,8 +56,12 @@ pub struct Stats {
     pub witness_writes: u64,
     pub committed: u64,
     pub crashes: u64,
-    /// Crashes of a leader between sending its appends and persisting them.
+    /// Crashes between sending early messages and persisting.
     pub crashes_before_persist: u64,
+    /// Crashes after persisting and before sending, stepping the witness and applying.
+    pub crashes_after_persist: u64,
+    /// Deliveries held 10 to 60 ticks.
+    pub held: u64,
     pub snapshots_installed: u64,
     pub reads_served: u64,
     pub conf_changes: u64,
@@ -71,6 +85,8 @@ enum Event {
         node: NodeId,
         response: WitnessResponse,
     },
+    /// A node that crashed inside a Ready is started again (a supervisor restarting it).
+    Restart(NodeId),
 }
 
 #[derive(Debug)]
@@ -78,6 +94,8 @@ struct Node {
     raft: Option<Raft>,
     storage: MemStorage,
     config: Config,
+    /// Clock rate relative to the simulation's, and the fraction of a tick accumulated.
+    clock: Option<(f64, f64)>,
 }
 
 /// The witness's cluster id in simulations.
@@ -193,6 +211,7 @@ impl Cluster {
                 raft: Some(raft),
                 storage,
                 config,
+                clock: None,
             },
         );
     }
@@ -271,6 +290,17 @@ impl Cluster {
             self.checker
                 .restarted(id, self.nodes[&id].storage.snapshot().meta.index);
             self.stats.crashes += 1;
+        }
+    }
+
+    /// A crash inside a Ready; half the time a supervisor starts the node again within 20
+    /// ticks (before its peers' timers run out, so it rejoins what it may have forgotten).
+    fn crash_in_ready(&mut self, id: NodeId) {
+        self.crash(id);
+        if self.rng.random_bool(0.5) {
+            self.seq += 1;
+            let at = self.now + self.rng.random_range(1..=20);
+            self.queue.insert((at, self.seq), Event::Restart(id));
         }
     }
 
@@ -440,9 +470,14 @@ impl Cluster {
             if self.rng.random_bool(self.faults.drop) {
                 continue;
             }
-            let delay = self
-                .rng
-                .random_range(self.faults.min_delay..=self.faults.max_delay);
+            let held = self.faults.hold > 0.0 && self.rng.random_bool(self.faults.hold);
+            let delay = if held {
+                self.stats.held += 1;
+                self.rng.random_range(10..=60)
+            } else {
+                self.rng
+                    .random_range(self.faults.min_delay..=self.faults.max_delay)
+            };
             self.seq += 1;
             let e = match &event {
                 Event::Message(m) => Event::Message(m.clone()),
@@ -454,6 +489,7 @@ impl Cluster {
                     node: *node,
                     response: response.clone(),
                 },
+                Event::Restart(node) => Event::Restart(*node),
             };
             self.queue.insert((self.now + delay, self.seq), e);
         }
@@ -470,19 +506,27 @@ impl Cluster {
                 return;
             }
             let ready = raft.ready();
+            self.check_commit_durable(id, &ready);
+            let persists =
+                ready.hard_state.is_some() || !ready.entries.is_empty() || ready.snapshot.is_some();
             // (no draw when the fault is off: the random sequence stays as it was)
-            let crash = !ready.early_messages.is_empty()
-                && self.faults.crash_before_persist > 0.0
-                && self.rng.random_bool(self.faults.crash_before_persist);
+            let crash = persists
+                && self.faults.crash_in_ready > 0.0
+                && self.rng.random_bool(self.faults.crash_in_ready);
+            let after_persist = crash && self.rng.random_bool(0.5);
+            let node = &self.nodes[&id];
+            let log = node.raft.as_ref().expect("a live node").log();
+            self.checker
+                .promises(id, &node.storage, log, &ready.early_messages);
             for m in ready.early_messages.iter().cloned() {
                 self.stats.messages += 1;
                 let to = m.to;
                 self.schedule(Event::Message(m), id, to);
             }
-            if crash {
-                // Dies with its appends on the wire and its own fsync not done.
+            if crash && !after_persist {
+                // Dies with its early messages on the wire and its own fsync not done.
                 self.stats.crashes_before_persist += 1;
-                self.crash(id);
+                self.crash_in_ready(id);
                 return;
             }
             let node = self.nodes.get_mut(&id).expect("node");
@@ -493,7 +537,15 @@ impl Cluster {
             if let Some(hs) = ready.hard_state {
                 node.storage.set_hard_state(hs);
             }
+            if after_persist {
+                // Durable, but nothing sent, no witness step run, nothing applied.
+                self.stats.crashes_after_persist += 1;
+                self.crash_in_ready(id);
+                return;
+            }
             let raft = node.raft.as_mut().expect("a live node");
+            self.checker
+                .promises(id, &node.storage, raft.log(), &ready.messages);
             raft.advance(&ready);
             self.max_commit = self.max_commit.max(raft.commit());
             if let Some(snapshot) = &ready.snapshot {
@@ -615,9 +667,11 @@ impl Cluster {
         self.stats.ticks += 1;
         let ids: Vec<NodeId> = self.nodes.keys().copied().collect();
         for &id in &ids {
-            if let Some(r) = self.nodes.get_mut(&id).and_then(|n| n.raft.as_mut()) {
-                r.tick();
-                self.process(id);
+            for _ in 0..self.node_ticks(id) {
+                if let Some(r) = self.nodes.get_mut(&id).and_then(|n| n.raft.as_mut()) {
+                    r.tick();
+                    self.process(id);
+                }
             }
         }
         while let Some(entry) = self.queue.first_entry() {
@@ -633,6 +687,7 @@ impl Cluster {
                     }
                 }
                 Event::WitnessStep { node, request } => self.witness_step(node, request),
+                Event::Restart(node) => self.restart(node),
                 Event::WitnessReply { node, response } => {
                     if let Some(r) = self.nodes.get_mut(&node).and_then(|n| n.raft.as_mut()) {
                         r.step_witness(response);
@@ -647,6 +702,47 @@ impl Cluster {
             .filter_map(|n| n.raft.as_ref())
             .collect();
         self.checker.check(self.now, &live)
+    }
+
+    /// How many times node `id`'s clock ticks during this simulation tick (1 without drift).
+    fn node_ticks(&mut self, id: NodeId) -> u32 {
+        let drift = self.faults.drift;
+        if drift <= 0.0 {
+            return 1;
+        }
+        let rate = match self.nodes[&id].clock {
+            Some((rate, _)) => rate,
+            None => self.rng.random_range(1.0 - drift..=1.0 + drift),
+        };
+        let node = self.nodes.get_mut(&id).expect("node");
+        let elapsed = node.clock.map_or(0.0, |(_, f)| f) + rate;
+        node.clock = Some((rate, elapsed.fract()));
+        elapsed.trunc() as u32
+    }
+
+    /// A leader's Ready about to be persisted: every entry its commit index now covers is
+    /// durable on a quorum already (on the storage of a majority of the voters, the witness
+    /// counting when its register's log position covers the entry), whatever the leader counts.
+    fn check_commit_durable(&mut self, id: NodeId, ready: &crate::raft::Ready) {
+        let Some(hs) = ready.hard_state else { return };
+        let raft = self.nodes[&id].raft.as_ref().expect("a live node");
+        let known = raft.witness_known();
+        let holds = |v: NodeId, e: &Entry| match self.witnesses.get(&v) {
+            Some(register) => {
+                let position = register.last_log_position();
+                // A wiped or reverted register holds nothing, but members refuse it (its
+                // generation or history differs from what they saw): not a durability question.
+                position >= (e.term, e.subterm)
+                    || known.is_some_and(|k| {
+                        k.id == v
+                            && (k.seen.generation != register.generation
+                                || position < (k.seen.log_term, k.seen.log_subterm))
+                    })
+            }
+            None => self.nodes.get(&v).is_some_and(|n| n.storage.holds(e)),
+        };
+        self.checker
+            .commit_durable(raft, hs.commit, |m, e| m.majority(|v| holds(v, e)));
     }
 
     /// Ticks until `done` holds or `max` ticks pass; true if it held.

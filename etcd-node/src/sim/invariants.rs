@@ -18,7 +18,8 @@ use std::fmt;
 use witness_core::WitnessState;
 
 use crate::raft::{
-    Entry, EntryData, Membership, NodeId, Raft, ReadState, Role, SnapshotMeta, WitnessRequest,
+    Body, Entry, EntryData, MemStorage, Membership, Message, NodeId, Raft, RaftLog, ReadState,
+    Role, SnapshotMeta, Storage, WitnessRequest,
 };
 
 /// An invariant that did not hold.
@@ -53,6 +54,9 @@ pub struct Checker {
     reads: BTreeMap<Vec<u8>, u64>,
     pending: Option<String>,
     ticks_checked: u64,
+    /// Per node: the highest commit index its Readys carried (checked for durability up to it
+    /// when it led), and the configuration it had at its last Ready.
+    commits: BTreeMap<NodeId, (u64, Membership)>,
 }
 
 impl Checker {
@@ -107,6 +111,76 @@ impl Checker {
                     self.fail(what);
                 }
                 self.committed.insert(e.index, e.clone());
+            }
+        }
+    }
+
+    /// A node's Ready carries commit index `commit`, before it is persisted. If it leads, every
+    /// entry the index newly covers must be durable on a quorum already (`durable`), in the
+    /// configuration in effect now or at its previous Ready (a change applied between its commit
+    /// decision and this Ready does not move what was counted).
+    pub fn commit_durable(
+        &mut self,
+        node: &Raft,
+        commit: u64,
+        durable: impl Fn(&Membership, &Entry) -> bool,
+    ) {
+        let (from, before) = self
+            .commits
+            .insert(node.id(), (commit, node.membership().clone()))
+            .unwrap_or((0, node.membership().clone()));
+        if node.role() != Role::Leader || commit <= from {
+            self.commits.get_mut(&node.id()).expect("inserted").0 = from.max(commit);
+            return;
+        }
+        let lacking = (from + 1..=commit)
+            .filter_map(|i| node.log().entry(i))
+            .find(|e| !durable(node.membership(), e) && !durable(&before, e));
+        if let Some(e) = lacking {
+            let what = format!(
+                "durable commit: leader {} of term {} commits entry {} (term {}, subterm {}) before a quorum of {:?} persisted it",
+                node.id(),
+                node.term(),
+                e.index,
+                e.term,
+                e.subterm,
+                node.membership()
+            );
+            self.fail(what);
+        }
+    }
+
+    /// Node `node` sends `messages` while its storage holds `storage`: every promise in them is
+    /// durable already (a granted vote is persisted with its term; an acknowledged index is
+    /// persisted with the entry `log` has there). A promise made before the fsync is forgotten
+    /// by a crash that keeps the message on the wire.
+    pub fn promises(
+        &mut self,
+        node: NodeId,
+        storage: &MemStorage,
+        log: &RaftLog,
+        messages: &[Message],
+    ) {
+        for m in messages {
+            let kept = match m.body {
+                Body::VoteResp {
+                    pre: false,
+                    granted: true,
+                } => {
+                    let hs = storage.hard_state();
+                    (hs.term, hs.vote) == (m.term, m.to)
+                }
+                Body::AppendResp {
+                    index,
+                    reject: false,
+                } => log.entry(index).is_none_or(|e| storage.holds(e)),
+                _ => true,
+            };
+            if !kept {
+                self.fail(format!(
+                    "promise before persistence: node {node} sends {:?} in term {} to {} before persisting it",
+                    m.body, m.term, m.to
+                ));
             }
         }
     }
@@ -183,6 +257,11 @@ impl Checker {
                     new.term, new.voted_for
                 ));
             }
+        }
+        if let WitnessRequest::Vote { pre: true, .. } = request {
+            self.fail(format!(
+                "witness {witness} written by {node}'s pre-vote ({old:?} -> {new:?})"
+            ));
         }
         if let WitnessRequest::Append(r) = request
             && (!r.replication_set.contains(&witness)
@@ -290,7 +369,12 @@ impl Checker {
             .filter(|&v| leader.membership().is_regular_voter(v))
             .collect();
         for v in joined {
-            let Some(node) = live.iter().find(|n| n.id() == v) else {
+            // A node already in a later term may have had its log cut by a newer leader since
+            // it acknowledged this one: its log now says nothing about what it held then.
+            let Some(node) = live
+                .iter()
+                .find(|n| n.id() == v && n.term() <= leader.term())
+            else {
                 continue;
             };
             let held = node.log();

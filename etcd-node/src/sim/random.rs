@@ -66,9 +66,13 @@ pub struct RandomRun {
     /// Check-quorum on the nodes. Off, a deposed leader keeps believing it leads until it hears
     /// a higher term, which makes reads on it a sharper test.
     pub check_quorum: bool,
-    /// Now and then a leader crashes after sending its appends and before persisting them.
-    /// Off, runs follow the random sequence they had before that fault existed.
+    /// Now and then a node crashes inside a Ready: after sending its early messages and before
+    /// persisting, or after persisting and before the rest (at a rate the seed picks). Off, runs
+    /// follow the random sequence they had before that fault existed.
     pub crash_before_persist: bool,
+    /// Timing faults: deliveries held 10-60 ticks (witness steps and replies too) and clocks
+    /// that drift (each at a rate the seed picks).
+    pub timing: bool,
     /// A deliberate bug on every node and the witness (tests of the simulator only).
     #[cfg(feature = "mutations")]
     pub mutation: Option<crate::raft::Mutation>,
@@ -84,6 +88,7 @@ impl RandomRun {
             liveness_ticks: 2000,
             check_quorum: true,
             crash_before_persist: true,
+            timing: true,
             #[cfg(feature = "mutations")]
             mutation: None,
         }
@@ -106,6 +111,11 @@ impl RandomRun {
             command
         } else {
             format!("{command} --no-crash-before-persist")
+        };
+        let command = if self.timing {
+            command
+        } else {
+            format!("{command} --no-timing-faults")
         };
         #[cfg(feature = "mutations")]
         if let Some(m) = self.mutation {
@@ -136,16 +146,26 @@ pub fn run_seed(seed: u64, run: &RandomRun) -> Result<Stats, String> {
     {
         c.witness_mutation = run.mutation;
     }
+    // (no draw when a fault family is off: the random sequence stays as it was before it)
+    let crash_in_ready = if run.crash_before_persist {
+        [0.0005, 0.005, 0.03][c.rng().random_range(0..3)]
+    } else {
+        0.0
+    };
+    let (hold, drift) = if run.timing {
+        let hold = [0.0, 0.001, 0.005][c.rng().random_range(0..3)];
+        (hold, [0.0, 0.1, 0.3][c.rng().random_range(0..3)])
+    } else {
+        (0.0, 0.0)
+    };
     c.faults = Faults {
         drop: 0.05,
         duplicate: 0.02,
         min_delay: 1,
         max_delay: 4,
-        crash_before_persist: if run.crash_before_persist {
-            0.0005
-        } else {
-            0.0
-        },
+        crash_in_ready,
+        hold,
+        drift,
     };
     let mut payload = 0u64;
     let mut next_id: NodeId = 10;
