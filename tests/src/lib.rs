@@ -8,6 +8,8 @@
 
 pub mod azurite;
 pub mod cluster;
+pub mod faults;
+pub mod linearizable;
 pub mod python;
 pub mod sshfs;
 

@@ -1,0 +1,57 @@
+//! The fault campaign against real etcd-node processes (e2e_tests::faults): `bash
+//! scripts/faults.sh [--runs N] [--seed S]`. Exits non-zero with the failing seed and its replay
+//! command on the first lost write, linearizability violation or divergence.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Parser;
+use e2e_tests::faults::{Options, campaign};
+
+#[derive(Parser, Debug)]
+#[command(about = "Fault runs against a local two-member cluster with a witness directory")]
+struct Args {
+    /// Fault runs (one fault each).
+    #[arg(long, default_value_t = 20)]
+    runs: u64,
+    /// Seed of the first run (run i uses seed + i).
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Concurrent clients.
+    #[arg(long, default_value_t = 8)]
+    clients: usize,
+    /// Keys per run.
+    #[arg(long, default_value_t = 64)]
+    keys: u64,
+    /// Where etcd-node and etcdutl are (default: next to this binary).
+    #[arg(long)]
+    bin_dir: Option<PathBuf>,
+}
+
+fn main() -> ExitCode {
+    let a = Args::parse();
+    let dir = a.bin_dir.unwrap_or_else(|| {
+        std::env::current_exe()
+            .ok()
+            .and_then(|p| p.parent().map(PathBuf::from))
+            .unwrap_or_default()
+    });
+    let options = Options {
+        runs: a.runs,
+        seed: a.seed,
+        clients: a.clients,
+        keys: a.keys,
+    };
+    let started = std::time::Instant::now();
+    match campaign(&dir.join("etcd-node"), &dir.join("etcdutl"), &options) {
+        Ok(report) => {
+            print!("{}", report.summary());
+            println!("in {:.0} s", started.elapsed().as_secs_f64());
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("FAILED {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,403 @@
+//! The fault campaign: a local cluster of real etcd-node processes (two members and a witness in
+//! a directory) under a mixed client workload (puts, linearizable reads, compare-and-swap
+//! transactions through etcd's gRPC API), with one fault per run chosen and timed from a seed:
+//! SIGKILL and restart of a member, SIGSTOP/SIGCONT of a member, the witness's directory made
+//! unreachable. After each run the faults are healed and the campaign checks that every key's
+//! history is linearizable (acknowledged writes lost or reordered show there), that both
+//! members hold the same value for every key, and that their HashKV agree. It reports how long
+//! each fault family took to recover (from the heal to the first acknowledged write).
+//!
+//! `bash scripts/faults.sh [--runs N] [--seed S]` runs it; `cargo test` runs a short slice
+//! (etcd-node/tests/faults.rs).
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use etcd_client::{Client, Compare, CompareOp, Txn, TxnOp};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use crate::cluster::Cluster;
+use crate::linearizable::{self, Event, Op};
+
+/// What a campaign does.
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub runs: u64,
+    pub seed: u64,
+    /// Concurrent clients (each on one member, alternating).
+    pub clients: usize,
+    /// Keys per run (each run writes its own keys, so histories stay short).
+    pub keys: u64,
+}
+
+/// A fault, as injected.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Family {
+    Kill,
+    Pause,
+    WitnessGone,
+}
+
+/// What a campaign saw.
+#[derive(Debug, Default)]
+pub struct Report {
+    pub runs: u64,
+    pub operations: u64,
+    pub acknowledged_writes: u64,
+    pub unknown_outcomes: u64,
+    /// Per fault family: the recovery times (heal to the first acknowledged write).
+    pub recoveries: BTreeMap<Family, Vec<Duration>>,
+}
+
+impl Report {
+    /// One line per fault family: runs, median and longest recovery.
+    pub fn summary(&self) -> String {
+        let mut out = format!(
+            "{} runs, {} operations ({} acknowledged writes, {} unknown outcomes), 0 lost, 0 linearizability violations\n",
+            self.runs, self.operations, self.acknowledged_writes, self.unknown_outcomes
+        );
+        for (family, times) in &self.recoveries {
+            let mut t = times.clone();
+            t.sort();
+            out.push_str(&format!(
+                "  {family:?}: {} runs, recovery median {:.2} s, longest {:.2} s\n",
+                t.len(),
+                t[t.len() / 2].as_secs_f64(),
+                t[t.len() - 1].as_secs_f64()
+            ));
+        }
+        out
+    }
+}
+
+type History = Arc<Mutex<BTreeMap<String, Vec<Event>>>>;
+
+/// Runs the campaign; the error names the seed and run that failed and what it found.
+pub fn campaign(node_bin: &Path, etcdutl: &Path, o: &Options) -> Result<Report, String> {
+    let cluster = Cluster::start(node_bin, etcdutl, &[]);
+    cluster.wait_leader(Duration::from_secs(30));
+    let rt = tokio::runtime::Runtime::new().map_err(|e| e.to_string())?;
+    let mut cluster = cluster;
+    let mut report = Report::default();
+    for run in 0..o.runs {
+        let seed = o.seed.wrapping_add(run);
+        one_run(&mut cluster, &rt, o, seed, &mut report).map_err(|e| {
+            format!(
+                "fault run with seed {seed} failed: {e}\nreplay: bash scripts/faults.sh --runs 1 --seed {seed}\nmember logs in {}",
+                cluster.dir.path().display()
+            )
+        })?;
+        report.runs += 1;
+    }
+    Ok(report)
+}
+
+fn one_run(
+    cluster: &mut Cluster,
+    rt: &tokio::runtime::Runtime,
+    o: &Options,
+    seed: u64,
+    report: &mut Report,
+) -> Result<(), String> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let endpoints = cluster.endpoints();
+    let history: History = Arc::default();
+    let stop = Arc::new(AtomicBool::new(false));
+    let epoch = Instant::now();
+    let prefix = format!("faults/{seed}/");
+    let mut clients = Vec::new();
+    for c in 0..o.clients {
+        let endpoint = endpoints[c % endpoints.len()].clone();
+        let (history, stop, prefix) = (history.clone(), stop.clone(), prefix.clone());
+        let (keys, client_seed) = (o.keys, rng.random::<u64>());
+        clients.push(rt.spawn(async move {
+            workload(
+                endpoint,
+                c as u64,
+                keys,
+                prefix,
+                client_seed,
+                epoch,
+                history,
+                stop,
+            )
+            .await
+        }));
+    }
+    std::thread::sleep(Duration::from_millis(rng.random_range(500..1500)));
+    let family = [Family::Kill, Family::Pause, Family::WitnessGone][rng.random_range(0..3)];
+    let member = rng.random_range(0..cluster.members.len());
+    let witness_dir = cluster.dir.path().join("witness");
+    let gone = cluster.dir.path().join("witness.gone");
+    match family {
+        Family::Kill => {
+            cluster.kill(member);
+            std::thread::sleep(Duration::from_millis(rng.random_range(1000..5000)));
+            cluster.start_member(member);
+        }
+        Family::Pause => {
+            cluster.pause(member);
+            std::thread::sleep(Duration::from_millis(rng.random_range(3000..12000)));
+            cluster.resume(member);
+        }
+        Family::WitnessGone => {
+            std::fs::rename(&witness_dir, &gone).map_err(|e| e.to_string())?;
+            std::thread::sleep(Duration::from_millis(rng.random_range(3000..12000)));
+            std::fs::rename(&gone, &witness_dir).map_err(|e| e.to_string())?;
+        }
+    }
+    let healed = Instant::now();
+    let recovered = rt.block_on(first_write(&endpoints, &prefix));
+    let Some(took) = recovered.map(|at| at.duration_since(healed)) else {
+        return Err(format!(
+            "{family:?} of member {member}: no write acknowledged within 60 s of the heal"
+        ));
+    };
+    report.recoveries.entry(family).or_default().push(took);
+    std::thread::sleep(Duration::from_millis(500));
+    stop.store(true, Ordering::SeqCst);
+    for c in clients {
+        rt.block_on(c).map_err(|e| e.to_string())?;
+    }
+    rt.block_on(verify(&endpoints, &prefix, o.keys, epoch, &history))?;
+    let history = history.lock().unwrap_or_else(|e| e.into_inner());
+    for (key, events) in history.iter() {
+        report.operations += events.len() as u64;
+        for e in events {
+            match (e.op, e.ret) {
+                (Op::Get(_), _) => {}
+                (_, Some(_)) => report.acknowledged_writes += 1,
+                (_, None) => report.unknown_outcomes += 1,
+            }
+        }
+        linearizable::check(events, None)
+            .map_err(|e| format!("{family:?} of member {member}: key {key}: {e}"))?;
+    }
+    Ok(())
+}
+
+fn nanos(epoch: Instant) -> u64 {
+    epoch.elapsed().as_nanos() as u64
+}
+
+fn record(history: &History, key: &str, event: Event) {
+    history
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .entry(key.to_string())
+        .or_default()
+        .push(event);
+}
+
+/// One client: puts, linearizable reads and compare-and-swaps on random keys until `stop`.
+#[allow(clippy::too_many_arguments)]
+async fn workload(
+    endpoint: String,
+    id: u64,
+    keys: u64,
+    prefix: String,
+    seed: u64,
+    epoch: Instant,
+    history: History,
+    stop: Arc<AtomicBool>,
+) {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut client: Option<Client> = None;
+    let mut counter = 0u64;
+    let mut last_read: BTreeMap<String, Option<u64>> = BTreeMap::new();
+    while !stop.load(Ordering::SeqCst) {
+        if client.is_none() {
+            // After a failure (or before the first connection): a client backs off, so an
+            // outage adds a few unknown outcomes per second, not thousands.
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(rng.random_range(1..5))).await;
+        let Some(c) = connected(&mut client, &endpoint).await else {
+            continue;
+        };
+        let key = format!("{prefix}{}", rng.random_range(0..keys));
+        counter += 1;
+        let value = (id << 32) | counter;
+        let call = nanos(epoch);
+        let roll: f64 = rng.random();
+        let timeout = Duration::from_secs(2);
+        if roll < 0.45 {
+            let put = tokio::time::timeout(timeout, c.put(key.as_str(), value.to_string(), None));
+            let ret = matches!(put.await, Ok(Ok(_))).then(|| nanos(epoch));
+            record(
+                &history,
+                &key,
+                Event {
+                    op: Op::Put(value),
+                    call,
+                    ret,
+                },
+            );
+            if ret.is_none() {
+                client = None;
+            }
+        } else if roll < 0.8 {
+            let got = tokio::time::timeout(timeout, c.get(key.as_str(), None)).await;
+            if let Ok(Ok(r)) = got {
+                let seen = r
+                    .kvs()
+                    .first()
+                    .and_then(|kv| kv.value_str().ok()?.parse().ok());
+                let ret = Some(nanos(epoch));
+                record(
+                    &history,
+                    &key,
+                    Event {
+                        op: Op::Get(seen),
+                        call,
+                        ret,
+                    },
+                );
+                last_read.insert(key, seen);
+            } else {
+                client = None;
+            }
+        } else {
+            let expect = last_read.get(&key).copied().flatten();
+            let compare = match expect {
+                Some(v) => Compare::value(key.as_str(), CompareOp::Equal, v.to_string()),
+                None => Compare::create_revision(key.as_str(), CompareOp::Equal, 0),
+            };
+            let txn = Txn::new().when([compare]).and_then([TxnOp::put(
+                key.as_str(),
+                value.to_string(),
+                None,
+            )]);
+            let done = tokio::time::timeout(timeout, c.txn(txn)).await;
+            let (ok, ret) = match done {
+                Ok(Ok(r)) => (r.succeeded(), Some(nanos(epoch))),
+                _ => {
+                    client = None;
+                    (false, None)
+                }
+            };
+            let op = Op::Cas {
+                expect,
+                new: value,
+                ok,
+            };
+            record(&history, &key, Event { op, call, ret });
+        }
+    }
+}
+
+async fn connected<'a>(client: &'a mut Option<Client>, endpoint: &str) -> Option<&'a mut Client> {
+    if client.is_none() {
+        let options = etcd_client::ConnectOptions::new()
+            .with_connect_timeout(Duration::from_secs(1))
+            .with_timeout(Duration::from_secs(3));
+        *client = Client::connect([endpoint], Some(options)).await.ok();
+    }
+    client.as_mut()
+}
+
+/// The time of the first write acknowledged through any member, trying for 60 s.
+async fn first_write(endpoints: &[String], prefix: &str) -> Option<Instant> {
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(60) {
+        for ep in endpoints {
+            let mut client = None;
+            if let Some(c) = connected(&mut client, ep).await {
+                let put = c.put(format!("{prefix}probe"), "1", None);
+                if let Ok(Ok(_)) = tokio::time::timeout(Duration::from_secs(1), put).await {
+                    return Some(Instant::now());
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    None
+}
+
+/// After the run: both members reach the same revision; every key gets a final linearizable
+/// read (added to its history) and the same value on both members; HashKV agrees.
+async fn verify(
+    endpoints: &[String],
+    prefix: &str,
+    keys: u64,
+    epoch: Instant,
+    history: &History,
+) -> Result<(), String> {
+    let mut clients = Vec::new();
+    for ep in endpoints {
+        let mut c = None;
+        for _ in 0..100 {
+            if connected(&mut c, ep).await.is_some() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        clients.push(c.ok_or(format!("member {ep} does not answer after the heal"))?);
+    }
+    let started = Instant::now();
+    let revision = loop {
+        let mut revisions = Vec::new();
+        for c in &mut clients {
+            let status = c.status().await.map_err(|e| e.to_string())?;
+            revisions.push(status.header().map_or(0, |h| h.revision()));
+        }
+        if revisions.iter().all(|&r| r == revisions[0]) {
+            break revisions[0];
+        }
+        if started.elapsed() > Duration::from_secs(60) {
+            return Err(format!(
+                "the members do not converge: revisions {revisions:?}"
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    for k in 0..keys {
+        let key = format!("{prefix}{k}");
+        let call = nanos(epoch);
+        let got = clients[0]
+            .get(key.as_str(), None)
+            .await
+            .map_err(|e| e.to_string())?;
+        let value_of = |r: &etcd_client::GetResponse| -> Option<u64> {
+            r.kvs()
+                .first()
+                .and_then(|kv| kv.value_str().ok()?.parse().ok())
+        };
+        let seen = value_of(&got);
+        let ret = Some(nanos(epoch));
+        record(
+            history,
+            &key,
+            Event {
+                op: Op::Get(seen),
+                call,
+                ret,
+            },
+        );
+        let other = etcd_client::GetOptions::new().with_serializable();
+        let there = clients[1]
+            .get(key.as_str(), Some(other))
+            .await
+            .map_err(|e| e.to_string())?;
+        if value_of(&there) != seen {
+            return Err(format!(
+                "key {key}: member {} holds {:?}, member {} {seen:?}",
+                endpoints[1],
+                value_of(&there),
+                endpoints[0]
+            ));
+        }
+    }
+    let mut hashes = Vec::new();
+    for c in &mut clients {
+        hashes.push(c.hash_kv(revision).await.map_err(|e| e.to_string())?.hash());
+    }
+    if hashes[0] != hashes[1] {
+        return Err(format!("HashKV at revision {revision} differs: {hashes:?}"));
+    }
+    Ok(())
+}
