@@ -680,14 +680,6 @@ impl Raft {
         if !self.membership.voters.regular.contains(&to) {
             return Err(Refused::NotAVoter { id: to });
         }
-        if self.pending_conf_index > self.applied {
-            // Applying it appends a subterm's entry (and may remove this leader): a target told
-            // to campaign before that entry would campaign without it, and could depose a
-            // removed leader that alone holds it (raft-sim --start 8544 --regular 3 --witness).
-            return Err(Refused::ConfChangePending {
-                index: self.pending_conf_index,
-            });
-        }
         self.start_transfer(to);
         Ok(())
     }
