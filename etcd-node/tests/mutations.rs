@@ -139,7 +139,7 @@ fn crediting_a_stale_subterm_ack_is_caught() {
     assert_caught(
         Mutation::CreditStaleSubtermAck,
         2,
-        1000,
+        300,
         &[
             "durable commit",
             "leader completeness",

@@ -564,17 +564,20 @@ impl Cluster {
             for request in ready.witness_requests {
                 self.schedule(Event::WitnessStep { node: id, request }, id, WITNESS_LINK);
             }
-            let live: Vec<&Raft> = self
-                .nodes
-                .values()
-                .filter_map(|n| n.raft.as_ref())
-                .collect();
-            if let Some(r) = live
-                .iter()
-                .find(|r| r.id() == id && r.role() == Role::Leader)
-                && let Some((subterm, rset)) = r.leader_view()
-            {
-                self.checker.check_catch_up(r, subterm, rset, &live);
+            let leading = self.nodes[&id]
+                .raft
+                .as_ref()
+                .is_some_and(|r| r.role() == Role::Leader);
+            if leading {
+                let live: Vec<&Raft> = self
+                    .nodes
+                    .values()
+                    .filter_map(|n| n.raft.as_ref())
+                    .collect();
+                let r = self.nodes[&id].raft.as_ref().expect("a live leader");
+                if let Some((subterm, rset)) = r.leader_view() {
+                    self.checker.check_catch_up(r, subterm, rset, &live);
+                }
             }
             for e in &ready.committed {
                 self.stats.committed += 1;

@@ -338,6 +338,7 @@ impl Checker {
 
     /// A regular voter that joined R in this subterm holds the leader's log before the subterm,
     /// unless a configuration change reset R.
+    ///
     /// Run after every Ready of a leader: R can change twice within one simulation tick (a
     /// drifting clock ticks twice), and a per-tick sample would skip a subterm
     /// (raft-sim --start 4925 --regular 4 --witness reported a false catch-up violation).
