@@ -51,6 +51,9 @@ pub struct Report {
     pub unknown_outcomes: u64,
     /// Per fault family: the recovery times (heal to the first acknowledged write).
     pub recoveries: BTreeMap<Family, Vec<Duration>>,
+    /// Per fault family: the longest time with no write acknowledged by any member, from the
+    /// fault's start to the end of the run (the availability clients saw during the fault).
+    pub gaps: BTreeMap<Family, Vec<Duration>>,
 }
 
 impl Report {
@@ -60,14 +63,24 @@ impl Report {
             "{} runs, {} operations ({} acknowledged writes, {} unknown outcomes), 0 lost, 0 linearizability violations\n",
             self.runs, self.operations, self.acknowledged_writes, self.unknown_outcomes
         );
-        for (family, times) in &self.recoveries {
-            let mut t = times.clone();
+        let spread = |times: &[Duration]| {
+            let mut t = times.to_vec();
             t.sort();
+            let at = |q: usize| t[(t.len() - 1) * q / 100].as_secs_f64();
+            format!(
+                "median {:.2} s, p90 {:.2} s, longest {:.2} s",
+                at(50),
+                at(90),
+                at(100)
+            )
+        };
+        for (family, times) in &self.recoveries {
+            let gaps = self.gaps.get(family).map(Vec::as_slice).unwrap_or_default();
             out.push_str(&format!(
-                "  {family:?}: {} runs, recovery median {:.2} s, longest {:.2} s\n",
-                t.len(),
-                t[t.len() / 2].as_secs_f64(),
-                t[t.len() - 1].as_secs_f64()
+                "  {family:?}: {} runs; recovery (heal to first write): {}; longest write gap during the fault: {}\n",
+                times.len(),
+                spread(times),
+                if gaps.is_empty() { "-".into() } else { spread(gaps) },
             ));
         }
         out
@@ -83,6 +96,7 @@ pub fn campaign(node_bin: &Path, etcdutl: &Path, o: &Options) -> Result<Report, 
     let rt = tokio::runtime::Runtime::new().map_err(|e| e.to_string())?;
     let mut cluster = cluster;
     let mut report = Report::default();
+    let started = Instant::now();
     for run in 0..o.runs {
         let seed = o.seed.wrapping_add(run);
         one_run(&mut cluster, &rt, o, seed, &mut report).map_err(|e| {
@@ -92,6 +106,14 @@ pub fn campaign(node_bin: &Path, etcdutl: &Path, o: &Options) -> Result<Report, 
             )
         })?;
         report.runs += 1;
+        if report.runs % 50 == 0 && report.runs < o.runs {
+            // Long campaigns: a running summary, so an interrupted one still reports.
+            eprint!(
+                "after {} s: {}",
+                started.elapsed().as_secs(),
+                report.summary()
+            );
+        }
     }
     Ok(report)
 }
@@ -131,6 +153,7 @@ fn one_run(
     std::thread::sleep(Duration::from_millis(rng.random_range(500..1500)));
     let family = [Family::Kill, Family::Pause, Family::WitnessGone][rng.random_range(0..3)];
     let member = rng.random_range(0..cluster.members.len());
+    let fault_at = nanos(epoch);
     let witness_dir = cluster.dir.path().join("witness");
     let gone = cluster.dir.path().join("witness.gone");
     match family {
@@ -160,11 +183,14 @@ fn one_run(
     report.recoveries.entry(family).or_default().push(took);
     std::thread::sleep(Duration::from_millis(500));
     stop.store(true, Ordering::SeqCst);
+    let stopped = nanos(epoch);
     for c in clients {
         rt.block_on(c).map_err(|e| e.to_string())?;
     }
     rt.block_on(verify(&endpoints, &prefix, o.keys, epoch, &history))?;
     let history = history.lock().unwrap_or_else(|e| e.into_inner());
+    let gap = longest_write_gap(history.values().flatten(), fault_at, stopped);
+    report.gaps.entry(family).or_default().push(gap);
     for (key, events) in history.iter() {
         report.operations += events.len() as u64;
         for e in events {
@@ -178,6 +204,24 @@ fn one_run(
             .map_err(|e| format!("{family:?} of member {member}: key {key}: {e}"))?;
     }
     Ok(())
+}
+
+/// The longest stretch of [from, to] (nanoseconds since the run's epoch) in which no write
+/// (put or compare-and-swap, whatever its outcome) was acknowledged.
+fn longest_write_gap<'a>(events: impl Iterator<Item = &'a Event>, from: u64, to: u64) -> Duration {
+    let mut acks: Vec<u64> = events
+        .filter(|e| !matches!(e.op, Op::Get(_)))
+        .filter_map(|e| e.ret)
+        .filter(|&t| t > from && t < to)
+        .collect();
+    acks.sort_unstable();
+    let mut last = from;
+    let mut longest = 0;
+    for t in acks.into_iter().chain([to]) {
+        longest = longest.max(t - last);
+        last = t;
+    }
+    Duration::from_nanos(longest)
 }
 
 fn nanos(epoch: Instant) -> u64 {
@@ -400,4 +444,36 @@ async fn verify(
         return Err(format!("HashKV at revision {revision} differs: {hashes:?}"));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn put(ret: Option<u64>) -> Event {
+        Event {
+            op: Op::Put(1),
+            call: 0,
+            ret,
+        }
+    }
+
+    #[test]
+    fn write_gap_counts_acknowledged_writes_only() {
+        let read = Event {
+            op: Op::Get(None),
+            call: 0,
+            ret: Some(50),
+        };
+        let events = [put(Some(20)), put(None), read, put(Some(90)), put(Some(5))];
+        // From 10: acks at 20 and 90, then the end at 100; the read at 50 does not count.
+        assert_eq!(
+            longest_write_gap(events.iter(), 10, 100),
+            Duration::from_nanos(70)
+        );
+        assert_eq!(
+            longest_write_gap([].iter(), 10, 100),
+            Duration::from_nanos(90)
+        );
+    }
 }
