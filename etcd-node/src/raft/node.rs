@@ -149,6 +149,13 @@ pub struct Raft {
     lead: Option<Leading>,
     /// Index of the last configuration change a leader appended (or its first entry).
     pending_conf_index: u64,
+    /// The last index of this node's log when it applied its own removal, if its log held
+    /// entries not known committed then. The others may not know the removal is committed (their
+    /// configuration still needs this node) and this log may be the only one holding those
+    /// entries: refusing their candidates forever, unable to campaign, it would strand them.
+    /// Until it grants a vote or its commit index covers that index, it may still campaign
+    /// (counting votes in its new configuration, where it has none), lead, and hand over.
+    retiring: Option<u64>,
     msgs: Vec<Message>,
     witness_out: Vec<WitnessRequest>,
     read_states: Vec<ReadState>,
@@ -192,6 +199,7 @@ impl Raft {
             witness_asked: false,
             lead: None,
             pending_conf_index: 0,
+            retiring: None,
             msgs: Vec::new(),
             witness_out: Vec::new(),
             read_states: Vec::new(),
@@ -286,9 +294,19 @@ impl Raft {
         }
         self.witness_known = Some(KnownWitness::learn(self.witness_known, known));
     }
-    /// May this node campaign?
-    fn promotable(&self) -> bool {
+    /// Is this node a regular voter of its configuration?
+    fn voter(&self) -> bool {
         self.membership.is_regular_voter(self.cfg.id)
+    }
+    /// May this node campaign? A voter may, and a removed node that is still retiring.
+    fn promotable(&self) -> bool {
+        self.voter() || self.retiring()
+    }
+    /// Whether this node applied its own removal while its log held entries that may exist
+    /// nowhere else, and has not yet seen them committed or voted for a candidate (whose log
+    /// was then at least as up to date). A removed member's host stops only once it is not.
+    pub fn retiring(&self) -> bool {
+        self.retiring.is_some_and(|last| self.commit < last)
     }
     fn leading(&mut self) -> &mut Leading {
         self.lead.as_mut().expect("leader")
@@ -397,6 +415,11 @@ impl Raft {
         self.pending_conf_index = self.append_entry(EntryData::Empty);
         // A member silent through the election leaves R now, not at the next tick.
         self.adjust_replication_set();
+        if !self.voter() {
+            // A retiring node won (its log held what the others lacked): it leads only to
+            // replicate that and hand over.
+            self.hand_over();
+        }
     }
 
     /// Starts an election (or a pre-vote round). Also callable by tests and the host.
@@ -545,7 +568,7 @@ impl Raft {
         let lead = self.leading();
         if lead.transfer.is_some_and(|(_, t)| now - t >= limit) {
             lead.transfer = None; // the target did not take over in time: back to normal
-            if !self.promotable() {
+            if !self.voter() {
                 self.hand_over(); // unless this leader was removed: try again
             }
         }
@@ -870,6 +893,8 @@ impl Raft {
         if granted && !pre {
             self.vote = from;
             self.election_elapsed = 0;
+            // The candidate's log is at least as up to date: nothing is stranded here.
+            self.retiring = None;
         }
         // A granted pre-vote answers in the term asked about; anything else in ours.
         let reply_term = if granted && pre { term } else { self.term };
@@ -1389,7 +1414,7 @@ impl Raft {
         // Two regular voters and the witness pinned to us: no one else can win an election
         // while this subterm lasts, so our commit index is current without a round trip.
         let pinned_pair = !self.membership.is_joint()
-            && self.promotable()
+            && self.voter()
             && self.membership.voters.regular.len() == 2
             && self.witness_pinned();
         if alone || pinned_pair || self.mutated(Mutation::ReadWithoutConfirmation) {
@@ -1569,6 +1594,7 @@ impl Raft {
             return;
         };
         let witness_changed = next.witness() != self.membership.witness();
+        let was_voter = self.voter();
         self.membership = next;
         if let Some(w) = self.membership.witness()
             && witness_changed
@@ -1593,6 +1619,9 @@ impl Raft {
             lead.witness_read_inflight = None;
         }
         if self.role != Role::Leader {
+            if was_voter && !self.voter() && self.last_index() > self.commit {
+                self.retiring = Some(self.last_index());
+            }
             if !self.promotable() && self.role != Role::Follower {
                 let term = self.term;
                 self.become_follower(term, NONE);
@@ -1619,7 +1648,11 @@ impl Raft {
         }
         // "A configuration change resets R to the regular voters and increments the subterm."
         self.new_subterm(voters);
-        if !self.promotable() {
+        if !self.voter() {
+            if was_voter {
+                // (its new subterm's entry, at least, is not committed yet)
+                self.retiring = Some(self.last_index());
+            }
             self.hand_over();
         }
     }

@@ -133,8 +133,10 @@ enum ReadWaiter {
 struct State {
     waiters: HashMap<u64, oneshot::Sender<Result<Response, ApiError>>>,
     member_waiters: HashMap<u64, oneshot::Sender<Result<(), ApiError>>>,
-    /// This member applied its own removal: it stops once it no longer leads.
-    removed: bool,
+    /// This member applied its own removal (since when, or since it last led): it stops once
+    /// it no longer leads and its log strands nothing ([`Raft::retiring`]), or after
+    /// [`RETIRING_TIMEOUTS`] election timeouts without leading (cut off from the others).
+    removed: Option<Instant>,
     next_id: u64,
     /// Local reads not yet handed to Raft (batched: one round per loop turn).
     reads: Vec<oneshot::Sender<Result<u64, ApiError>>>,
@@ -160,6 +162,11 @@ struct State {
 /// a steady stream of revokes instead of a burst of entries that holds up the writes.
 const LEASE_REVOKE_RATE: u128 = 1000;
 
+/// Election timeouts a removed member that may hold the only copy of some entries keeps
+/// running without leading before it stops anyway (cut off, or the others elected a leader
+/// without it: a leaderless cluster that needs it grants its campaign well before).
+const RETIRING_TIMEOUTS: u32 = 5;
+
 /// Applied entries between two durable commits of the key space (bounds replay after a crash).
 const SYNC_EVERY: u64 = 10_000;
 
@@ -172,7 +179,7 @@ impl RaftLoop {
         let mut st = State {
             waiters: HashMap::new(),
             member_waiters: HashMap::new(),
-            removed: false,
+            removed: None,
             next_id: rand::random::<u64>() >> 1,
             reads: Vec::new(),
             rounds: HashMap::new(),
@@ -226,7 +233,16 @@ impl RaftLoop {
             }
             st.leading = leading;
             self.publish_status();
-            if st.removed && self.raft.role() != Role::Leader {
+            if let Some(since) = st.removed.as_mut()
+                && leading
+            {
+                *since = Instant::now();
+            }
+            if st.removed.is_some_and(|since| {
+                !leading
+                    && (!self.raft.retiring()
+                        || since.elapsed() >= RETIRING_TIMEOUTS * self.election_timeout)
+            }) {
                 tracing::warn!(
                     "this member was removed from the cluster; stopping (its data directory \
                      must not be started again)"
@@ -674,7 +690,9 @@ impl RaftLoop {
         };
         if c.remove {
             self.peers.remove(m.id);
-            st.removed |= m.id == self.raft.id();
+            if m.id == self.raft.id() {
+                st.removed.get_or_insert_with(Instant::now);
+            }
         } else if let Some(url) = regular_peer_url(m) {
             self.peers.add(m.id, url);
         }
