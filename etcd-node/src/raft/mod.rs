@@ -7,12 +7,14 @@
 //! and hard state, sends its messages, runs its witness requests, applies its committed entries,
 //! and calls `advance`. See `docs/raft.md`.
 //!
-//! Files: `types.rs` (entries, messages, Ready), `node.rs` (the state machine),
+//! Files: `types.rs` (entries, messages, Ready), `node.rs` (the state machine), `host.rs` (the
+//! one order in which every host carries out a Ready),
 //! `progress.rs` (per-follower flow control), `replication_set.rs` (R adjustment),
 //! `membership.rs` (configurations and their changes), `log.rs` (the log after the snapshot),
 //! `storage.rs` (what is persisted), `config.rs`.
 
 mod config;
+mod host;
 mod log;
 mod membership;
 mod mutation;
@@ -24,6 +26,7 @@ mod types;
 mod witness_step;
 
 pub use config::Config;
+pub use host::{Host, handle_ready};
 pub use log::RaftLog;
 pub use membership::{Change, ChangeKind, ConfChange, Membership, Voters};
 pub use mutation::Mutation;

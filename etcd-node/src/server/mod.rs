@@ -41,7 +41,7 @@ use crate::witness::{Unread, load_within};
 use api::{Api, MAX_REQUEST_BYTES};
 use lessor::Lessor;
 use metrics::Metrics;
-use node::{Announced, RaftLoop, Status};
+use node::{Announced, Effects, RaftLoop, Status};
 use peer::{Identity, MAX_FRAME_BYTES, PeerService, Peers};
 use watches::WatchHub;
 use witness_slot::{Credentials, WitnessSlot};
@@ -395,19 +395,21 @@ pub async fn run(
 
     let raft_loop = RaftLoop {
         raft,
-        disk,
-        mvcc: mvcc.clone(),
-        peers,
-        witness: witness.clone(),
-        runtime: runtime.clone(),
+        fx: Effects {
+            disk,
+            mvcc: mvcc.clone(),
+            peers,
+            witness: witness.clone(),
+            runtime: runtime.clone(),
+            feedback: inputs_tx.clone(),
+            metrics: metrics.clone(),
+            watches: watches.clone(),
+            lessor: Lessor::load(&mvcc.leases()?, std::time::Instant::now()),
+        },
         inputs: inputs_rx,
-        feedback: inputs_tx.clone(),
         status: status_tx,
         tick,
         snapshot_count: cfg.snapshot_count.max(1),
-        metrics: metrics.clone(),
-        watches: watches.clone(),
-        lessor: Lessor::load(&mvcc.leases()?, std::time::Instant::now()),
         election_timeout: cfg.election_timeout,
     };
     let (done_tx, done_rx) = tokio::sync::oneshot::channel();

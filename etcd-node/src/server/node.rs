@@ -22,8 +22,9 @@ use super::wire::Envelope;
 use super::witness_slot::WitnessSlot;
 use crate::mvcc::{ApiError, Command, MemberChange, Mvcc, Op, Proposal, Response};
 use crate::raft::{
-    Body, Change, ChangeKind, ConfChange, EntryData, NONE, NodeId, Raft, Ready, Refused, Role,
-    Storage, WitnessRequest, WitnessResponse, apply_rule,
+    Body, Change, ChangeKind, ConfChange, Entry, EntryData, Host, Message, NONE, NodeId, Raft,
+    ReadState, Ready, Refused, Role, Snapshot, Storage, WitnessRequest, WitnessResponse,
+    apply_rule, handle_ready,
 };
 use crate::storage::disk::DiskStorage;
 use etcd_client::proto::PbLeaseRevokeRequest;
@@ -105,23 +106,30 @@ pub type SharedWitness = Arc<Witness<Arc<dyn WitnessStore>>>;
 #[derive(Debug)]
 pub struct RaftLoop {
     pub raft: Raft,
+    /// What carrying out a `Ready` touches (the [`Host`] side, with the loop's [`State`]).
+    pub fx: Effects,
+    pub inputs: Receiver<Input>,
+    pub status: watch::Sender<Status>,
+    pub tick: Duration,
+    pub snapshot_count: u64,
+    pub election_timeout: Duration,
+}
+
+/// The log storage, the key space and the links of a member: what its `Ready`s act on.
+#[derive(Debug)]
+pub struct Effects {
     pub disk: DiskStorage,
     pub mvcc: Arc<Mvcc>,
     pub peers: Peers,
     /// The witness of the applied configuration (it changes at run time).
     pub witness: Arc<WitnessSlot>,
     pub runtime: tokio::runtime::Handle,
-    pub inputs: Receiver<Input>,
     /// Where witness answers come back.
     pub feedback: Sender<Input>,
-    pub status: watch::Sender<Status>,
-    pub tick: Duration,
-    pub snapshot_count: u64,
     pub metrics: Arc<Metrics>,
     /// Where applied changes go to the watchers.
     pub watches: WatchHub,
     pub lessor: Lessor,
-    pub election_timeout: Duration,
 }
 
 /// A read-index round this node started: who waits for it.
@@ -185,7 +193,7 @@ impl RaftLoop {
             rounds: HashMap::new(),
             forwarded: HashMap::new(),
             next_ctx: 1,
-            last_snapshot: self.disk.snapshot().meta.index,
+            last_snapshot: self.fx.disk.snapshot().meta.index,
             unsynced: 0,
             seen_leader: (NONE, 0),
             held: Vec::new(),
@@ -229,7 +237,9 @@ impl RaftLoop {
             self.maybe_snapshot(&mut st)?;
             let leading = self.raft.role() == Role::Leader;
             if leading && !st.leading {
-                self.lessor.promote(Instant::now(), self.election_timeout);
+                self.fx
+                    .lessor
+                    .promote(Instant::now(), self.election_timeout);
             }
             st.leading = leading;
             self.publish_status();
@@ -262,7 +272,7 @@ impl RaftLoop {
             witness: self.raft.witness_caller(),
         };
         let witness = self.raft.membership().witness();
-        self.metrics.set_leader_view(
+        self.fx.metrics.set_leader_view(
             self.raft
                 .leader_view()
                 .map(|(subterm, rset)| (subterm, witness.is_some_and(|w| rset.contains(&w)))),
@@ -289,7 +299,9 @@ impl RaftLoop {
                         return;
                     }
                 } else if self.raft.leader() != NONE {
-                    self.peers.send(self.raft.leader(), Envelope::Forward(data));
+                    self.fx
+                        .peers
+                        .send(self.raft.leader(), Envelope::Forward(data));
                 } else {
                     let _ = reply.send(Err(no_leader()));
                     return;
@@ -306,7 +318,8 @@ impl RaftLoop {
                         return;
                     }
                 } else if self.raft.leader() != NONE {
-                    self.peers
+                    self.fx
+                        .peers
                         .send(self.raft.leader(), Envelope::ForwardMember(data));
                 } else {
                     let _ = reply.send(Err(no_leader()));
@@ -338,7 +351,8 @@ impl RaftLoop {
                 } else if self.raft.leader() != NONE {
                     let ctx = st.next_ctx;
                     st.next_ctx += 1;
-                    self.peers
+                    self.fx
+                        .peers
                         .send(self.raft.leader(), Envelope::LeaseAsk { ctx, id, renew });
                     st.lease_asks.insert(ctx, reply);
                 } else {
@@ -365,6 +379,7 @@ impl RaftLoop {
                                 .insert(round, ReadWaiter::Remote { member: from, ctx });
                         }
                         Err(_) => self
+                            .fx
                             .peers
                             .send(from, Envelope::ReadIndexResp { ctx, index: 0 }),
                     }
@@ -377,7 +392,7 @@ impl RaftLoop {
                         None
                     };
                     let (ttl, granted) = answer.unwrap_or((-1, 0));
-                    self.peers.send(
+                    self.fx.peers.send(
                         from,
                         Envelope::LeaseAnswer {
                             ctx,
@@ -420,9 +435,9 @@ impl RaftLoop {
     fn answer_lease(&mut self, id: i64, renew: bool) -> Option<(i64, i64)> {
         let now = Instant::now();
         if renew {
-            self.lessor.renew(id, now)?;
+            self.fx.lessor.renew(id, now)?;
         }
-        self.lessor.remaining(id, now)
+        self.fx.lessor.remaining(id, now)
     }
 
     /// On the leader: proposes the revoke of the expired leases, at most
@@ -434,6 +449,7 @@ impl RaftLoop {
         let per_tick = (LEASE_REVOKE_RATE * self.tick.as_millis() / 1000).max(1);
         let limit = usize::try_from(per_tick).unwrap_or(usize::MAX);
         for id in self
+            .fx
             .lessor
             .expired(Instant::now(), 2 * self.election_timeout, limit)
         {
@@ -495,7 +511,8 @@ impl RaftLoop {
                 }),
             }
         } else if self.raft.leader() != NONE {
-            self.peers
+            self.fx
+                .peers
                 .send(self.raft.leader(), Envelope::ReadIndex { ctx: round });
             st.forwarded.insert(round, batch);
         } else {
@@ -506,7 +523,6 @@ impl RaftLoop {
     }
 
     fn process_ready(&mut self, st: &mut State) -> Result<(), String> {
-        let ready: Ready = self.raft.ready();
         let seen = (self.raft.leader(), self.raft.term());
         if seen != st.seen_leader {
             st.seen_leader = seen;
@@ -515,61 +531,13 @@ impl RaftLoop {
                 id => tracing::info!(leader = format!("{id:x}"), term = seen.1, "leader elected"),
             }
         }
-        // The leader's appends leave before its own fsync, so both members' fsyncs overlap.
-        for m in &ready.early_messages {
-            self.peers.send(m.to, Envelope::Raft(m.clone()));
-        }
-        let started = Instant::now();
-        if self.disk.persist(&ready)? {
-            self.metrics.wal_fsync(started.elapsed());
-        }
-        for m in &ready.messages {
-            if matches!(m.body, Body::Snapshot { .. }) {
-                self.metrics.snapshot_sent();
-            }
-            self.peers.send(m.to, Envelope::Raft(m.clone()));
-        }
-        for r in &ready.witness_requests {
-            self.run_witness_step(r.clone());
-        }
-        if let Some(snapshot) = &ready.snapshot
-            && !snapshot.data.is_empty()
-        {
-            self.mvcc
-                .restore(&snapshot.data, snapshot.meta.index)
-                .map_err(|e| e.to_string())?;
-            st.last_snapshot = snapshot.meta.index;
-            let revision = self.mvcc.position().map_err(|e| e.to_string())?.revision;
-            self.watches.reset(revision);
-            let leases = self.mvcc.leases().map_err(|e| e.to_string())?;
-            self.lessor = Lessor::load(&leases, Instant::now());
-            self.metrics.snapshot_received();
-            self.follow_members()?;
-            tracing::info!(
-                index = snapshot.meta.index,
-                "installed the leader's snapshot of the key space"
-            );
-        }
-        self.apply(st, &ready)?;
-        for rs in &ready.read_states {
-            let Ok(bytes) = <[u8; 8]>::try_from(rs.ctx.as_slice()) else {
-                continue;
-            };
-            match st.rounds.remove(&u64::from_be_bytes(bytes)) {
-                Some(ReadWaiter::Local(ws)) => ws.into_iter().for_each(|w| {
-                    let _ = w.send(Ok(rs.index));
-                }),
-                Some(ReadWaiter::Remote { member, ctx }) => self.peers.send(
-                    member,
-                    Envelope::ReadIndexResp {
-                        ctx,
-                        index: rs.index,
-                    },
-                ),
-                None => {}
-            }
-        }
-        self.raft.advance(&ready);
+        handle_ready(
+            &mut self.raft,
+            &mut Turn {
+                fx: &mut self.fx,
+                st,
+            },
+        )?;
         if self.raft.role() != Role::Leader && !st.rounds.is_empty() {
             // Rounds of a lost leadership never complete: fail them now.
             for (_, w) in st.rounds.drain() {
@@ -578,6 +546,7 @@ impl RaftLoop {
                         let _ = w.send(Err(leader_changed()));
                     }),
                     ReadWaiter::Remote { member, ctx } => self
+                        .fx
                         .peers
                         .send(member, Envelope::ReadIndexResp { ctx, index: 0 }),
                 }
@@ -611,7 +580,7 @@ impl RaftLoop {
             .raft
             .membership()
             .witness()
-            .is_some_and(|w| self.witness.usable(w));
+            .is_some_and(|w| self.fx.witness.usable(w));
         self.raft
             .check_reconfig_quorum(&cc, usable)
             .and_then(|()| self.raft.propose_conf_change(cc))
@@ -625,15 +594,36 @@ impl RaftLoop {
             })
     }
 
-    fn apply(&mut self, st: &mut State, ready: &Ready) -> Result<(), String> {
-        if ready.committed.is_empty() {
+    /// Every `--snapshot-count` applied entries: make the key space durable, snapshot it and
+    /// compact the log behind it.
+    fn maybe_snapshot(&mut self, st: &mut State) -> Result<(), String> {
+        let applied = self.raft.applied();
+        if applied < st.last_snapshot + self.snapshot_count {
             return Ok(());
         }
-        let batch: Vec<(u64, Command)> = ready
-            .committed
-            .iter()
-            .map(|e| (e.index, command_of(e)))
-            .collect();
+        self.fx.mvcc.sync().map_err(|e| e.to_string())?;
+        st.unsynced = 0;
+        let data = self.fx.mvcc.dump().map_err(|e| e.to_string())?;
+        let snapshot = self.raft.compact(data);
+        crate::failpoint::hit("snapshot-before-save");
+        self.fx.disk.compact(&snapshot)?;
+        st.last_snapshot = snapshot.meta.index;
+        tracing::info!(
+            index = snapshot.meta.index,
+            "saved snapshot, compacted the log"
+        );
+        Ok(())
+    }
+}
+
+impl Effects {
+    /// Applies committed entries to the key space and answers their waiters.
+    fn apply(&mut self, raft: &Raft, st: &mut State, committed: &[Entry]) -> Result<(), String> {
+        if committed.is_empty() {
+            return Ok(());
+        }
+        let batch: Vec<(u64, Command)> =
+            committed.iter().map(|e| (e.index, command_of(e))).collect();
         st.unsynced += batch.len() as u64;
         let durable = st.unsynced >= SYNC_EVERY;
         if durable {
@@ -671,7 +661,7 @@ impl RaftLoop {
                         let _ = w.send(r);
                     }
                 }
-                Command::Member(c) => self.member_changed(st, c),
+                Command::Member(c) => self.member_changed(raft.id(), st, c),
                 Command::Noop => {}
             }
         }
@@ -681,7 +671,7 @@ impl RaftLoop {
 
     /// After a membership change is applied here: answers its client, links to an added member,
     /// unlinks a removed one. Idempotent (replayed after a restart).
-    fn member_changed(&mut self, st: &mut State, c: &MemberChange) {
+    fn member_changed(&mut self, me: NodeId, st: &mut State, c: &MemberChange) {
         if let Some(w) = st.member_waiters.remove(&c.id) {
             let _ = w.send(Ok(()));
         }
@@ -690,7 +680,7 @@ impl RaftLoop {
         };
         if c.remove {
             self.peers.remove(m.id);
-            if m.id == self.raft.id() {
+            if m.id == me {
                 st.removed.get_or_insert_with(Instant::now);
             }
         } else if let Some(url) = regular_peer_url(m) {
@@ -724,31 +714,10 @@ impl RaftLoop {
         Ok(())
     }
 
-    /// Every `--snapshot-count` applied entries: make the key space durable, snapshot it and
-    /// compact the log behind it.
-    fn maybe_snapshot(&mut self, st: &mut State) -> Result<(), String> {
-        let applied = self.raft.applied();
-        if applied < st.last_snapshot + self.snapshot_count {
-            return Ok(());
-        }
-        self.mvcc.sync().map_err(|e| e.to_string())?;
-        st.unsynced = 0;
-        let data = self.mvcc.dump().map_err(|e| e.to_string())?;
-        let snapshot = self.raft.compact(data);
-        crate::failpoint::hit("snapshot-before-save");
-        self.disk.compact(&snapshot)?;
-        st.last_snapshot = snapshot.meta.index;
-        tracing::info!(
-            index = snapshot.meta.index,
-            "saved snapshot, compacted the log"
-        );
-        Ok(())
-    }
-
     /// The other regular members, by name, for messages ("infra1" or "infra1, infra3").
-    fn others_named(&self) -> String {
-        let me = self.raft.id();
-        let voters = &self.raft.membership().voters.regular;
+    fn others_named(&self, raft: &Raft) -> String {
+        let me = raft.id();
+        let voters = &raft.membership().voters.regular;
         let members = self.mvcc.members().unwrap_or_default();
         let names: Vec<String> = voters
             .iter()
@@ -766,13 +735,13 @@ impl RaftLoop {
     }
 
     /// Runs a witness step against this node's witness storage; the answer comes back as input.
-    fn run_witness_step(&self, request: WitnessRequest) {
+    fn run_witness_step(&self, raft: &Raft, request: WitnessRequest) {
         let feedback = self.feedback.clone();
         let slot = self.witness.clone();
         let id = request.witness_id();
         let metrics = self.metrics.clone();
         let seen = request.caller().seen;
-        let others = self.others_named();
+        let others = self.others_named(raft);
         self.runtime.spawn(async move {
             // (opening the storage may block: a stat of the mount, the SAS file)
             let got = tokio::task::spawn_blocking(move || slot.get()).await.ok().flatten();
@@ -820,9 +789,85 @@ impl RaftLoop {
     }
 }
 
+/// One `Ready` of the loop: the effects and the loop's waiters.
+struct Turn<'a> {
+    fx: &'a mut Effects,
+    st: &'a mut State,
+}
+
+impl Host for Turn<'_> {
+    type Error = String;
+
+    fn send(&mut self, _: &Raft, messages: &[Message]) {
+        for m in messages {
+            if matches!(m.body, Body::Snapshot { .. }) {
+                self.fx.metrics.snapshot_sent();
+            }
+            self.fx.peers.send(m.to, Envelope::Raft(m.clone()));
+        }
+    }
+
+    fn persist(&mut self, _: &Raft, ready: &Ready) -> Result<(), String> {
+        let started = Instant::now();
+        if self.fx.disk.persist(ready)? {
+            self.fx.metrics.wal_fsync(started.elapsed());
+        }
+        Ok(())
+    }
+
+    fn step_witness(&mut self, raft: &Raft, request: WitnessRequest) {
+        self.fx.run_witness_step(raft, request);
+    }
+
+    fn install(&mut self, _: &Raft, snapshot: &Snapshot) -> Result<(), String> {
+        if snapshot.data.is_empty() {
+            return Ok(());
+        }
+        let fx = &mut *self.fx;
+        fx.mvcc
+            .restore(&snapshot.data, snapshot.meta.index)
+            .map_err(|e| e.to_string())?;
+        self.st.last_snapshot = snapshot.meta.index;
+        let revision = fx.mvcc.position().map_err(|e| e.to_string())?.revision;
+        fx.watches.reset(revision);
+        let leases = fx.mvcc.leases().map_err(|e| e.to_string())?;
+        fx.lessor = Lessor::load(&leases, Instant::now());
+        fx.metrics.snapshot_received();
+        fx.follow_members()?;
+        tracing::info!(
+            index = snapshot.meta.index,
+            "installed the leader's snapshot of the key space"
+        );
+        Ok(())
+    }
+
+    fn apply(&mut self, raft: &Raft, committed: &[Entry]) -> Result<(), String> {
+        self.fx.apply(raft, self.st, committed)
+    }
+
+    fn read_ready(&mut self, _: &Raft, read: &ReadState) {
+        let Ok(bytes) = <[u8; 8]>::try_from(read.ctx.as_slice()) else {
+            return;
+        };
+        match self.st.rounds.remove(&u64::from_be_bytes(bytes)) {
+            Some(ReadWaiter::Local(ws)) => ws.into_iter().for_each(|w| {
+                let _ = w.send(Ok(read.index));
+            }),
+            Some(ReadWaiter::Remote { member, ctx }) => self.fx.peers.send(
+                member,
+                Envelope::ReadIndexResp {
+                    ctx,
+                    index: read.index,
+                },
+            ),
+            None => {}
+        }
+    }
+}
+
 /// What applying a committed entry does to the key space. Data that does not decode was
 /// refused by every member alike: a no-op.
-pub fn command_of(e: &crate::raft::Entry) -> Command {
+pub fn command_of(e: &Entry) -> Command {
     let c = match &e.data {
         EntryData::Normal(d) => Proposal::decode(d.as_slice()).map(Command::Kv),
         EntryData::ConfChange(cc) => {

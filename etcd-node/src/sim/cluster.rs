@@ -8,8 +8,9 @@ use witness_core::{Seen, WitnessState};
 
 use super::invariants::{Checker, Violation};
 use crate::raft::{
-    ChangeKind, ConfChange, Config, Entry, KnownWitness, MemStorage, Membership, Message, NodeId,
-    Raft, Refused, Role, Storage, WitnessRequest, WitnessResponse, apply_rule,
+    ChangeKind, ConfChange, Config, Entry, Host, KnownWitness, MemStorage, Membership, Message,
+    NodeId, Raft, ReadState, Ready, Refused, Role, Snapshot, Storage, WitnessRequest,
+    WitnessResponse, apply_rule, handle_ready,
 };
 
 /// Network fault rates (per message) and delays, in ticks.
@@ -495,93 +496,34 @@ impl Cluster {
         }
     }
 
-    /// Runs a node's Ready: persist, send, run witness steps, apply, advance.
+    /// Runs a node's Readys, in the one order every host follows ([`handle_ready`]), until it
+    /// has none (or it crashes inside one).
     fn process(&mut self, id: NodeId) {
         loop {
-            let node = self.nodes.get_mut(&id).expect("node");
-            let Some(raft) = node.raft.as_mut() else {
+            let Some(mut raft) = self.nodes.get_mut(&id).and_then(|n| n.raft.take()) else {
                 return;
             };
             if !raft.has_ready() {
+                self.nodes.get_mut(&id).expect("node").raft = Some(raft);
                 return;
             }
-            let ready = raft.ready();
-            self.check_commit_durable(id, &ready);
-            let persists =
-                ready.hard_state.is_some() || !ready.entries.is_empty() || ready.snapshot.is_some();
-            // (no draw when the fault is off: the random sequence stays as it was)
-            let crash = persists
-                && self.faults.crash_in_ready > 0.0
-                && self.rng.random_bool(self.faults.crash_in_ready);
-            let after_persist = crash && self.rng.random_bool(0.5);
-            let node = &self.nodes[&id];
-            let log = node.raft.as_ref().expect("a live node").log();
-            self.checker
-                .promises(id, &node.storage, log, &ready.early_messages);
-            for m in ready.early_messages.iter().cloned() {
-                self.stats.messages += 1;
-                let to = m.to;
-                self.schedule(Event::Message(m), id, to);
-            }
-            if crash && !after_persist {
-                // Dies with its early messages on the wire and its own fsync not done.
-                self.stats.crashes_before_persist += 1;
+            let outcome = handle_ready(&mut raft, &mut SimHost { c: self, id });
+            self.nodes.get_mut(&id).expect("node").raft = Some(raft);
+            if outcome.is_err() {
                 self.crash_in_ready(id);
                 return;
             }
-            let node = self.nodes.get_mut(&id).expect("node");
-            if let Some(snapshot) = &ready.snapshot {
-                node.storage.install(snapshot.clone());
-            }
-            node.storage.append(&ready.entries);
-            if let Some(hs) = ready.hard_state {
-                node.storage.set_hard_state(hs);
-            }
-            if after_persist {
-                // Durable, but nothing sent, no witness step run, nothing applied.
-                self.stats.crashes_after_persist += 1;
-                self.crash_in_ready(id);
-                return;
-            }
-            let raft = node.raft.as_mut().expect("a live node");
-            self.checker
-                .promises(id, &node.storage, raft.log(), &ready.messages);
-            raft.advance(&ready);
+            let raft = self.nodes[&id].raft.as_ref().expect("a live node");
             self.max_commit = self.max_commit.max(raft.commit());
-            if let Some(snapshot) = &ready.snapshot {
-                self.stats.snapshots_installed += 1;
-                self.checker.installed(id, &snapshot.meta);
-            }
-            for rs in &ready.read_states {
-                self.stats.reads_served += 1;
-                self.checker.read_served(id, rs);
-            }
-            for m in ready.messages {
-                self.stats.messages += 1;
-                let to = m.to;
-                self.schedule(Event::Message(m), id, to);
-            }
-            for request in ready.witness_requests {
-                self.schedule(Event::WitnessStep { node: id, request }, id, WITNESS_LINK);
-            }
-            let leading = self.nodes[&id]
-                .raft
-                .as_ref()
-                .is_some_and(|r| r.role() == Role::Leader);
-            if leading {
+            if raft.role() == Role::Leader
+                && let Some((subterm, rset)) = raft.leader_view()
+            {
                 let live: Vec<&Raft> = self
                     .nodes
                     .values()
                     .filter_map(|n| n.raft.as_ref())
                     .collect();
-                let r = self.nodes[&id].raft.as_ref().expect("a live leader");
-                if let Some((subterm, rset)) = r.leader_view() {
-                    self.checker.check_catch_up(r, subterm, rset, &live);
-                }
-            }
-            for e in &ready.committed {
-                self.stats.committed += 1;
-                self.checker.applied(id, e);
+                self.checker.check_catch_up(raft, subterm, rset, &live);
             }
         }
     }
@@ -738,9 +680,8 @@ impl Cluster {
     /// A leader's Ready about to be persisted: every entry its commit index now covers is
     /// durable on a quorum already (on the storage of a majority of the voters, the witness
     /// counting when its register's log position covers the entry), whatever the leader counts.
-    fn check_commit_durable(&mut self, id: NodeId, ready: &crate::raft::Ready) {
+    fn check_commit_durable(&mut self, raft: &Raft, ready: &Ready) {
         let Some(hs) = ready.hard_state else { return };
-        let raft = self.nodes[&id].raft.as_ref().expect("a live node");
         let known = raft.witness_known();
         let holds = |v: NodeId, e: &Entry| match self.witnesses.get(&v) {
             Some(register) => {
@@ -773,5 +714,84 @@ impl Cluster {
             self.tick()?;
         }
         Ok(done(self))
+    }
+}
+
+/// A simulated crash inside a `Ready`.
+struct Crashed;
+
+/// The simulator's side of one node's `Ready`: its storage, the network, and the checks.
+struct SimHost<'a> {
+    c: &'a mut Cluster,
+    id: NodeId,
+}
+
+impl Host for SimHost<'_> {
+    type Error = Crashed;
+
+    fn send(&mut self, raft: &Raft, messages: &[Message]) {
+        let (c, id) = (&mut *self.c, self.id);
+        c.checker
+            .promises(id, &c.nodes[&id].storage, raft.log(), messages);
+        for m in messages {
+            c.stats.messages += 1;
+            c.schedule(Event::Message(m.clone()), id, m.to);
+        }
+    }
+
+    /// Persists, unless the node crashes before; it may also crash right after, with nothing
+    /// sent, no witness step run and nothing applied.
+    fn persist(&mut self, raft: &Raft, ready: &Ready) -> Result<(), Crashed> {
+        let (c, id) = (&mut *self.c, self.id);
+        c.check_commit_durable(raft, ready);
+        let persists =
+            ready.hard_state.is_some() || !ready.entries.is_empty() || ready.snapshot.is_some();
+        // (no draw when the fault is off: the random sequence stays as it was)
+        let crash =
+            persists && c.faults.crash_in_ready > 0.0 && c.rng.random_bool(c.faults.crash_in_ready);
+        let after_persist = crash && c.rng.random_bool(0.5);
+        if crash && !after_persist {
+            // Dies with its early messages on the wire and its own fsync not done.
+            c.stats.crashes_before_persist += 1;
+            return Err(Crashed);
+        }
+        let storage = &mut c.nodes.get_mut(&id).expect("node").storage;
+        if let Some(snapshot) = &ready.snapshot {
+            storage.install(snapshot.clone());
+        }
+        storage.append(&ready.entries);
+        if let Some(hs) = ready.hard_state {
+            storage.set_hard_state(hs);
+        }
+        if after_persist {
+            c.stats.crashes_after_persist += 1;
+            return Err(Crashed);
+        }
+        Ok(())
+    }
+
+    fn step_witness(&mut self, _: &Raft, request: WitnessRequest) {
+        let node = self.id;
+        self.c
+            .schedule(Event::WitnessStep { node, request }, node, WITNESS_LINK);
+    }
+
+    fn install(&mut self, _: &Raft, snapshot: &Snapshot) -> Result<(), Crashed> {
+        self.c.stats.snapshots_installed += 1;
+        self.c.checker.installed(self.id, &snapshot.meta);
+        Ok(())
+    }
+
+    fn apply(&mut self, _: &Raft, committed: &[Entry]) -> Result<(), Crashed> {
+        for e in committed {
+            self.c.stats.committed += 1;
+            self.c.checker.applied(self.id, e);
+        }
+        Ok(())
+    }
+
+    fn read_ready(&mut self, _: &Raft, read: &ReadState) {
+        self.c.stats.reads_served += 1;
+        self.c.checker.read_served(self.id, read);
     }
 }
