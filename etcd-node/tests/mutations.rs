@@ -11,7 +11,10 @@ fn first_failure(mutation: Mutation, regular: u64, max: u64) -> Option<(u64, Str
         mutation: Some(mutation),
         // Check-quorum makes a deposed leader step down within an election timeout, which in a
         // simulation with perfect clocks acts as a read lease; off, stale reads get a chance.
-        check_quorum: mutation != Mutation::ReadWithoutConfirmation,
+        check_quorum: !matches!(
+            mutation,
+            Mutation::ReadWithoutConfirmation | Mutation::ReadsWithoutRound
+        ),
         ..RandomRun::new(regular, true)
     };
     (0..max).find_map(|seed| run_seed(seed, &run).err().map(|e| (seed, e)))
@@ -97,6 +100,13 @@ fn reading_without_confirming_leadership_is_caught() {
         300,
         &["linearizable read"],
     );
+}
+
+/// A bug of the server's loop, not of the core: the simulator runs the server's read handling
+/// (`server::reads`), so it sees it.
+#[test]
+fn serving_reads_without_a_round_in_the_server_loop_is_caught() {
+    assert_caught(Mutation::ReadsWithoutRound, 2, 300, &["linearizable read"]);
 }
 
 #[test]

@@ -1,5 +1,6 @@
 //! Deliberate protocol bugs, so tests can prove the simulator reports each one. They can only be
-//! switched on through `Config::mutation`, which exists only with the `mutations` feature (tests).
+//! switched on through `Config::mutation`, which exists only with the `mutations` feature (tests;
+//! a server built with it takes one from `ETCD_NODE_MUTATION=<name>`, for the fault campaign).
 
 /// A bug to inject.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -26,4 +27,29 @@ pub enum Mutation {
     CommitBeforePersist,
     /// The leader credits a witness acknowledgement from an older subterm to the current one.
     CreditStaleSubtermAck,
+    /// The host's loop (`server::reads`) answers reads on a leader with its commit index at
+    /// once, without a ReadIndex round (a host bug; the core is not changed).
+    ReadsWithoutRound,
+}
+
+impl Mutation {
+    /// Every mutation.
+    pub const ALL: [Mutation; 11] = [
+        Mutation::WitnessVoteWithoutLogRule,
+        Mutation::WitnessIgnoresTerm,
+        Mutation::CreditWitnessWithoutWrite,
+        Mutation::ReenterBeforeCatchUp,
+        Mutation::ReadWithoutConfirmation,
+        Mutation::SendBeforePersist,
+        Mutation::ForgetWitnessIdentity,
+        Mutation::VoteBeforePersist,
+        Mutation::CommitBeforePersist,
+        Mutation::CreditStaleSubtermAck,
+        Mutation::ReadsWithoutRound,
+    ];
+
+    /// The mutation named `name` (as written in the enum).
+    pub fn named(name: &str) -> Option<Mutation> {
+        Self::ALL.into_iter().find(|m| format!("{m:?}") == name)
+    }
 }

@@ -248,7 +248,7 @@ impl Raft {
         self.log.term(index)
     }
     /// True if the deliberate bug `m` is switched on (never without the `mutations` feature).
-    fn mutated(&self, m: Mutation) -> bool {
+    pub fn mutated(&self, m: Mutation) -> bool {
         #[cfg(feature = "mutations")]
         return self.cfg.mutation == Some(m);
         #[cfg(not(feature = "mutations"))]

@@ -12,6 +12,7 @@ pub mod lessor;
 pub mod metrics;
 pub mod node;
 pub mod peer;
+pub mod reads;
 pub mod restore;
 pub mod watches;
 pub mod wire;
@@ -364,6 +365,13 @@ pub async fn run(
     rc.heartbeat_tick = 1;
     rc.election_tick = (cfg.election_timeout.as_millis() / tick.as_millis().max(1)) as u64;
     rc.seed = rand::random();
+    #[cfg(feature = "mutations")]
+    if let Ok(name) = std::env::var("ETCD_NODE_MUTATION") {
+        rc.mutation = Some(raft::Mutation::named(&name).ok_or_else(|| {
+            anyhow::anyhow!("ETCD_NODE_MUTATION={name}: no such mutation (raft/mutation.rs)")
+        })?);
+        tracing::warn!("deliberate bug {name} switched on (a test build)");
+    }
     let raft = Raft::new(rc, &disk).map_err(anyhow::Error::msg)?;
 
     let members = mvcc.members()?;

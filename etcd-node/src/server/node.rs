@@ -17,6 +17,8 @@ use witness_core::{Witness, WitnessStore, WitnessUrl};
 use super::lessor::Lessor;
 use super::metrics::Metrics;
 use super::peer::Peers;
+use super::reads::{Outbox, Reads};
+pub use super::reads::{leader_changed, no_leader, refused};
 use super::watches::WatchHub;
 use super::wire::Envelope;
 use super::witness_slot::WitnessSlot;
@@ -83,22 +85,6 @@ pub struct Status {
 /// (remaining TTL, granted TTL) of a lease, None when there is no such lease.
 pub type LeaseAnswer = Result<Option<(i64, i64)>, ApiError>;
 
-pub fn no_leader() -> ApiError {
-    ApiError::new(tonic::Code::Unavailable, "etcdserver: no leader")
-}
-
-pub fn leader_changed() -> ApiError {
-    ApiError::new(tonic::Code::Unavailable, "etcdserver: leader changed")
-}
-
-fn refused(r: &Refused) -> ApiError {
-    match r {
-        Refused::NotLeader { leader: NONE } => no_leader(),
-        Refused::NotLeader { .. } | Refused::Transferring { .. } => leader_changed(),
-        other => ApiError::new(tonic::Code::Unavailable, format!("etcdserver: {other}")),
-    }
-}
-
 /// A witness-core client of the witness's storage, shared by concurrent steps.
 pub type SharedWitness = Arc<Witness<Arc<dyn WitnessStore>>>;
 
@@ -132,12 +118,6 @@ pub struct Effects {
     pub lessor: Lessor,
 }
 
-/// A read-index round this node started: who waits for it.
-enum ReadWaiter {
-    Local(Vec<oneshot::Sender<Result<u64, ApiError>>>),
-    Remote { member: NodeId, ctx: u64 },
-}
-
 struct State {
     waiters: HashMap<u64, oneshot::Sender<Result<Response, ApiError>>>,
     member_waiters: HashMap<u64, oneshot::Sender<Result<(), ApiError>>>,
@@ -146,12 +126,11 @@ struct State {
     /// [`RETIRING_TIMEOUTS`] election timeouts without leading (cut off from the others).
     removed: Option<Instant>,
     next_id: u64,
-    /// Local reads not yet handed to Raft (batched: one round per loop turn).
-    reads: Vec<oneshot::Sender<Result<u64, ApiError>>>,
-    /// Rounds started on the leader, by context.
-    rounds: HashMap<u64, ReadWaiter>,
-    /// Rounds forwarded to the leader, by context.
-    forwarded: HashMap<u64, Vec<oneshot::Sender<Result<u64, ApiError>>>>,
+    /// Linearizable reads (one round per loop turn).
+    reads: Reads<oneshot::Sender<Result<u64, ApiError>>>,
+    /// Envelopes the reads produced, sent at the end of each step.
+    outbox: Outbox,
+    /// Context of the next lease question.
     next_ctx: u64,
     last_snapshot: u64,
     unsynced: u64,
@@ -189,9 +168,8 @@ impl RaftLoop {
             member_waiters: HashMap::new(),
             removed: None,
             next_id: rand::random::<u64>() >> 1,
-            reads: Vec::new(),
-            rounds: HashMap::new(),
-            forwarded: HashMap::new(),
+            reads: Reads::new(rand::random()),
+            outbox: Outbox::new(),
             next_ctx: 1,
             last_snapshot: self.fx.disk.snapshot().meta.index,
             unsynced: 0,
@@ -230,7 +208,8 @@ impl RaftLoop {
                 Err(RecvTimeoutError::Disconnected) => return Ok(()),
             }
             self.release_held(&mut st);
-            self.start_reads(&mut st);
+            st.reads.start(&mut self.raft, &mut st.outbox);
+            self.fx.send_all(&mut st.outbox);
             while self.raft.has_ready() {
                 self.process_ready(&mut st)?;
             }
@@ -371,18 +350,8 @@ impl RaftLoop {
                     }
                 }
                 Envelope::ReadIndex { ctx } => {
-                    let round = st.next_ctx;
-                    st.next_ctx += 1;
-                    match self.raft.read_index(round.to_be_bytes().to_vec()) {
-                        Ok(()) => {
-                            st.rounds
-                                .insert(round, ReadWaiter::Remote { member: from, ctx });
-                        }
-                        Err(_) => self
-                            .fx
-                            .peers
-                            .send(from, Envelope::ReadIndexResp { ctx, index: 0 }),
-                    }
+                    st.reads.asked(&mut self.raft, from, ctx, &mut st.outbox);
+                    self.fx.send_all(&mut st.outbox);
                 }
                 Envelope::LeaseAsk { ctx, id, renew } => {
                     let leader = self.raft.role() == Role::Leader;
@@ -416,15 +385,7 @@ impl RaftLoop {
                         });
                     }
                 }
-                Envelope::ReadIndexResp { ctx, index } => {
-                    for w in st.forwarded.remove(&ctx).unwrap_or_default() {
-                        let _ = w.send(if index == 0 {
-                            Err(leader_changed())
-                        } else {
-                            Ok(index)
-                        });
-                    }
-                }
+                Envelope::ReadIndexResp { ctx, index } => st.reads.answered(ctx, index),
             },
             Input::Witness(r) => self.raft.step_witness(r),
             Input::Stop => {}
@@ -493,35 +454,6 @@ impl RaftLoop {
         }
     }
 
-    /// Starts one read round for every local read that arrived this turn.
-    fn start_reads(&mut self, st: &mut State) {
-        if st.reads.is_empty() {
-            return;
-        }
-        let batch = std::mem::take(&mut st.reads);
-        let round = st.next_ctx;
-        st.next_ctx += 1;
-        if self.raft.role() == Role::Leader {
-            match self.raft.read_index(round.to_be_bytes().to_vec()) {
-                Ok(()) => {
-                    st.rounds.insert(round, ReadWaiter::Local(batch));
-                }
-                Err(r) => batch.into_iter().for_each(|w| {
-                    let _ = w.send(Err(refused(&r)));
-                }),
-            }
-        } else if self.raft.leader() != NONE {
-            self.fx
-                .peers
-                .send(self.raft.leader(), Envelope::ReadIndex { ctx: round });
-            st.forwarded.insert(round, batch);
-        } else {
-            for w in batch {
-                let _ = w.send(Err(no_leader()));
-            }
-        }
-    }
-
     fn process_ready(&mut self, st: &mut State) -> Result<(), String> {
         let seen = (self.raft.leader(), self.raft.term());
         if seen != st.seen_leader {
@@ -538,20 +470,8 @@ impl RaftLoop {
                 st,
             },
         )?;
-        if self.raft.role() != Role::Leader && !st.rounds.is_empty() {
-            // Rounds of a lost leadership never complete: fail them now.
-            for (_, w) in st.rounds.drain() {
-                match w {
-                    ReadWaiter::Local(ws) => ws.into_iter().for_each(|w| {
-                        let _ = w.send(Err(leader_changed()));
-                    }),
-                    ReadWaiter::Remote { member, ctx } => self
-                        .fx
-                        .peers
-                        .send(member, Envelope::ReadIndexResp { ctx, index: 0 }),
-                }
-            }
-        }
+        st.reads.settle(&self.raft, &mut st.outbox);
+        self.fx.send_all(&mut st.outbox);
         Ok(())
     }
 
@@ -617,6 +537,13 @@ impl RaftLoop {
 }
 
 impl Effects {
+    /// Sends what the reads put in `out`.
+    fn send_all(&self, out: &mut Outbox) {
+        for (to, envelope) in out.drain(..) {
+            self.peers.send(to, envelope);
+        }
+    }
+
     /// Applies committed entries to the key space and answers their waiters.
     fn apply(&mut self, raft: &Raft, st: &mut State, committed: &[Entry]) -> Result<(), String> {
         if committed.is_empty() {
@@ -846,22 +773,8 @@ impl Host for Turn<'_> {
     }
 
     fn read_ready(&mut self, _: &Raft, read: &ReadState) {
-        let Ok(bytes) = <[u8; 8]>::try_from(read.ctx.as_slice()) else {
-            return;
-        };
-        match self.st.rounds.remove(&u64::from_be_bytes(bytes)) {
-            Some(ReadWaiter::Local(ws)) => ws.into_iter().for_each(|w| {
-                let _ = w.send(Ok(read.index));
-            }),
-            Some(ReadWaiter::Remote { member, ctx }) => self.fx.peers.send(
-                member,
-                Envelope::ReadIndexResp {
-                    ctx,
-                    index: read.index,
-                },
-            ),
-            None => {}
-        }
+        self.st.reads.ready(read, &mut self.st.outbox);
+        self.fx.send_all(&mut self.st.outbox);
     }
 }
 

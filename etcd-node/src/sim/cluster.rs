@@ -1,17 +1,21 @@
 //! The simulated cluster: nodes, storage, network and the witness register.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::mpsc;
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use witness_core::{Seen, WitnessState};
 
 use super::invariants::{Checker, Violation};
+use crate::mvcc::ApiError;
 use crate::raft::{
     ChangeKind, ConfChange, Config, Entry, Host, KnownWitness, MemStorage, Membership, Message,
     NodeId, Raft, ReadState, Ready, Refused, Role, Snapshot, Storage, WitnessRequest,
     WitnessResponse, apply_rule, handle_ready,
 };
+use crate::server::reads::{Outbox, ReadWaiter, Reads};
+use crate::server::wire::Envelope;
 
 /// Network fault rates (per message) and delays, in ticks.
 #[derive(Debug, Clone, PartialEq)]
@@ -88,6 +92,30 @@ enum Event {
     },
     /// A node that crashed inside a Ready is started again (a supervisor restarting it).
     Restart(NodeId),
+    /// A member-to-member envelope other than a Raft message (the reads' ReadIndex questions
+    /// and answers).
+    Peer {
+        from: NodeId,
+        to: NodeId,
+        envelope: Envelope,
+    },
+}
+
+/// A client read waiting on a node: its number, answered through the cluster's channel.
+#[derive(Debug)]
+struct SimRead {
+    node: NodeId,
+    number: u64,
+    answers: mpsc::Sender<Answer>,
+}
+
+/// (node, read number, index or refusal)
+type Answer = (NodeId, u64, Result<u64, ApiError>);
+
+impl ReadWaiter for SimRead {
+    fn answer(self, index: Result<u64, ApiError>) {
+        let _ = self.answers.send((self.node, self.number, index));
+    }
 }
 
 #[derive(Debug)]
@@ -97,6 +125,8 @@ struct Node {
     config: Config,
     /// Clock rate relative to the simulation's, and the fraction of a tick accumulated.
     clock: Option<(f64, f64)>,
+    /// The server's read handling (lost in a crash, as a process's memory is).
+    reads: Reads<SimRead>,
 }
 
 /// The witness's cluster id in simulations.
@@ -113,6 +143,8 @@ pub struct Cluster {
     /// Highest commit index any node ever reached: a read started later must see it.
     max_commit: u64,
     reads: u64,
+    /// Where the nodes' reads are answered.
+    answers: (mpsc::Sender<Answer>, mpsc::Receiver<Answer>),
     now: u64,
     /// (deliver at, sequence, event): delivered in order of time, then sequence.
     queue: BTreeMap<(u64, u64), Event>,
@@ -178,6 +210,7 @@ impl Cluster {
             witnesses: BTreeMap::new(),
             max_commit: 0,
             reads: 0,
+            answers: mpsc::channel(),
             checker: Checker::new(
                 &MemStorage::bootstrap(membership.clone(), known)
                     .snapshot()
@@ -213,6 +246,7 @@ impl Cluster {
                 storage,
                 config,
                 clock: None,
+                reads: Reads::new(self.rng.random()),
             },
         );
     }
@@ -287,7 +321,10 @@ impl Cluster {
     // ---- faults ----
 
     pub fn crash(&mut self, id: NodeId) {
-        if self.nodes.get_mut(&id).expect("node").raft.take().is_some() {
+        let first_ctx = self.rng.random();
+        let node = self.nodes.get_mut(&id).expect("node");
+        node.reads = Reads::new(first_ctx);
+        if node.raft.take().is_some() {
             self.checker
                 .restarted(id, self.nodes[&id].storage.snapshot().meta.index);
             self.stats.crashes += 1;
@@ -416,24 +453,53 @@ impl Cluster {
         Ok(())
     }
 
-    /// Starts a linearizable read on a node that believes it leads (a deposed leader that has
-    /// not noticed yet included). Once served, its index is checked against every commit index
+    /// Starts a linearizable read on any live node, through the server's read handling
+    /// (`server::reads`: batched rounds, forwarded by followers); refused only when no node
+    /// believes it leads. Once answered, its index is checked against every commit index
     /// reached before it started.
     pub fn read(&mut self) -> Result<(), Refused> {
-        let leaders: Vec<NodeId> = self
+        let live: Vec<NodeId> = self
             .nodes
-            .values()
-            .filter_map(|n| n.raft.as_ref())
-            .filter(|r| r.role() == Role::Leader)
-            .map(|r| r.id())
+            .iter()
+            .filter(|(_, n)| n.raft.is_some())
+            .map(|(&id, _)| id)
             .collect();
-        let Some(&id) = leaders.get(self.rng.random_range(0..leaders.len().max(1))) else {
+        if self.leader().is_none() {
             return Err(Refused::NotLeader { leader: 0 });
-        };
+        }
+        let id = live[self.rng.random_range(0..live.len())];
         self.reads += 1;
-        let ctx = self.reads.to_le_bytes().to_vec();
         self.checker.read_started(self.reads, self.max_commit);
-        self.on_node(id, |r| r.read_index(ctx))
+        let read = SimRead {
+            node: id,
+            number: self.reads,
+            answers: self.answers.0.clone(),
+        };
+        let node = self.nodes.get_mut(&id).expect("node");
+        node.reads.push(read);
+        let mut out = Outbox::new();
+        node.reads
+            .start(node.raft.as_mut().expect("a live node"), &mut out);
+        self.send_envelopes(id, out);
+        self.process(id);
+        Ok(())
+    }
+
+    /// Sends envelopes from node `from` over the simulated network.
+    fn send_envelopes(&mut self, from: NodeId, out: Outbox) {
+        for (to, envelope) in out {
+            self.schedule(Event::Peer { from, to, envelope }, from, to);
+        }
+    }
+
+    /// Checks the reads answered since the last call.
+    fn collect_answers(&mut self) {
+        while let Ok((node, number, answer)) = self.answers.1.try_recv() {
+            if let Ok(index) = answer {
+                self.stats.reads_served += 1;
+                self.checker.read_answered(node, number, index);
+            }
+        }
     }
 
     /// Node `id` snapshots its state machine and compacts its log.
@@ -491,6 +557,11 @@ impl Cluster {
                     response: response.clone(),
                 },
                 Event::Restart(node) => Event::Restart(*node),
+                Event::Peer { from, to, envelope } => Event::Peer {
+                    from: *from,
+                    to: *to,
+                    envelope: envelope.clone(),
+                },
             };
             self.queue.insert((self.now + delay, self.seq), e);
         }
@@ -508,11 +579,18 @@ impl Cluster {
                 return;
             }
             let outcome = handle_ready(&mut raft, &mut SimHost { c: self, id });
-            self.nodes.get_mut(&id).expect("node").raft = Some(raft);
+            let node = self.nodes.get_mut(&id).expect("node");
+            let mut out = Outbox::new();
+            if outcome.is_ok() {
+                node.reads.settle(&raft, &mut out);
+            }
+            node.raft = Some(raft);
+            self.collect_answers();
             if outcome.is_err() {
                 self.crash_in_ready(id);
                 return;
             }
+            self.send_envelopes(id, out);
             let raft = self.nodes[&id].raft.as_ref().expect("a live node");
             self.max_commit = self.max_commit.max(raft.commit());
             if raft.role() == Role::Leader
@@ -645,6 +723,7 @@ impl Cluster {
                 }
                 Event::WitnessStep { node, request } => self.witness_step(node, request),
                 Event::Restart(node) => self.restart(node),
+                Event::Peer { from, to, envelope } => self.deliver(from, to, envelope),
                 Event::WitnessReply { node, response } => {
                     if let Some(r) = self.nodes.get_mut(&node).and_then(|n| n.raft.as_mut()) {
                         r.step_witness(response);
@@ -659,6 +738,25 @@ impl Cluster {
             .filter_map(|n| n.raft.as_ref())
             .collect();
         self.checker.check(self.now, &live)
+    }
+
+    /// Delivers a member-to-member envelope to a live node's read handling.
+    fn deliver(&mut self, from: NodeId, to: NodeId, envelope: Envelope) {
+        let Some(node) = self.nodes.get_mut(&to) else {
+            return;
+        };
+        let Some(raft) = node.raft.as_mut() else {
+            return;
+        };
+        let mut out = Outbox::new();
+        match envelope {
+            Envelope::ReadIndex { ctx } => node.reads.asked(raft, from, ctx, &mut out),
+            Envelope::ReadIndexResp { ctx, index } => node.reads.answered(ctx, index),
+            _ => {}
+        }
+        self.send_envelopes(to, out);
+        self.collect_answers();
+        self.process(to);
     }
 
     /// How many times node `id`'s clock ticks during this simulation tick (1 without drift).
@@ -791,7 +889,9 @@ impl Host for SimHost<'_> {
     }
 
     fn read_ready(&mut self, _: &Raft, read: &ReadState) {
-        self.c.stats.reads_served += 1;
-        self.c.checker.read_served(self.id, read);
+        let mut out = Outbox::new();
+        let node = self.c.nodes.get_mut(&self.id).expect("node");
+        node.reads.ready(read, &mut out);
+        self.c.send_envelopes(self.id, out);
     }
 }

@@ -18,8 +18,8 @@ use std::fmt;
 use witness_core::WitnessState;
 
 use crate::raft::{
-    Body, Entry, EntryData, MemStorage, Membership, Message, NodeId, Raft, RaftLog, ReadState,
-    Role, SnapshotMeta, Storage, WitnessRequest,
+    Body, Entry, EntryData, MemStorage, Membership, Message, NodeId, Raft, RaftLog, Role,
+    SnapshotMeta, Storage, WitnessRequest,
 };
 
 /// An invariant that did not hold.
@@ -50,8 +50,8 @@ pub struct Checker {
     views: BTreeMap<(u64, NodeId), LeaderView>,
     /// The position every member of the cluster started from: (index, term, subterm).
     bootstrap: (u64, u64, u64),
-    /// Read context -> the highest commit index reached before the read started.
-    reads: BTreeMap<Vec<u8>, u64>,
+    /// Read number -> the highest commit index reached before the read started.
+    reads: BTreeMap<u64, u64>,
     pending: Option<String>,
     ticks_checked: u64,
     /// Per node: the highest commit index its Readys carried (checked for durability up to it
@@ -208,17 +208,17 @@ impl Checker {
     }
 
     /// A linearizable read starts after commit index `floor` was reached somewhere.
-    pub fn read_started(&mut self, id: u64, floor: u64) {
-        self.reads.insert(id.to_le_bytes().to_vec(), floor);
+    pub fn read_started(&mut self, number: u64, floor: u64) {
+        self.reads.insert(number, floor);
     }
 
-    /// A node answered a read.
-    pub fn read_served(&mut self, node: NodeId, rs: &ReadState) {
-        let floor = self.reads.remove(&rs.ctx).unwrap_or(0);
-        if rs.index < floor {
+    /// Node `node` answered read `number` with `index` (the state machine must reach it before
+    /// serving the read).
+    pub fn read_answered(&mut self, node: NodeId, number: u64, index: u64) {
+        let floor = self.reads.remove(&number).unwrap_or(0);
+        if index < floor {
             let what = format!(
-                "linearizable read: node {node} served a read at index {} but {floor} was committed before it started",
-                rs.index
+                "linearizable read: node {node} answered read {number} at index {index} but {floor} was committed before it started"
             );
             self.fail(what);
         }
