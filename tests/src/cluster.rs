@@ -12,13 +12,17 @@ use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
 use crate::free_port;
+use crate::proxy::Proxy;
 
 /// One regular member.
 #[derive(Debug)]
 pub struct Member {
     pub name: String,
     pub client_port: u16,
+    /// The peer port the others reach this member at (its proxy's, when it has one).
     pub peer_port: u16,
+    /// The peer port this member listens on (`peer_port` without a proxy).
+    listen_peer_port: u16,
     /// Joins a running cluster (`--initial-cluster-state existing`) instead of bootstrapping.
     join: bool,
     child: Option<Child>,
@@ -49,6 +53,23 @@ pub struct Cluster {
     initial_cluster: String,
     /// Extra flags every start of a member gets.
     flags: Vec<String>,
+    /// One proxy in front of each member's peer port (partitionable clusters only).
+    proxies: Vec<Proxy>,
+}
+
+/// A temporary directory with a `witness` directory in it, and the witness URL of that.
+fn witness_dir() -> (tempfile::TempDir, String) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let witness_dir = dir.path().join("witness");
+    std::fs::create_dir_all(&witness_dir).expect("witness dir");
+    let url = format!(
+        "witness:mount?path={}",
+        percent_encoding::utf8_percent_encode(
+            witness_dir.to_str().expect("utf-8 temp path"),
+            percent_encoding::NON_ALPHANUMERIC
+        )
+    );
+    (dir, url)
 }
 
 /// Runs `etcdutl witness init` for `url`; panics with its output on failure.
@@ -74,16 +95,7 @@ pub fn init_witness(etcdutl: &Path, name: &str, url: &str) {
 impl Cluster {
     /// Two members and a witness in a local directory, started with `flags` (on every start).
     pub fn start(node_bin: &Path, etcdutl: &Path, flags: &[&str]) -> Cluster {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let witness_dir = dir.path().join("witness");
-        std::fs::create_dir_all(&witness_dir).expect("witness dir");
-        let url = format!(
-            "witness:mount?path={}",
-            percent_encoding::utf8_percent_encode(
-                witness_dir.to_str().expect("utf-8 temp path"),
-                percent_encoding::NON_ALPHANUMERIC
-            )
-        );
+        let (dir, url) = witness_dir();
         Self::start_with(dir, node_bin, etcdutl, url, flags)
     }
 
@@ -95,16 +107,43 @@ impl Cluster {
         witness_url: String,
         flags: &[&str],
     ) -> Cluster {
+        Self::assemble(dir, node_bin, etcdutl, witness_url, flags, false)
+    }
+
+    /// As [`Cluster::start`], with the members reaching each other only through proxies, so
+    /// that [`Cluster::partition`] can cut them apart.
+    pub fn start_partitionable(node_bin: &Path, etcdutl: &Path) -> Cluster {
+        let (dir, url) = witness_dir();
+        Self::assemble(dir, node_bin, etcdutl, url, &[], true)
+    }
+
+    fn assemble(
+        dir: tempfile::TempDir,
+        node_bin: &Path,
+        etcdutl: &Path,
+        witness_url: String,
+        flags: &[&str],
+        proxied: bool,
+    ) -> Cluster {
         init_witness(etcdutl, "w", &witness_url);
         let members: Vec<Member> = ["n1", "n2"]
             .iter()
-            .map(|n| Member {
-                name: n.to_string(),
-                client_port: free_port(),
-                peer_port: free_port(),
-                join: false,
-                child: None,
+            .map(|n| {
+                let peer_port = free_port();
+                Member {
+                    name: n.to_string(),
+                    client_port: free_port(),
+                    peer_port,
+                    listen_peer_port: if proxied { free_port() } else { peer_port },
+                    join: false,
+                    child: None,
+                }
             })
+            .collect();
+        let proxies = members
+            .iter()
+            .filter(|_| proxied)
+            .map(|m| Proxy::start(m.peer_port, m.listen_peer_port))
             .collect();
         let initial_cluster = members
             .iter()
@@ -119,11 +158,19 @@ impl Cluster {
             members,
             initial_cluster,
             flags: flags.iter().map(|f| f.to_string()).collect(),
+            proxies,
         };
         for i in 0..c.members.len() {
             c.start_member(i);
         }
         c
+    }
+
+    /// Cuts the members apart (every peer connection closed, new ones refused; clients and the
+    /// witness still reach each member), or heals the cut. Only for a partitionable cluster.
+    pub fn partition(&self, cut: bool) {
+        assert!(!self.proxies.is_empty(), "not a partitionable cluster");
+        self.proxies.iter().for_each(|p| p.set_cut(cut));
     }
 
     /// The `--initial-cluster` every member is started with.
@@ -146,10 +193,12 @@ impl Cluster {
     /// `etcdctl member add`; its index. Later starts of any member list it in
     /// `--initial-cluster`.
     pub fn new_member(&mut self, name: &str) -> usize {
+        let peer_port = free_port();
         let m = Member {
             name: name.to_string(),
             client_port: free_port(),
-            peer_port: free_port(),
+            peer_port,
+            listen_peer_port: peer_port,
             join: true,
             child: None,
         };
@@ -180,7 +229,10 @@ impl Cluster {
             .arg(self.data_dir(i))
             .args(["--listen-client-urls", &m.url()])
             .args(["--advertise-client-urls", &m.url()])
-            .args(["--listen-peer-urls", &peer])
+            .args([
+                "--listen-peer-urls",
+                &format!("http://127.0.0.1:{}", m.listen_peer_port),
+            ])
             .args(["--initial-advertise-peer-urls", &peer])
             .args(["--initial-cluster", &self.initial_cluster])
             .args(["--initial-cluster-state", state])

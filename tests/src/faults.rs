@@ -1,7 +1,8 @@
 //! The fault campaign: a local cluster of real etcd-node processes (two members and a witness in
 //! a directory) under a mixed client workload (puts, linearizable reads, compare-and-swap
 //! transactions through etcd's gRPC API), with one fault per run chosen and timed from a seed:
-//! SIGKILL and restart of a member, SIGSTOP/SIGCONT of a member, the witness's directory made
+//! SIGKILL and restart of a member, SIGSTOP/SIGCONT of a member, the members cut apart (their
+//! peer links go through proxies the campaign cuts), the witness's directory made
 //! unreachable. After each run the faults are healed and the campaign checks that every key's
 //! history is linearizable (acknowledged writes lost or reordered show there), that both
 //! members hold the same value for every key, and that their HashKV agree. It reports how long
@@ -40,6 +41,8 @@ pub enum Family {
     Kill,
     Pause,
     WitnessGone,
+    /// The members cut apart (clients and the witness still reach both).
+    Partition,
 }
 
 /// What a campaign saw.
@@ -91,7 +94,7 @@ type History = Arc<Mutex<BTreeMap<String, Vec<Event>>>>;
 
 /// Runs the campaign; the error names the seed and run that failed and what it found.
 pub fn campaign(node_bin: &Path, etcdutl: &Path, o: &Options) -> Result<Report, String> {
-    let cluster = Cluster::start(node_bin, etcdutl, &[]);
+    let cluster = Cluster::start_partitionable(node_bin, etcdutl);
     cluster.wait_leader(Duration::from_secs(30));
     let rt = tokio::runtime::Runtime::new().map_err(|e| e.to_string())?;
     let mut cluster = cluster;
@@ -151,7 +154,13 @@ fn one_run(
         }));
     }
     std::thread::sleep(Duration::from_millis(rng.random_range(500..1500)));
-    let family = [Family::Kill, Family::Pause, Family::WitnessGone][rng.random_range(0..3)];
+    let families = [
+        Family::Kill,
+        Family::Pause,
+        Family::WitnessGone,
+        Family::Partition,
+    ];
+    let family = families[rng.random_range(0..families.len())];
     let member = rng.random_range(0..cluster.members.len());
     let fault_at = nanos(epoch);
     let witness_dir = cluster.dir.path().join("witness");
@@ -171,6 +180,11 @@ fn one_run(
             std::fs::rename(&witness_dir, &gone).map_err(|e| e.to_string())?;
             std::thread::sleep(Duration::from_millis(rng.random_range(3000..12000)));
             std::fs::rename(&gone, &witness_dir).map_err(|e| e.to_string())?;
+        }
+        Family::Partition => {
+            cluster.partition(true);
+            std::thread::sleep(Duration::from_millis(rng.random_range(3000..12000)));
+            cluster.partition(false);
         }
     }
     let healed = Instant::now();
