@@ -109,6 +109,18 @@ fn serving_reads_without_a_round_in_the_server_loop_is_caught() {
     assert_caught(Mutation::ReadsWithoutRound, 2, 300, &["linearizable read"]);
 }
 
+/// Also a bug of the server's loop: the simulator runs its proposal handling
+/// (`server::proposals`) and checks that each client write commits once.
+#[test]
+fn forwarding_a_proposal_twice_is_caught() {
+    assert_caught(
+        Mutation::ForwardTwice,
+        2,
+        300,
+        &["client write applied twice"],
+    );
+}
+
 #[test]
 fn trusting_a_wiped_witness_is_caught() {
     // Seen only through the random runs' wiped-and-reinitialised witness

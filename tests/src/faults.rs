@@ -105,7 +105,7 @@ pub fn campaign(node_bin: &Path, etcdutl: &Path, o: &Options) -> Result<Report, 
         one_run(&mut cluster, &rt, o, seed, &mut report).map_err(|e| {
             format!(
                 "fault run with seed {seed} failed: {e}\nreplay: bash scripts/faults.sh --runs 1 --seed {seed}\nmember logs in {}",
-                cluster.dir.path().display()
+                keep_logs(&cluster, seed)
             )
         })?;
         report.runs += 1;
@@ -119,6 +119,25 @@ pub fn campaign(node_bin: &Path, etcdutl: &Path, o: &Options) -> Result<Report, 
         }
     }
     Ok(report)
+}
+
+/// Copies the members' logs out of the cluster's directory (removed with the cluster); where.
+fn keep_logs(cluster: &Cluster, seed: u64) -> String {
+    let to = std::env::temp_dir().join(format!("faults-{seed}"));
+    let copied = std::fs::create_dir_all(&to).and_then(|()| {
+        for m in &cluster.members {
+            let log = format!("{}.log", m.name);
+            std::fs::copy(cluster.dir.path().join(&log), to.join(&log))?;
+        }
+        Ok(())
+    });
+    match copied {
+        Ok(()) => to.display().to_string(),
+        Err(e) => format!(
+            "{} (copying them failed: {e})",
+            cluster.dir.path().display()
+        ),
+    }
 }
 
 fn one_run(

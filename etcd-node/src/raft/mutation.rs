@@ -30,11 +30,13 @@ pub enum Mutation {
     /// The host's loop (`server::reads`) answers reads on a leader with its commit index at
     /// once, without a ReadIndex round (a host bug; the core is not changed).
     ReadsWithoutRound,
+    /// The host's loop (`server::proposals`) forwards a follower's proposal to the leader twice.
+    ForwardTwice,
 }
 
 impl Mutation {
     /// Every mutation.
-    pub const ALL: [Mutation; 11] = [
+    pub const ALL: [Mutation; 12] = [
         Mutation::WitnessVoteWithoutLogRule,
         Mutation::WitnessIgnoresTerm,
         Mutation::CreditWitnessWithoutWrite,
@@ -46,6 +48,7 @@ impl Mutation {
         Mutation::CommitBeforePersist,
         Mutation::CreditStaleSubtermAck,
         Mutation::ReadsWithoutRound,
+        Mutation::ForwardTwice,
     ];
 
     /// The mutation named `name` (as written in the enum).

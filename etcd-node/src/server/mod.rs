@@ -12,6 +12,7 @@ pub mod lessor;
 pub mod metrics;
 pub mod node;
 pub mod peer;
+pub mod proposals;
 pub mod reads;
 pub mod restore;
 pub mod watches;

@@ -17,7 +17,8 @@ use witness_core::{Witness, WitnessStore, WitnessUrl};
 use super::lessor::Lessor;
 use super::metrics::Metrics;
 use super::peer::Peers;
-use super::reads::{Outbox, Reads};
+use super::proposals::Proposals;
+use super::reads::{Outbox, Reads, Waiter};
 pub use super::reads::{leader_changed, no_leader, refused};
 use super::watches::WatchHub;
 use super::wire::Envelope;
@@ -119,7 +120,8 @@ pub struct Effects {
 }
 
 struct State {
-    waiters: HashMap<u64, oneshot::Sender<Result<Response, ApiError>>>,
+    /// Client proposals (appended, held or forwarded) and their waiters.
+    proposals: Proposals<oneshot::Sender<Result<Response, ApiError>>>,
     member_waiters: HashMap<u64, oneshot::Sender<Result<(), ApiError>>>,
     /// This member applied its own removal (since when, or since it last led): it stops once
     /// it no longer leads and its log strands nothing ([`Raft::retiring`]), or after
@@ -140,9 +142,6 @@ struct State {
     lease_asks: HashMap<u64, oneshot::Sender<LeaseAnswer>>,
     /// Whether this member led at the end of the last turn (to notice it starts leading).
     leading: bool,
-    /// Proposals held while a member catches up to re-enter the replication set, with the id
-    /// of the local waiter (none when forwarded by a follower).
-    held: Vec<(Vec<u8>, Option<u64>)>,
 }
 
 /// Expired leases revoked per second at most (etcd's `leaseRevokeRate`): a mass expiry becomes
@@ -164,7 +163,7 @@ impl RaftLoop {
     /// Runs until [`Input::Stop`] or a storage failure (returned: the node must stop).
     pub fn run(mut self) -> Result<(), String> {
         let mut st = State {
-            waiters: HashMap::new(),
+            proposals: Proposals::default(),
             member_waiters: HashMap::new(),
             removed: None,
             next_id: rand::random::<u64>() >> 1,
@@ -174,7 +173,6 @@ impl RaftLoop {
             last_snapshot: self.fx.disk.snapshot().meta.index,
             unsynced: 0,
             seen_leader: (NONE, 0),
-            held: Vec::new(),
             lease_asks: HashMap::new(),
             leading: false,
         };
@@ -184,7 +182,7 @@ impl RaftLoop {
             if now >= next_tick {
                 self.raft.tick();
                 next_tick = now + self.tick;
-                st.waiters.retain(|_, w| !w.is_closed());
+                st.proposals.forget_closed();
                 st.member_waiters.retain(|_, w| !w.is_closed());
                 st.lease_asks.retain(|_, w| !w.is_closed());
                 self.revoke_expired(&mut st);
@@ -207,7 +205,7 @@ impl RaftLoop {
                 Err(RecvTimeoutError::Timeout) => {}
                 Err(RecvTimeoutError::Disconnected) => return Ok(()),
             }
-            self.release_held(&mut st);
+            st.proposals.release_held(&mut self.raft);
             st.reads.start(&mut self.raft, &mut st.outbox);
             self.fx.send_all(&mut st.outbox);
             while self.raft.has_ready() {
@@ -272,20 +270,9 @@ impl RaftLoop {
                 st.next_id = st.next_id.wrapping_add(1);
                 proposal.id = st.next_id;
                 let data = proposal.encode_to_vec();
-                if self.raft.role() == Role::Leader {
-                    if let Err(r) = self.propose_or_hold(st, data, Some(proposal.id)) {
-                        let _ = reply.send(Err(refused(&r)));
-                        return;
-                    }
-                } else if self.raft.leader() != NONE {
-                    self.fx
-                        .peers
-                        .send(self.raft.leader(), Envelope::Forward(data));
-                } else {
-                    let _ = reply.send(Err(no_leader()));
-                    return;
-                }
-                st.waiters.insert(proposal.id, reply);
+                st.proposals
+                    .submit(&mut self.raft, proposal.id, data, reply, &mut st.outbox);
+                self.fx.send_all(&mut st.outbox);
             }
             Input::ProposeMember { mut change, reply } => {
                 st.next_id = st.next_id.wrapping_add(1);
@@ -342,7 +329,7 @@ impl RaftLoop {
                 Envelope::Raft(m) => self.raft.step(m),
                 Envelope::Forward(data) => {
                     // Refused (no longer the leader): the follower's client times out and retries.
-                    let _ = self.propose_or_hold(st, data, None);
+                    let _ = st.proposals.propose_or_hold(&mut self.raft, data, None);
                 }
                 Envelope::ForwardMember(data) => {
                     if let Err(e) = self.propose_member(data) {
@@ -419,37 +406,8 @@ impl RaftLoop {
                 op: Some(Op::LeaseRevoke(PbLeaseRevokeRequest { id })),
             }
             .encode_to_vec();
-            if let Err(r) = self.propose_or_hold(st, data, None) {
+            if let Err(r) = st.proposals.propose_or_hold(&mut self.raft, data, None) {
                 tracing::info!(lease = id, error = %r, "could not propose an expired lease's revoke");
-            }
-        }
-    }
-
-    /// Proposes `data`, or keeps it for later while Raft holds proposals (with the id of its
-    /// local waiter, if any).
-    fn propose_or_hold(
-        &mut self,
-        st: &mut State,
-        data: Vec<u8>,
-        waiter: Option<u64>,
-    ) -> Result<(), Refused> {
-        if self.raft.proposals_held() {
-            st.held.push((data, waiter));
-            return Ok(());
-        }
-        self.raft.propose(data).map(drop)
-    }
-
-    /// Proposes what was held, once the hold is over.
-    fn release_held(&mut self, st: &mut State) {
-        if st.held.is_empty() || self.raft.proposals_held() {
-            return;
-        }
-        for (data, id) in std::mem::take(&mut st.held) {
-            if let Err(r) = self.raft.propose(data)
-                && let Some(w) = id.and_then(|id| st.waiters.remove(&id))
-            {
-                let _ = w.send(Err(refused(&r)));
             }
         }
     }
@@ -583,9 +541,9 @@ impl Effects {
                         _ => {}
                     }
                     if let Some(r) = r
-                        && let Some(w) = st.waiters.remove(&p.id)
+                        && let Some(w) = st.proposals.applied(p.id)
                     {
-                        let _ = w.send(r);
+                        w.answer(r);
                     }
                 }
                 Command::Member(c) => self.member_changed(raft.id(), st, c),

@@ -13,14 +13,22 @@ use super::wire::Envelope;
 use crate::mvcc::ApiError;
 use crate::raft::{Mutation, NONE, NodeId, Raft, ReadState, Refused, Role};
 
-/// Whoever waits for a read's index.
-pub trait ReadWaiter {
-    fn answer(self, index: Result<u64, ApiError>);
+/// Whoever waits for a request's answer (a client's channel in the server; the checker's in the
+/// simulator).
+pub trait Waiter {
+    type Answer;
+    fn answer(self, answer: Result<Self::Answer, ApiError>);
+    /// The client gave up (its waiter can be forgotten).
+    fn is_closed(&self) -> bool;
 }
 
-impl ReadWaiter for oneshot::Sender<Result<u64, ApiError>> {
-    fn answer(self, index: Result<u64, ApiError>) {
-        let _ = self.send(index);
+impl<T> Waiter for oneshot::Sender<Result<T, ApiError>> {
+    type Answer = T;
+    fn answer(self, answer: Result<T, ApiError>) {
+        let _ = self.send(answer);
+    }
+    fn is_closed(&self) -> bool {
+        oneshot::Sender::is_closed(self)
     }
 }
 
@@ -85,7 +93,7 @@ pub fn refused(r: &Refused) -> ApiError {
     }
 }
 
-impl<W: ReadWaiter> Reads<W> {
+impl<W: Waiter<Answer = u64>> Reads<W> {
     /// A local read arrived; it starts with the others of this turn ([`Reads::start`]).
     pub fn push(&mut self, waiter: W) {
         self.arrived.push(waiter);

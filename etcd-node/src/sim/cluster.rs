@@ -10,11 +10,12 @@ use witness_core::{Seen, WitnessState};
 use super::invariants::{Checker, Violation};
 use crate::mvcc::ApiError;
 use crate::raft::{
-    ChangeKind, ConfChange, Config, Entry, Host, KnownWitness, MemStorage, Membership, Message,
-    NodeId, Raft, ReadState, Ready, Refused, Role, Snapshot, Storage, WitnessRequest,
+    ChangeKind, ConfChange, Config, Entry, EntryData, Host, KnownWitness, MemStorage, Membership,
+    Message, NodeId, Raft, ReadState, Ready, Refused, Role, Snapshot, Storage, WitnessRequest,
     WitnessResponse, apply_rule, handle_ready,
 };
-use crate::server::reads::{Outbox, ReadWaiter, Reads};
+use crate::server::proposals::Proposals;
+use crate::server::reads::{Outbox, Reads, Waiter};
 use crate::server::wire::Envelope;
 
 /// Network fault rates (per message) and delays, in ticks.
@@ -112,9 +113,34 @@ struct SimRead {
 /// (node, read number, index or refusal)
 type Answer = (NodeId, u64, Result<u64, ApiError>);
 
-impl ReadWaiter for SimRead {
+impl Waiter for SimRead {
+    type Answer = u64;
     fn answer(self, index: Result<u64, ApiError>) {
         let _ = self.answers.send((self.node, self.number, index));
+    }
+    fn is_closed(&self) -> bool {
+        false
+    }
+}
+
+/// A client write waiting on a node, answered with the index it was applied at.
+#[derive(Debug)]
+struct SimWrite {
+    node: NodeId,
+    data: Vec<u8>,
+    answers: mpsc::Sender<WriteAnswer>,
+}
+
+/// (node, the write's data, applied index or refusal)
+type WriteAnswer = (NodeId, Vec<u8>, Result<u64, ApiError>);
+
+impl Waiter for SimWrite {
+    type Answer = u64;
+    fn answer(self, index: Result<u64, ApiError>) {
+        let _ = self.answers.send((self.node, self.data, index));
+    }
+    fn is_closed(&self) -> bool {
+        false
     }
 }
 
@@ -125,8 +151,9 @@ struct Node {
     config: Config,
     /// Clock rate relative to the simulation's, and the fraction of a tick accumulated.
     clock: Option<(f64, f64)>,
-    /// The server's read handling (lost in a crash, as a process's memory is).
+    /// The server's read and proposal handling (lost in a crash, as a process's memory is).
     reads: Reads<SimRead>,
+    proposals: Proposals<SimWrite>,
 }
 
 /// The witness's cluster id in simulations.
@@ -145,6 +172,8 @@ pub struct Cluster {
     reads: u64,
     /// Where the nodes' reads are answered.
     answers: (mpsc::Sender<Answer>, mpsc::Receiver<Answer>),
+    /// Where the nodes' client writes are answered.
+    writes: (mpsc::Sender<WriteAnswer>, mpsc::Receiver<WriteAnswer>),
     now: u64,
     /// (deliver at, sequence, event): delivered in order of time, then sequence.
     queue: BTreeMap<(u64, u64), Event>,
@@ -211,6 +240,7 @@ impl Cluster {
             max_commit: 0,
             reads: 0,
             answers: mpsc::channel(),
+            writes: mpsc::channel(),
             checker: Checker::new(
                 &MemStorage::bootstrap(membership.clone(), known)
                     .snapshot()
@@ -247,6 +277,7 @@ impl Cluster {
                 config,
                 clock: None,
                 reads: Reads::new(self.rng.random()),
+                proposals: Proposals::default(),
             },
         );
     }
@@ -324,6 +355,7 @@ impl Cluster {
         let first_ctx = self.rng.random();
         let node = self.nodes.get_mut(&id).expect("node");
         node.reads = Reads::new(first_ctx);
+        node.proposals = Proposals::default();
         if node.raft.take().is_some() {
             self.checker
                 .restarted(id, self.nodes[&id].storage.snapshot().meta.index);
@@ -485,6 +517,40 @@ impl Cluster {
         Ok(())
     }
 
+    /// A client write of unique 8-byte `data` (its id) on any live node, through the server's
+    /// proposal handling (`server::proposals`: appended, held, or forwarded by a follower).
+    /// Checked: it commits once, and an answer names the index it was applied at.
+    pub fn submit(&mut self, data: [u8; 8]) {
+        let live: Vec<NodeId> = self
+            .nodes
+            .iter()
+            .filter(|(_, n)| n.raft.is_some())
+            .map(|(&id, _)| id)
+            .collect();
+        let Some(&id) = live.get(self.rng.random_range(0..live.len().max(1))) else {
+            return;
+        };
+        self.checker.write_submitted(data.to_vec());
+        let write = SimWrite {
+            node: id,
+            data: data.to_vec(),
+            answers: self.writes.0.clone(),
+        };
+        let node = self.nodes.get_mut(&id).expect("node");
+        let mut out = Outbox::new();
+        let raft = node.raft.as_mut().expect("a live node");
+        node.proposals.submit(
+            raft,
+            u64::from_le_bytes(data),
+            data.to_vec(),
+            write,
+            &mut out,
+        );
+        self.send_envelopes(id, out);
+        self.collect_answers();
+        self.process(id);
+    }
+
     /// Sends envelopes from node `from` over the simulated network.
     fn send_envelopes(&mut self, from: NodeId, out: Outbox) {
         for (to, envelope) in out {
@@ -492,12 +558,17 @@ impl Cluster {
         }
     }
 
-    /// Checks the reads answered since the last call.
+    /// Checks the reads and writes answered since the last call.
     fn collect_answers(&mut self) {
         while let Ok((node, number, answer)) = self.answers.1.try_recv() {
             if let Ok(index) = answer {
                 self.stats.reads_served += 1;
                 self.checker.read_answered(node, number, index);
+            }
+        }
+        while let Ok((node, data, answer)) = self.writes.1.try_recv() {
+            if let Ok(index) = answer {
+                self.checker.write_answered(node, &data, index);
             }
         }
     }
@@ -528,7 +599,11 @@ impl Cluster {
         if !self.connected(from, to) {
             return;
         }
-        let copies = if self.rng.random_bool(self.faults.duplicate) {
+        // The server's peer links never deliver an envelope twice (no resend on a new
+        // connection), and a forwarded proposal must not be: only Raft messages and witness
+        // requests and replies (which the core tolerates twice) are duplicated.
+        let duplicable = !matches!(event, Event::Peer { .. });
+        let copies = if duplicable && self.rng.random_bool(self.faults.duplicate) {
             2
         } else {
             1
@@ -571,9 +646,13 @@ impl Cluster {
     /// has none (or it crashes inside one).
     fn process(&mut self, id: NodeId) {
         loop {
-            let Some(mut raft) = self.nodes.get_mut(&id).and_then(|n| n.raft.take()) else {
+            let Some(node) = self.nodes.get_mut(&id) else {
                 return;
             };
+            let Some(mut raft) = node.raft.take() else {
+                return;
+            };
+            node.proposals.release_held(&mut raft);
             if !raft.has_ready() {
                 self.nodes.get_mut(&id).expect("node").raft = Some(raft);
                 return;
@@ -752,6 +831,10 @@ impl Cluster {
         match envelope {
             Envelope::ReadIndex { ctx } => node.reads.asked(raft, from, ctx, &mut out),
             Envelope::ReadIndexResp { ctx, index } => node.reads.answered(ctx, index),
+            Envelope::Forward(data) => {
+                // Refused (no longer the leader): the follower's client times out and retries.
+                let _ = node.proposals.propose_or_hold(raft, data, None);
+            }
             _ => {}
         }
         self.send_envelopes(to, out);
@@ -884,6 +967,16 @@ impl Host for SimHost<'_> {
         for e in committed {
             self.c.stats.committed += 1;
             self.c.checker.applied(self.id, e);
+            if let EntryData::Normal(data) = &e.data
+                && let Ok(id) = <[u8; 8]>::try_from(data.as_slice())
+                && let Some(w) = self
+                    .c
+                    .nodes
+                    .get_mut(&self.id)
+                    .and_then(|n| n.proposals.applied(u64::from_le_bytes(id)))
+            {
+                w.answer(Ok(e.index));
+            }
         }
         Ok(())
     }

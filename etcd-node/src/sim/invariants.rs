@@ -52,6 +52,9 @@ pub struct Checker {
     bootstrap: (u64, u64, u64),
     /// Read number -> the highest commit index reached before the read started.
     reads: BTreeMap<u64, u64>,
+    /// Client writes submitted through the server's proposal handling -> the index they were
+    /// first committed at.
+    writes: BTreeMap<Vec<u8>, Option<u64>>,
     pending: Option<String>,
     ticks_checked: u64,
     /// Per node: the highest commit index its Readys carried (checked for durability up to it
@@ -111,7 +114,47 @@ impl Checker {
                     self.fail(what);
                 }
                 self.committed.insert(e.index, e.clone());
+                self.write_committed(e);
             }
+        }
+    }
+
+    /// A client write was submitted (its data is unique).
+    pub fn write_submitted(&mut self, data: Vec<u8>) {
+        self.writes.insert(data, None);
+    }
+
+    /// A newly committed entry: a client write must commit once (a proposal forwarded or
+    /// retried twice would apply twice).
+    fn write_committed(&mut self, e: &Entry) {
+        let EntryData::Normal(data) = &e.data else {
+            return;
+        };
+        match self.writes.get_mut(data) {
+            Some(Some(first)) => {
+                let what = format!(
+                    "client write applied twice: {data:?} committed at {first} and at {}",
+                    e.index
+                );
+                self.fail(what);
+            }
+            Some(at) => *at = Some(e.index),
+            None => {}
+        }
+    }
+
+    /// Node `node` answered a client write as applied at `index`.
+    pub fn write_answered(&mut self, node: NodeId, data: &[u8], index: u64) {
+        let holds = self
+            .committed
+            .get(&index)
+            .is_some_and(|e| e.data == EntryData::Normal(data.to_vec()));
+        if !holds {
+            let what = format!(
+                "client write: node {node} answered {data:?} as applied at {index}, which holds {:?}",
+                self.committed.get(&index)
+            );
+            self.fail(what);
         }
     }
 

@@ -177,7 +177,7 @@ pub fn run_seed(seed: u64, run: &RandomRun) -> Result<Stats, String> {
         match roll {
             r if r < 0.30 => {
                 payload += 1;
-                c.propose(payload.to_le_bytes().to_vec());
+                c.submit(payload.to_le_bytes());
             }
             r if r < 0.303 => c.crash(pick),
             r if r < 0.33 => c.restart(pick),
