@@ -149,13 +149,13 @@ pub struct Raft {
     lead: Option<Leading>,
     /// Index of the last configuration change a leader appended (or its first entry).
     pending_conf_index: u64,
-    /// The last index of this node's log when it applied its own removal, if its log held
-    /// entries not known committed then. The others may not know the removal is committed (their
-    /// configuration still needs this node) and this log may be the only one holding those
-    /// entries: refusing their candidates forever, unable to campaign, it would strand them.
-    /// Until it grants a vote or its commit index covers that index, it may still campaign
-    /// (counting votes in its new configuration, where it has none), lead, and hand over.
-    retiring: Option<u64>,
+    /// This node applied its own removal. The others may not know the removal is committed
+    /// (their configuration still needs this node, and a leader that has not applied it keeps
+    /// replicating to it), so its log may hold entries no one else has: refusing their
+    /// candidates forever, unable to campaign, it would strand them. While its log holds entries
+    /// not known committed it is *retiring*: it may still campaign (counting votes in its new
+    /// configuration, where it has none), lead, and hand over.
+    removed: bool,
     msgs: Vec<Message>,
     witness_out: Vec<WitnessRequest>,
     read_states: Vec<ReadState>,
@@ -199,7 +199,7 @@ impl Raft {
             witness_asked: false,
             lead: None,
             pending_conf_index: 0,
-            retiring: None,
+            removed: false,
             msgs: Vec::new(),
             witness_out: Vec::new(),
             read_states: Vec::new(),
@@ -302,11 +302,10 @@ impl Raft {
     fn promotable(&self) -> bool {
         self.voter() || self.retiring()
     }
-    /// Whether this node applied its own removal while its log held entries that may exist
-    /// nowhere else, and has not yet seen them committed or voted for a candidate (whose log
-    /// was then at least as up to date). A removed member's host stops only once it is not.
+    /// Whether this node applied its own removal and its log holds entries not known committed
+    /// (which may exist nowhere else). A removed member's host stops only once it is not.
     pub fn retiring(&self) -> bool {
-        self.retiring.is_some_and(|last| self.commit < last)
+        self.removed && !self.voter() && self.last_index() > self.commit
     }
     fn leading(&mut self) -> &mut Leading {
         self.lead.as_mut().expect("leader")
@@ -893,8 +892,6 @@ impl Raft {
         if granted && !pre {
             self.vote = from;
             self.election_elapsed = 0;
-            // The candidate's log is at least as up to date: nothing is stranded here.
-            self.retiring = None;
         }
         // A granted pre-vote answers in the term asked about; anything else in ours.
         let reply_term = if granted && pre { term } else { self.term };
@@ -1619,9 +1616,7 @@ impl Raft {
             lead.witness_read_inflight = None;
         }
         if self.role != Role::Leader {
-            if was_voter && !self.voter() && self.last_index() > self.commit {
-                self.retiring = Some(self.last_index());
-            }
+            self.removed |= was_voter && !self.voter();
             if !self.promotable() && self.role != Role::Follower {
                 let term = self.term;
                 self.become_follower(term, NONE);
@@ -1649,10 +1644,7 @@ impl Raft {
         // "A configuration change resets R to the regular voters and increments the subterm."
         self.new_subterm(voters);
         if !self.voter() {
-            if was_voter {
-                // (its new subterm's entry, at least, is not committed yet)
-                self.retiring = Some(self.last_index());
-            }
+            self.removed |= was_voter;
             self.hand_over();
         }
     }
