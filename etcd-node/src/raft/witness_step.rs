@@ -73,15 +73,22 @@ fn answer(
             caller,
             term,
             round,
-        } => Outcome {
-            reply: WitnessResponse::ReadTerm {
-                witness: caller.witness_id,
-                term: *term,
-                round: *round,
-                witness_term: rules::read_term(state, *caller, location)?,
-                seen: Seen::NOTHING,
-            },
-            write: None,
-        },
+        } => {
+            let witness_term = rules::read_term(state, *caller, location)?;
+            Outcome {
+                reply: WitnessResponse::ReadTerm {
+                    witness: caller.witness_id,
+                    term: *term,
+                    round: *round,
+                    witness_term,
+                    seen: Seen::NOTHING,
+                },
+                // A confirmation must come from the current state, not a cached one (a mount's
+                // attribute or directory cache can serve an older version): the same state is
+                // written back with a compare-and-swap, which fails on a stale load and makes
+                // the step load again. A refusal needs no such care.
+                write: (witness_term == *term).then(|| state.clone()),
+            }
+        }
     })
 }
