@@ -40,6 +40,10 @@ struct Args {
     /// those faults existed).
     #[arg(long)]
     no_timing_faults: bool,
+    /// Witness loads always fresh (the random sequence of runs recorded before stale loads
+    /// existed).
+    #[arg(long)]
+    no_stale_loads: bool,
 }
 
 fn main() -> ExitCode {
@@ -60,6 +64,7 @@ fn main() -> ExitCode {
         check_quorum: !a.no_check_quorum,
         crash_before_persist: !a.no_crash_before_persist,
         timing: !a.no_timing_faults,
+        stale_loads: !a.no_stale_loads,
         ..RandomRun::new(a.regular, a.witness)
     };
     let started = Instant::now();
@@ -78,6 +83,7 @@ fn main() -> ExitCode {
                 total.crashes_before_persist += s.crashes_before_persist;
                 total.crashes_after_persist += s.crashes_after_persist;
                 total.held += s.held;
+                total.stale_answers += s.stale_answers;
             }
             Err(e) => {
                 eprintln!("FAILED {e}");
@@ -88,7 +94,7 @@ fn main() -> ExitCode {
     let secs = started.elapsed().as_secs_f64();
     let t = &total;
     println!(
-        "{} seeds passed ({run:?}) in {secs:.1} s: {} ticks ({:.0} ticks/s), {} entries applied, {} witness writes, {} configuration changes, {} snapshots installed, {} reads served, {} leader transfers, {} crashes ({} between early sends and the fsync, {} between the fsync and the rest of a Ready), {} deliveries held 10-60 ticks",
+        "{} seeds passed ({run:?}) in {secs:.1} s: {} ticks ({:.0} ticks/s), {} entries applied, {} witness writes, {} configuration changes, {} snapshots installed, {} reads served, {} leader transfers, {} crashes ({} between early sends and the fsync, {} between the fsync and the rest of a Ready), {} deliveries held 10-60 ticks, {} witness answers from stale loads",
         a.seeds,
         t.ticks,
         t.ticks as f64 / secs,
@@ -101,7 +107,8 @@ fn main() -> ExitCode {
         t.crashes,
         t.crashes_before_persist,
         t.crashes_after_persist,
-        t.held
+        t.held,
+        t.stale_answers
     );
     ExitCode::SUCCESS
 }

@@ -36,6 +36,11 @@ pub struct Faults {
     /// Clock drift: each node's clock runs at a rate drawn from [1 - drift, 1 + drift] of the
     /// simulation's (0: every clock ticks in lockstep).
     pub drift: f64,
+    /// Per witness step: its load returns one of the register's last states instead of the
+    /// current one (a mount's attribute or directory cache). A step that would write then
+    /// loses its compare-and-swap and runs again on the current state; one that answers without
+    /// writing answers from the stale state.
+    pub stale_loads: f64,
 }
 
 impl Faults {
@@ -49,6 +54,7 @@ impl Faults {
             crash_in_ready: 0.0,
             hold: 0.0,
             drift: 0.0,
+            stale_loads: 0.0,
         }
     }
 }
@@ -68,6 +74,8 @@ pub struct Stats {
     pub crashes_after_persist: u64,
     /// Deliveries held 10 to 60 ticks.
     pub held: u64,
+    /// Witness steps answered from a stale load.
+    pub stale_answers: u64,
     pub snapshots_installed: u64,
     pub reads_served: u64,
     pub conf_changes: u64,
@@ -167,6 +175,8 @@ pub struct Cluster {
     /// One register per witness member ever added (a new witness is a new register, as an
     /// operator initialises fresh storage for it).
     witnesses: BTreeMap<NodeId, WitnessState>,
+    /// Per witness register: its last states before the current one (what a stale load sees).
+    witness_history: BTreeMap<NodeId, Vec<WitnessState>>,
     /// Highest commit index any node ever reached: a read started later must see it.
     max_commit: u64,
     reads: u64,
@@ -237,6 +247,7 @@ impl Cluster {
             rng,
             nodes: BTreeMap::new(),
             witnesses: BTreeMap::new(),
+            witness_history: BTreeMap::new(),
             max_commit: 0,
             reads: 0,
             answers: mpsc::channel(),
@@ -392,6 +403,7 @@ impl Cluster {
         if self.witnesses.contains_key(&id) {
             let fresh = fresh_witness(&mut self.rng);
             self.witnesses.insert(id, fresh);
+            self.witness_history.remove(&id);
             self.stats.witness_wipes += 1;
         }
     }
@@ -399,6 +411,7 @@ impl Cluster {
     /// The witness's storage is put back to `state` (an older copy restored).
     pub fn revert_witness(&mut self, id: NodeId, state: WitnessState) {
         self.witnesses.insert(id, state);
+        self.witness_history.remove(&id);
     }
 
     /// The witness register `id` holds now.
@@ -695,8 +708,25 @@ impl Cluster {
             self.schedule(Event::WitnessReply { node, response }, WITNESS_LINK, node);
             return;
         };
-        let view = self.witness_view(register, &request);
-        let (response, write) = match apply_rule(&view, &request, "sim") {
+        let stale = match self.witness_history.get(&id) {
+            Some(h)
+                if self.faults.stale_loads > 0.0
+                    && self.rng.random_bool(self.faults.stale_loads) =>
+            {
+                h.get(self.rng.random_range(0..h.len())).cloned()
+            }
+            _ => None,
+        };
+        let register = register.clone();
+        let from_stale = stale
+            .and_then(|old| apply_rule(&self.witness_view(&old, &request), &request, "sim").ok())
+            .filter(|out| out.write.is_none());
+        if from_stale.is_some() {
+            self.stats.stale_answers += 1;
+        }
+        let view = self.witness_view(&register, &request);
+        let rule = from_stale.map_or_else(|| apply_rule(&view, &request, "sim"), Ok);
+        let (response, write) = match rule {
             Ok(out) => (out.reply, out.write),
             Err(e) => {
                 if e.is_lost_state() {
@@ -715,6 +745,11 @@ impl Cluster {
             let next = self.witness_written(old, next);
             self.stats.witness_writes += 1;
             self.checker.witness_write(id, old, &next, node, &request);
+            let history = self.witness_history.entry(id).or_default();
+            history.push(old.clone());
+            if history.len() > 8 {
+                history.remove(0);
+            }
             self.witnesses.insert(id, next);
         }
         self.schedule(Event::WitnessReply { node, response }, WITNESS_LINK, node);

@@ -73,6 +73,9 @@ pub struct RandomRun {
     /// Timing faults: deliveries held 10-60 ticks (witness steps and replies too) and clocks
     /// that drift (each at a rate the seed picks).
     pub timing: bool,
+    /// Witness loads that may return one of the register's last states (a cached mount), at a
+    /// rate the seed picks.
+    pub stale_loads: bool,
     /// A deliberate bug on every node and the witness (tests of the simulator only).
     #[cfg(feature = "mutations")]
     pub mutation: Option<crate::raft::Mutation>,
@@ -89,6 +92,7 @@ impl RandomRun {
             check_quorum: true,
             crash_before_persist: true,
             timing: true,
+            stale_loads: true,
             #[cfg(feature = "mutations")]
             mutation: None,
         }
@@ -116,6 +120,11 @@ impl RandomRun {
             command
         } else {
             format!("{command} --no-timing-faults")
+        };
+        let command = if self.stale_loads {
+            command
+        } else {
+            format!("{command} --no-stale-loads")
         };
         #[cfg(feature = "mutations")]
         if let Some(m) = self.mutation {
@@ -158,6 +167,11 @@ pub fn run_seed(seed: u64, run: &RandomRun) -> Result<Stats, String> {
     } else {
         (0.0, 0.0)
     };
+    let stale_loads = if run.stale_loads {
+        [0.0, 0.05, 0.3][c.rng().random_range(0..3)]
+    } else {
+        0.0
+    };
     c.faults = Faults {
         drop: 0.05,
         duplicate: 0.02,
@@ -166,6 +180,7 @@ pub fn run_seed(seed: u64, run: &RandomRun) -> Result<Stats, String> {
         crash_in_ready,
         hold,
         drift,
+        stale_loads,
     };
     let mut payload = 0u64;
     let mut next_id: NodeId = 10;
