@@ -126,8 +126,14 @@ async fn run_link(me: Identity, to: NodeId, url: String, mut rx: mpsc::Receiver<
     loop {
         let client = match tonic::transport::Endpoint::from_shared(url.clone()) {
             Ok(ep) => {
+                // HTTP/2 pings find a connection that died without a reset (a peer cut off, a
+                // middlebox that dropped it): the stream ends and the link reconnects, instead
+                // of queueing behind a dead connection.
                 ep.connect_timeout(Duration::from_secs(1))
                     .tcp_nodelay(true)
+                    .http2_keep_alive_interval(Duration::from_secs(1))
+                    .keep_alive_timeout(Duration::from_secs(3))
+                    .keep_alive_while_idle(true)
                     .connect()
                     .await
             }
@@ -150,7 +156,7 @@ async fn run_link(me: Identity, to: NodeId, url: String, mut rx: mpsc::Receiver<
                 continue;
             }
         };
-        backoff = Duration::from_millis(100);
+        let connected = std::time::Instant::now();
         let mut client = PeerClient::new(channel)
             .max_encoding_message_size(MAX_FRAME_BYTES)
             .max_decoding_message_size(MAX_FRAME_BYTES);
@@ -188,6 +194,15 @@ async fn run_link(me: Identity, to: NodeId, url: String, mut rx: mpsc::Receiver<
             }
         }
         call.abort();
+        if connected.elapsed() < Duration::from_secs(1) {
+            // Accepted, then closed at once (a peer restarting, something else on its port):
+            // back off as after a refused connection, instead of spinning.
+            while rx.try_recv().is_ok() {}
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(Duration::from_secs(2));
+        } else {
+            backoff = Duration::from_millis(100);
+        }
     }
 }
 
