@@ -220,7 +220,15 @@ fn one_run(
     for c in clients {
         rt.block_on(c).map_err(|e| e.to_string())?;
     }
-    rt.block_on(verify(&endpoints, &prefix, o.keys, epoch, &history))?;
+    // A request of the check itself may fail (a connection reset under load): check again.
+    let mut attempts = 0;
+    while let Err(e) = rt.block_on(verify(&endpoints, &prefix, o.keys, epoch, &history)) {
+        attempts += 1;
+        if !e.starts_with(RPC_FAILED) || attempts == 5 {
+            return Err(e);
+        }
+        std::thread::sleep(Duration::from_secs(1));
+    }
     let history = history.lock().unwrap_or_else(|e| e.into_inner());
     let gap = longest_write_gap(history.values().flatten(), fault_at, stopped);
     report.gaps.entry(family).or_default().push(gap);
@@ -395,6 +403,13 @@ async fn first_write(endpoints: &[String], prefix: &str) -> Option<Instant> {
     None
 }
 
+/// How a failed request of the check begins (not a finding about the data: retried).
+const RPC_FAILED: &str = "request failed: ";
+
+fn rpc(e: etcd_client::Error) -> String {
+    format!("{RPC_FAILED}{e}")
+}
+
 /// After the run: both members reach the same revision; every key gets a final linearizable
 /// read (added to its history) and the same value on both members; HashKV agrees.
 async fn verify(
@@ -419,7 +434,7 @@ async fn verify(
     let revision = loop {
         let mut revisions = Vec::new();
         for c in &mut clients {
-            let status = c.status().await.map_err(|e| e.to_string())?;
+            let status = c.status().await.map_err(rpc)?;
             revisions.push(status.header().map_or(0, |h| h.revision()));
         }
         if revisions.iter().all(|&r| r == revisions[0]) {
@@ -435,10 +450,7 @@ async fn verify(
     for k in 0..keys {
         let key = format!("{prefix}{k}");
         let call = nanos(epoch);
-        let got = clients[0]
-            .get(key.as_str(), None)
-            .await
-            .map_err(|e| e.to_string())?;
+        let got = clients[0].get(key.as_str(), None).await.map_err(rpc)?;
         let value_of = |r: &etcd_client::GetResponse| -> Option<u64> {
             r.kvs()
                 .first()
@@ -459,7 +471,7 @@ async fn verify(
         let there = clients[1]
             .get(key.as_str(), Some(other))
             .await
-            .map_err(|e| e.to_string())?;
+            .map_err(rpc)?;
         if value_of(&there) != seen {
             return Err(format!(
                 "key {key}: member {} holds {:?}, member {} {seen:?}",
@@ -471,7 +483,7 @@ async fn verify(
     }
     let mut hashes = Vec::new();
     for c in &mut clients {
-        hashes.push(c.hash_kv(revision).await.map_err(|e| e.to_string())?.hash());
+        hashes.push(c.hash_kv(revision).await.map_err(rpc)?.hash());
     }
     if hashes[0] != hashes[1] {
         return Err(format!("HashKV at revision {revision} differs: {hashes:?}"));

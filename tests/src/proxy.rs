@@ -30,7 +30,12 @@ impl Proxy {
             .expect("bind the proxy's port");
         let accepting = cut.clone();
         runtime.spawn(async move {
-            while let Ok((inbound, _)) = listener.accept().await {
+            loop {
+                let Ok((inbound, _)) = listener.accept().await else {
+                    // (a connection reset before it was accepted, say: keep listening)
+                    tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                    continue;
+                };
                 let mut cut = accepting.subscribe();
                 if *cut.borrow() {
                     continue; // dropped: refused
