@@ -95,4 +95,11 @@ fn regressions() {
     run_seed(4925, &RandomRun::new(4, true)).unwrap_or_else(|e| panic!("{e}"));
     run_seed(8544, &RandomRun::new(3, true)).unwrap_or_else(|e| panic!("{e}"));
     run_seed(682, &RandomRun::new(3, false)).unwrap_or_else(|e| panic!("{e}"));
+    // A removed follower's log grew after its removal (a leader that had not applied it kept
+    // replicating): it must be able to campaign whenever its log holds uncommitted entries.
+    let no_check_quorum = RandomRun {
+        check_quorum: false,
+        ..RandomRun::new(2, true)
+    };
+    run_seed(6945, &no_check_quorum).unwrap_or_else(|e| panic!("{e}"));
 }
