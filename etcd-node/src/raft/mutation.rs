@@ -56,3 +56,39 @@ impl Mutation {
         Self::ALL.into_iter().find(|m| format!("{m:?}") == name)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `ALL` must list every mutation once: the match below stops compiling when a mutation is
+    /// added, and whoever updates it updates the count of distinct entries too.
+    #[test]
+    fn all_lists_every_mutation_and_names_find_them() {
+        let _exhaustive = |m: Mutation| match m {
+            Mutation::WitnessVoteWithoutLogRule
+            | Mutation::WitnessIgnoresTerm
+            | Mutation::CreditWitnessWithoutWrite
+            | Mutation::ReenterBeforeCatchUp
+            | Mutation::ReadWithoutConfirmation
+            | Mutation::SendBeforePersist
+            | Mutation::ForgetWitnessIdentity
+            | Mutation::VoteBeforePersist
+            | Mutation::CommitBeforePersist
+            | Mutation::CreditStaleSubtermAck
+            | Mutation::ReadsWithoutRound
+            | Mutation::ForwardTwice => (),
+        };
+        let distinct: std::collections::BTreeSet<String> =
+            Mutation::ALL.iter().map(|m| format!("{m:?}")).collect();
+        assert_eq!(
+            distinct.len(),
+            12,
+            "the 12 mutations of the match above, once each"
+        );
+        for m in Mutation::ALL {
+            assert_eq!(Mutation::named(&format!("{m:?}")), Some(m));
+        }
+        assert_eq!(Mutation::named("NoSuchBug"), None);
+    }
+}
