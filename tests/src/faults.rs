@@ -23,6 +23,7 @@ use rand::{Rng, SeedableRng};
 
 use crate::cluster::Cluster;
 use crate::linearizable::{self, Event, Op};
+use crate::watch_check;
 
 /// What a campaign does.
 #[derive(Debug, Clone)]
@@ -52,6 +53,12 @@ pub struct Report {
     pub operations: u64,
     pub acknowledged_writes: u64,
     pub unknown_outcomes: u64,
+    /// Lease operations (grants with a put of the lease's key, keep-alives, revokes).
+    pub lease_ops: u64,
+    /// Watch events checked (each member's watcher and the replay).
+    pub watch_events: u64,
+    /// Times a watcher's stream broke and it resumed from its next revision.
+    pub watch_resumes: u64,
     /// Per fault family: the recovery times (heal to the first acknowledged write).
     pub recoveries: BTreeMap<Family, Vec<Duration>>,
     /// Per fault family: the longest time with no write acknowledged by any member, from the
@@ -63,8 +70,16 @@ impl Report {
     /// One line per fault family: runs, median and longest recovery.
     pub fn summary(&self) -> String {
         let mut out = format!(
-            "{} runs, {} operations ({} acknowledged writes, {} unknown outcomes), 0 lost, 0 linearizability violations\n",
-            self.runs, self.operations, self.acknowledged_writes, self.unknown_outcomes
+            "{} runs, {} operations ({} acknowledged writes, {} unknown outcomes, {} lease \
+             operations), 0 lost, 0 linearizability violations; {} watch events checked \
+             ({} resumed streams), 0 watch violations\n",
+            self.runs,
+            self.operations,
+            self.acknowledged_writes,
+            self.unknown_outcomes,
+            self.lease_ops,
+            self.watch_events,
+            self.watch_resumes
         );
         let spread = |times: &[Duration]| {
             let mut t = times.to_vec();
@@ -153,6 +168,23 @@ fn one_run(
     let stop = Arc::new(AtomicBool::new(false));
     let epoch = Instant::now();
     let prefix = format!("faults/{seed}/");
+    // One watcher per member, from the revision after the one every member reached.
+    let from = rt.block_on(current_revision(&endpoints[0]))? + 1;
+    let end_key = format!("{prefix}end-{}", watch_check::PROBE);
+    let give_up = Arc::new(AtomicBool::new(false));
+    let mut watchers = Vec::new();
+    for ep in &endpoints {
+        let received = Arc::new(Mutex::new(watch_check::Received::default()));
+        let task = rt.spawn(watch_check::watch_until(
+            ep.clone(),
+            prefix.clone(),
+            from,
+            end_key.clone(),
+            received.clone(),
+            give_up.clone(),
+        ));
+        watchers.push((ep.clone(), received, task));
+    }
     let mut clients = Vec::new();
     for c in 0..o.clients {
         let endpoint = endpoints[c % endpoints.len()].clone();
@@ -218,11 +250,24 @@ fn one_run(
     stop.store(true, Ordering::SeqCst);
     let stopped = nanos(epoch);
     for c in clients {
-        rt.block_on(c).map_err(|e| e.to_string())?;
+        report.lease_ops += rt
+            .block_on(c)
+            .map_err(|e| e.to_string())?
+            .map_err(|e| format!("{family:?} of member {member}: {e}"))?;
     }
     // A request of the check itself may fail (a connection reset under load): check again.
     let mut attempts = 0;
-    while let Err(e) = rt.block_on(verify(&endpoints, &prefix, o.keys, epoch, &history)) {
+    let mut keys: Vec<String> = (0..o.keys).map(|k| format!("{prefix}{k}")).collect();
+    keys.extend(
+        history
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .keys()
+            .cloned(),
+    );
+    keys.sort();
+    keys.dedup();
+    while let Err(e) = rt.block_on(verify(&endpoints, &keys, epoch, &history)) {
         attempts += 1;
         if !e.starts_with(RPC_FAILED) || attempts == 5 {
             return Err(e);
@@ -230,6 +275,43 @@ fn one_run(
         std::thread::sleep(Duration::from_secs(1));
     }
     let history = history.lock().unwrap_or_else(|e| e.into_inner());
+    // The watchers: the end marker, written after the check, ends each one.
+    rt.block_on(put_retrying(&endpoints[0], &end_key))?;
+    let finished = rt.block_on(async {
+        tokio::time::timeout(Duration::from_secs(30), async {
+            let mut results = Vec::new();
+            for (_, _, task) in &mut watchers {
+                results.push(task.await.map_err(|e| e.to_string()).and_then(|r| r));
+            }
+            results
+        })
+        .await
+    });
+    give_up.store(true, Ordering::SeqCst);
+    let results = finished.map_err(|_| {
+        "a member's watcher did not deliver the end marker within 30 s of its write".to_string()
+    })?;
+    let mut live = Vec::new();
+    for ((ep, received, _), result) in watchers.into_iter().zip(results) {
+        result.map_err(|e| format!("{family:?} of member {member}: {e}"))?;
+        let received = std::mem::take(&mut *received.lock().unwrap_or_else(|e| e.into_inner()));
+        report.watch_resumes += received.resumed;
+        report.watch_events += received.events.len() as u64;
+        live.push((ep, received.events));
+    }
+    let replayed = Arc::new(Mutex::new(watch_check::Received::default()));
+    rt.block_on(watch_check::watch_until(
+        endpoints[1].clone(),
+        prefix.clone(),
+        from,
+        end_key.clone(),
+        replayed.clone(),
+        Arc::new(AtomicBool::new(false)),
+    ))?;
+    let replay = std::mem::take(&mut replayed.lock().unwrap_or_else(|e| e.into_inner()).events);
+    report.watch_events += replay.len() as u64;
+    watch_check::check(&live, &replay, &history)
+        .map_err(|e| format!("{family:?} of member {member}: watch: {e}"))?;
     let gap = longest_write_gap(history.values().flatten(), fault_at, stopped);
     report.gaps.entry(family).or_default().push(gap);
     for (key, events) in history.iter() {
@@ -278,7 +360,9 @@ fn record(history: &History, key: &str, event: Event) {
         .push(event);
 }
 
-/// One client: puts, linearizable reads and compare-and-swaps on random keys until `stop`.
+/// One client: puts, linearizable reads, compare-and-swaps on random keys and lease
+/// operations on a key of its own until `stop`; the number of lease operations, or a broken
+/// lease promise.
 #[allow(clippy::too_many_arguments)]
 async fn workload(
     endpoint: String,
@@ -289,11 +373,16 @@ async fn workload(
     epoch: Instant,
     history: History,
     stop: Arc<AtomicBool>,
-) {
+) -> Result<u64, String> {
     let mut rng = StdRng::seed_from_u64(seed);
     let mut client: Option<Client> = None;
     let mut counter = 0u64;
     let mut last_read: BTreeMap<String, Option<u64>> = BTreeMap::new();
+    let mut lease = Leasing {
+        key: format!("{prefix}lease-{id}"),
+        held: None,
+        ops: 0,
+    };
     while !stop.load(Ordering::SeqCst) {
         if client.is_none() {
             // After a failure (or before the first connection): a client backs off, so an
@@ -310,7 +399,13 @@ async fn workload(
         let call = nanos(epoch);
         let roll: f64 = rng.random();
         let timeout = Duration::from_secs(2);
-        if roll < 0.45 {
+        if roll >= 0.92 {
+            counter += 1;
+            let value = (id << 32) | counter;
+            if !lease.step(c, &mut rng, value, epoch, &history).await? {
+                client = None;
+            }
+        } else if roll < 0.4 {
             let put = tokio::time::timeout(timeout, c.put(key.as_str(), value.to_string(), None));
             let ret = matches!(put.await, Ok(Ok(_))).then(|| nanos(epoch));
             record(
@@ -373,6 +468,103 @@ async fn workload(
             record(&history, &key, Event { op, call, ret });
         }
     }
+    Ok(lease.ops)
+}
+
+/// Leases longer than any run: none expires while its run checks it (a lease's countdown
+/// starts again at every leader change, so only a lost lease ends early).
+const LEASE_TTL: i64 = 120;
+
+/// A client's lease: granted, its key put with it, kept alive, revoked (deleting the key).
+struct Leasing {
+    /// The key only this client writes, always with its current lease.
+    key: String,
+    /// The current lease and whether a revoke of it was sent (an unknown outcome: it may be
+    /// gone).
+    held: Option<(i64, bool)>,
+    ops: u64,
+}
+
+impl Leasing {
+    /// One lease operation: grant a lease and put the key with it, or keep the lease alive
+    /// (an acknowledged lease that was never revoked must be alive), or revoke it (recorded as
+    /// a delete of the key). False when the connection failed.
+    async fn step(
+        &mut self,
+        c: &mut Client,
+        rng: &mut StdRng,
+        value: u64,
+        epoch: Instant,
+        history: &History,
+    ) -> Result<bool, String> {
+        self.ops += 1;
+        let timeout = Duration::from_secs(2);
+        let Some((id, revoking)) = self.held else {
+            let id = rng.random_range(1..i64::MAX);
+            let options = etcd_client::LeaseGrantOptions::new().with_id(id);
+            let granted = tokio::time::timeout(timeout, c.lease_grant(LEASE_TTL, Some(options)));
+            if !matches!(granted.await, Ok(Ok(_))) {
+                return Ok(false); // (if it was granted, it expires unused)
+            }
+            self.held = Some((id, false));
+            let call = nanos(epoch);
+            let options = etcd_client::PutOptions::new().with_lease(id);
+            let put = tokio::time::timeout(
+                timeout,
+                c.put(self.key.as_str(), value.to_string(), Some(options)),
+            );
+            let ret = matches!(put.await, Ok(Ok(_))).then(|| nanos(epoch));
+            let op = Op::Put(value);
+            record(history, &self.key, Event { op, call, ret });
+            return Ok(ret.is_some());
+        };
+        if rng.random_bool(0.5) {
+            let alive = tokio::time::timeout(timeout, keep_alive(c, id)).await;
+            return match alive {
+                Ok(Ok(ttl)) if ttl <= 0 && !revoking => Err(format!(
+                    "lease {id:x} was granted and never revoked, but a keep-alive through this                      member says it does not exist (TTL {ttl})"
+                )),
+                Ok(Ok(_)) => Ok(true),
+                _ => Ok(false),
+            };
+        }
+        self.held = Some((id, true));
+        let call = nanos(epoch);
+        let revoked = tokio::time::timeout(timeout, c.lease_revoke(id)).await;
+        let ret = match revoked {
+            Ok(Ok(_)) => Some(nanos(epoch)),
+            // Not found: an earlier revoke of unknown outcome went through.
+            Ok(Err(e)) if revoking && e.to_string().contains("lease not found") => {
+                Some(nanos(epoch))
+            }
+            _ => None,
+        };
+        record(
+            history,
+            &self.key,
+            Event {
+                op: Op::Delete,
+                call,
+                ret,
+            },
+        );
+        if ret.is_some() {
+            self.held = None;
+        }
+        Ok(ret.is_some())
+    }
+}
+
+/// One keep-alive of lease `id`: the TTL the leader answers (0 or less: no such lease).
+async fn keep_alive(c: &mut Client, id: i64) -> Result<i64, etcd_client::Error> {
+    let (mut keeper, mut answers) = c.lease_keep_alive(id).await?;
+    keeper.keep_alive().await?;
+    match answers.message().await? {
+        Some(r) => Ok(r.ttl()),
+        None => Err(etcd_client::Error::WatchError(
+            "the keep-alive stream ended".into(),
+        )),
+    }
 }
 
 async fn connected<'a>(client: &'a mut Option<Client>, endpoint: &str) -> Option<&'a mut Client> {
@@ -403,6 +595,38 @@ async fn first_write(endpoints: &[String], prefix: &str) -> Option<Instant> {
     None
 }
 
+/// The revision member `endpoint` is at.
+async fn current_revision(endpoint: &str) -> Result<i64, String> {
+    let mut last = String::new();
+    for _ in 0..50 {
+        let mut client = None;
+        if let Some(c) = connected(&mut client, endpoint).await {
+            match c.status().await {
+                Ok(s) => return Ok(s.header().map_or(0, |h| h.revision())),
+                Err(e) => last = e.to_string(),
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    Err(format!("{RPC_FAILED}status of {endpoint}: {last}"))
+}
+
+/// Puts `key` through `endpoint`, trying for 10 s.
+async fn put_retrying(endpoint: &str, key: &str) -> Result<(), String> {
+    let mut last = String::new();
+    for _ in 0..50 {
+        let mut client = None;
+        if let Some(c) = connected(&mut client, endpoint).await {
+            match c.put(key, "0", None).await {
+                Ok(_) => return Ok(()),
+                Err(e) => last = e.to_string(),
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    Err(format!("{RPC_FAILED}put {key} through {endpoint}: {last}"))
+}
+
 /// How a failed request of the check begins (not a finding about the data: retried).
 const RPC_FAILED: &str = "request failed: ";
 
@@ -414,8 +638,7 @@ fn rpc(e: etcd_client::Error) -> String {
 /// read (added to its history) and the same value on both members; HashKV agrees.
 async fn verify(
     endpoints: &[String],
-    prefix: &str,
-    keys: u64,
+    keys: &[String],
     epoch: Instant,
     history: &History,
 ) -> Result<(), String> {
@@ -447,8 +670,7 @@ async fn verify(
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
-    for k in 0..keys {
-        let key = format!("{prefix}{k}");
+    for key in keys {
         let call = nanos(epoch);
         let got = clients[0].get(key.as_str(), None).await.map_err(rpc)?;
         let value_of = |r: &etcd_client::GetResponse| -> Option<u64> {
@@ -460,7 +682,7 @@ async fn verify(
         let ret = Some(nanos(epoch));
         record(
             history,
-            &key,
+            key,
             Event {
                 op: Op::Get(seen),
                 call,

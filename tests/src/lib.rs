@@ -13,6 +13,7 @@ pub mod linearizable;
 pub mod proxy;
 pub mod python;
 pub mod sshfs;
+pub mod watch_check;
 
 use std::path::PathBuf;
 

@@ -15,6 +15,8 @@ pub enum Op {
     Put(u64),
     /// A read that returned this value (None: the key did not exist).
     Get(Option<u64>),
+    /// Delete the key (a lease revoke deleting the key attached to it).
+    Delete,
     /// Put `new` if the value is `expect`; `ok` says whether it did (unknown outcome: either).
     Cas {
         expect: Option<u64>,
@@ -57,6 +59,7 @@ impl Done {
 fn step(state: Option<u64>, e: &Event) -> Option<Option<u64>> {
     match e.op {
         Op::Put(v) => Some(Some(v)),
+        Op::Delete => Some(None),
         Op::Get(seen) => (seen == state).then_some(state),
         Op::Cas { expect, new, .. } if e.ret.is_none() => {
             // Unknown outcome: it applies only if the value matched (else it is a no-op,
@@ -171,6 +174,22 @@ mod tests {
             ev(Op::Get(None), 4, Some(5)),
         ];
         check(&back, None).expect_err("a value cannot disappear");
+    }
+
+    #[test]
+    fn a_delete_empties_the_register() {
+        let h = [
+            ev(Op::Put(1), 0, Some(1)),
+            ev(Op::Delete, 2, Some(3)),
+            ev(Op::Get(None), 4, Some(5)),
+        ];
+        check(&h, None).expect("deleted");
+        let back = [
+            ev(Op::Put(1), 0, Some(1)),
+            ev(Op::Delete, 2, Some(3)),
+            ev(Op::Get(Some(1)), 4, Some(5)),
+        ];
+        check(&back, None).expect_err("the value came back after an acknowledged delete");
     }
 
     #[test]
