@@ -36,6 +36,37 @@ fn ok(out: Output) -> String {
     String::from_utf8(out.stdout).expect("utf-8 output")
 }
 
+/// A member stops on SIGTERM while clients hold streams open (a watch, a lease keep-alive):
+/// a graceful stop that waited for every connection to close never ended (and a member whose
+/// disk failed stopped serving but never exited, never saying why).
+#[test]
+fn a_member_stops_on_sigterm_with_streams_open() {
+    let mut c = cluster();
+    c.wait_leader(LEADER_WAIT);
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let endpoint = c.members[0].url();
+    let _open = rt.block_on(async {
+        let mut client = Client::connect([endpoint], None).await.expect("connect");
+        let mut watch = client.watch("k", None).await.expect("watch");
+        client.put("k", "v", None).await.expect("put");
+        watch
+            .message()
+            .await
+            .expect("watch event")
+            .expect("an event");
+        let lease = client.lease_grant(60, None).await.expect("grant").id();
+        let (mut keeper, mut answers) = client.lease_keep_alive(lease).await.expect("keep-alive");
+        keeper.keep_alive().await.expect("keep-alive request");
+        answers.message().await.expect("keep-alive answer");
+        (client, watch, keeper, answers)
+    });
+    assert!(
+        c.stop_within(0, Duration::from_secs(30)),
+        "the member did not exit within 30 s of SIGTERM with streams open; its log:\n{}",
+        c.log(0)
+    );
+}
+
 #[test]
 fn etcdctl_speaks_to_two_nodes_and_a_witness() {
     let c = cluster();

@@ -39,6 +39,8 @@ fn main() -> ExitCode {
         }
     };
     let result = runtime.block_on(etcd_node::server::run(cfg, shutdown_signal()));
+    // (a witness step blocked on an unreachable share must not hold the exit)
+    runtime.shutdown_timeout(etcd_node::server::SHUTDOWN_GRACE);
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

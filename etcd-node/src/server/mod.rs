@@ -522,19 +522,40 @@ pub async fn run(
         () = shutdown => Ok(()),
         r = done_rx => match r {
             Ok(Ok(())) => Ok(()),
-            Ok(Err(e)) => Err(anyhow::anyhow!("storage failure, stopping: {e}")),
+            Ok(Err(e)) => Err(anyhow::anyhow!(
+                "storage failure in --data-dir {}, stopping: {e}. Nothing more is \
+                 acknowledged; what was acknowledged is durable. Fix the disk (a full one: \
+                 free space on it) and start this member again on the same data \
+                 directory: it catches up from the others",
+                cfg.data_dir.display()
+            )),
             Err(_) => Err(anyhow::anyhow!("the Raft thread stopped unexpectedly")),
         },
     };
     let _ = stop_tx.send(true);
     let _ = inputs_tx.send(node::Input::Stop);
-    while let Some(r) = servers.join_next().await {
-        if let Ok(Err(e)) = r {
-            tracing::warn!(error = %e, "a listener stopped with an error");
+    // Requests in flight get a moment to finish; open streams (watches, keep-alives) and idle
+    // client connections would hold a graceful stop forever: they are closed after it.
+    let drained = tokio::time::timeout(SHUTDOWN_GRACE, async {
+        while let Some(r) = servers.join_next().await {
+            if let Ok(Err(e)) = r {
+                tracing::warn!(error = %e, "a listener stopped with an error");
+            }
         }
+    })
+    .await;
+    if drained.is_err() {
+        tracing::info!(
+            grace = ?SHUTDOWN_GRACE,
+            "closing the client connections still open after the grace period"
+        );
+        servers.abort_all();
     }
     result
 }
+
+/// How long a stopping member waits for its requests in flight before closing its connections.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
 
 /// Adds `/health` and `/metrics` to a router.
 /// etcd (grpc-go) refuses a request over the size limit with RESOURCE_EXHAUSTED "grpc: received
