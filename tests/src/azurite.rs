@@ -40,6 +40,25 @@ fn azurite_bin() -> PathBuf {
     p
 }
 
+/// Starts Azurite on `port` with its data (and log, appended) in `dir`.
+fn spawn(port: u16, dir: &std::path::Path) -> Child {
+    let log = std::fs::File::options()
+        .create(true)
+        .append(true)
+        .open(dir.join("azurite.log"))
+        .expect("Azurite log");
+    Command::new(azurite_bin())
+        .args(["--blobHost", "127.0.0.1", "--blobPort", &port.to_string()])
+        .arg("--location")
+        .arg(dir)
+        .args(["--disableTelemetry", "--skipApiVersionCheck", "--loose"])
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().expect("log"))
+        .stderr(log)
+        .spawn()
+        .expect("start Azurite")
+}
+
 impl Azurite {
     /// Starts Azurite and waits until it accepts connections. If it exits at start-up (its port
     /// was taken meanwhile), tries again on another port.
@@ -55,22 +74,7 @@ impl Azurite {
     fn try_start() -> Option<Azurite> {
         let dir = tempfile::tempdir().expect("Azurite data dir");
         let port = crate::free_port();
-        let log = std::fs::File::create(dir.path().join("azurite.log")).expect("Azurite log");
-        let child = Command::new(azurite_bin())
-            .args([
-                "--blobHost",
-                "127.0.0.1",
-                "--blobPort",
-                &port.to_string(),
-                "--location",
-            ])
-            .arg(dir.path())
-            .args(["--disableTelemetry", "--skipApiVersionCheck", "--loose"])
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().expect("log"))
-            .stderr(log)
-            .spawn()
-            .expect("start Azurite");
+        let child = spawn(port, dir.path());
         let mut az = Azurite { child, port, dir };
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
@@ -91,6 +95,35 @@ impl Azurite {
                 "Azurite did not listen on {port} within 60 s"
             );
             std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Stops Azurite cleanly (SIGTERM; it persists its data), for [`Azurite::restart`].
+    pub fn stop(&mut self) {
+        let _ = kill(Pid::from_raw(self.child.id() as i32), Signal::SIGTERM);
+        let _ = self.child.wait();
+    }
+
+    /// Starts Azurite again after [`Azurite::stop`], on the same port and data.
+    pub fn restart(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            self.child = spawn(self.port, self.dir.path());
+            while Instant::now() < deadline {
+                if TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
+                    return;
+                }
+                if let Ok(Some(_)) = self.child.try_wait() {
+                    break; // (its port not free yet: try again)
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            assert!(
+                Instant::now() < deadline,
+                "Azurite did not start again on port {} within 60 s",
+                self.port
+            );
+            std::thread::sleep(Duration::from_millis(500));
         }
     }
 

@@ -55,10 +55,13 @@ pub struct Cluster {
     flags: Vec<String>,
     /// One proxy in front of each member's peer port (partitionable clusters only).
     proxies: Vec<Proxy>,
+    /// A command each member is started through (its arguments follow: the member's binary,
+    /// then its flags), such as a mount namespace with the member's own mount of the witness.
+    wrapper: Vec<String>,
 }
 
 /// A temporary directory with a `witness` directory in it, and the witness URL of that.
-fn witness_dir() -> (tempfile::TempDir, String) {
+pub fn witness_dir() -> (tempfile::TempDir, String) {
     let dir = tempfile::tempdir().expect("temp dir");
     let witness_dir = dir.path().join("witness");
     std::fs::create_dir_all(&witness_dir).expect("witness dir");
@@ -71,6 +74,14 @@ fn witness_dir() -> (tempfile::TempDir, String) {
     );
     (dir, url)
 }
+
+/// The `--data-dir` of member `name` of a cluster in `dir`.
+pub fn data_dir(dir: &Path, name: &str) -> PathBuf {
+    dir.join(format!("{name}.etcd"))
+}
+
+/// The names of the two members a cluster starts with.
+pub const MEMBERS: [&str; 2] = ["n1", "n2"];
 
 /// Runs `etcdutl witness init` for `url`; panics with its output on failure.
 pub fn init_witness(etcdutl: &Path, name: &str, url: &str) {
@@ -107,14 +118,29 @@ impl Cluster {
         witness_url: String,
         flags: &[&str],
     ) -> Cluster {
-        Self::assemble(dir, node_bin, etcdutl, witness_url, flags, false)
+        Self::assemble(
+            dir,
+            node_bin,
+            etcdutl,
+            witness_url,
+            flags,
+            false,
+            Vec::new(),
+        )
     }
 
-    /// As [`Cluster::start`], with the members reaching each other only through proxies, so
-    /// that [`Cluster::partition`] can cut them apart.
-    pub fn start_partitionable(node_bin: &Path, etcdutl: &Path) -> Cluster {
-        let (dir, url) = witness_dir();
-        Self::assemble(dir, node_bin, etcdutl, url, &[], true)
+    /// Two members reaching each other only through proxies, so that [`Cluster::partition`]
+    /// can cut them apart, with the witness at `witness_url` (initialised here) and each
+    /// member started through `wrapper` (a command that ends by running its arguments; none:
+    /// the member itself).
+    pub fn start_partitionable(
+        dir: tempfile::TempDir,
+        node_bin: &Path,
+        etcdutl: &Path,
+        witness_url: String,
+        wrapper: Vec<String>,
+    ) -> Cluster {
+        Self::assemble(dir, node_bin, etcdutl, witness_url, &[], true, wrapper)
     }
 
     fn assemble(
@@ -124,9 +150,10 @@ impl Cluster {
         witness_url: String,
         flags: &[&str],
         proxied: bool,
+        wrapper: Vec<String>,
     ) -> Cluster {
         init_witness(etcdutl, "w", &witness_url);
-        let members: Vec<Member> = ["n1", "n2"]
+        let members: Vec<Member> = MEMBERS
             .iter()
             .map(|n| {
                 let peer_port = free_port();
@@ -159,6 +186,7 @@ impl Cluster {
             initial_cluster,
             flags: flags.iter().map(|f| f.to_string()).collect(),
             proxies,
+            wrapper,
         };
         for i in 0..c.members.len() {
             c.start_member(i);
@@ -178,11 +206,17 @@ impl Cluster {
         &self.initial_cluster
     }
 
+    /// Member `i`'s client and peer ports (the ones it listens on, not its proxy's).
+    pub fn ports(&self, i: usize) -> [u16; 2] {
+        [
+            self.members[i].client_port,
+            self.members[i].listen_peer_port,
+        ]
+    }
+
     /// Member `i`'s `--data-dir`.
     pub fn data_dir(&self, i: usize) -> PathBuf {
-        self.dir
-            .path()
-            .join(format!("{}.etcd", self.members[i].name))
+        data_dir(self.dir.path(), &self.members[i].name)
     }
 
     pub fn endpoints(&self) -> Vec<String> {
@@ -223,7 +257,15 @@ impl Cluster {
             .expect("log file");
         let peer = m.peer_url();
         let state = if m.join { "existing" } else { "new" };
-        let child = Command::new(&self.node_bin)
+        let mut command = match self.wrapper.split_first() {
+            Some((program, args)) => {
+                let mut c = Command::new(program);
+                c.args(args).arg(&self.node_bin);
+                c
+            }
+            None => Command::new(&self.node_bin),
+        };
+        let child = command
             .args(["--name", &m.name])
             .arg("--data-dir")
             .arg(self.data_dir(i))
@@ -289,6 +331,22 @@ impl Cluster {
     /// SIGTERM: a clean stop.
     pub fn stop(&mut self, i: usize) {
         self.signal(i, Signal::SIGTERM);
+    }
+
+    /// SIGTERM, then waits up to `limit` for member `i` to exit: whether it did (if not, it is
+    /// killed).
+    pub fn stop_within(&mut self, i: usize, limit: Duration) -> bool {
+        self.signal_running(i, Signal::SIGTERM);
+        let started = Instant::now();
+        while started.elapsed() < limit {
+            if self.exited(i) {
+                self.members[i].child = None;
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        self.kill(i);
+        false
     }
 
     /// The member's log so far (for failure messages).

@@ -21,8 +21,15 @@ use etcd_client::{Client, Compare, CompareOp, Txn, TxnOp};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use crate::cluster::Cluster;
+use std::path::PathBuf;
+use std::process::Command;
+
+use clap::ValueEnum;
+
+use crate::azurite::Azurite;
+use crate::cluster::{self, Cluster};
 use crate::linearizable::{self, Event, Op};
+use crate::sshfs::{self, SshServer};
 use crate::watch_check;
 
 /// What a campaign does.
@@ -34,16 +41,40 @@ pub struct Options {
     pub clients: usize,
     /// Keys per run (each run writes its own keys, so histories stay short).
     pub keys: u64,
+    /// Where the witness lives.
+    pub witness: WitnessKind,
+    /// Each member's data directory on a tmpfs of its own, and full disks among the faults
+    /// (needs root).
+    pub full_disk: bool,
+    /// The faults to choose from (None: every one that applies).
+    pub families: Option<Vec<Family>>,
+}
+
+/// Where the campaign's witness lives, and so what "the witness gone" means.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum WitnessKind {
+    /// A local directory; gone: renamed away.
+    Dir,
+    /// A directory served by a loopback sshd, each member mounting it with sshfs in its own
+    /// mount namespace with 30 s directory, name and attribute caches (two clients of one
+    /// share, as two machines mounting NFS); gone: renamed away on the server.
+    Sshfs,
+    /// A blob in Azurite; gone: Azurite stopped (SIGTERM) and started again.
+    Azurite,
 }
 
 /// A fault, as injected.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, clap::ValueEnum)]
 pub enum Family {
     Kill,
     Pause,
     WitnessGone,
     /// The members cut apart (clients and the witness still reach both).
     Partition,
+    /// Connections to a member's client and peer ports that send garbage.
+    Garbage,
+    /// A member's data disk filled to the last byte, then freed.
+    FullDisk,
 }
 
 /// What a campaign saw.
@@ -59,6 +90,9 @@ pub struct Report {
     pub watch_events: u64,
     /// Times a watcher's stream broke and it resumed from its next revision.
     pub watch_resumes: u64,
+    /// Full-disk runs in which the member stopped (and was started again once space was
+    /// freed, as an operator would).
+    pub stopped_on_full_disk: u64,
     /// Per fault family: the recovery times (heal to the first acknowledged write).
     pub recoveries: BTreeMap<Family, Vec<Duration>>,
     /// Per fault family: the longest time with no write acknowledged by any member, from the
@@ -81,6 +115,13 @@ impl Report {
             self.watch_events,
             self.watch_resumes
         );
+        if self.stopped_on_full_disk > 0 {
+            out.push_str(&format!(
+                "  a member stopped on its full disk {} times (with the message; started again \
+                 once space was freed)\n",
+                self.stopped_on_full_disk
+            ));
+        }
         let spread = |times: &[Duration]| {
             let mut t = times.to_vec();
             t.sort();
@@ -107,20 +148,169 @@ impl Report {
 
 type History = Arc<Mutex<BTreeMap<String, Vec<Event>>>>;
 
+/// The cluster and what serves its witness, torn down in order: members stopped, their disks
+/// unmounted, then the cluster's directory removed, then the witness's site stopped.
+struct Rig {
+    cluster: Cluster,
+    /// Azurite, when the witness is a blob in it.
+    azurite: Option<Azurite>,
+    /// The sshd serving the witness's directory, when it is an sshfs share.
+    _share: Option<SshfsShare>,
+    /// The members' data disks, when the full-disk fault is on.
+    disks: Option<Disks>,
+}
+
+impl Drop for Rig {
+    fn drop(&mut self) {
+        for i in 0..self.cluster.members.len() {
+            self.cluster.stop(i);
+        }
+        self.disks.take();
+    }
+}
+
+/// The sshd serving the witness's directory; the members' mounts (one per start, in their own
+/// mount namespaces) end with it.
+struct SshfsShare {
+    _server: SshServer,
+    remote: PathBuf,
+}
+
+impl Drop for SshfsShare {
+    fn drop(&mut self) {
+        let _ = Command::new("pkill")
+            .arg("-f")
+            .arg(format!("sshfs root@127.0.0.1:{} ", self.remote.display()))
+            .status();
+    }
+}
+
+/// Each member's data directory on a tmpfs of its own, which the full-disk fault fills.
+struct Disks {
+    dirs: Vec<PathBuf>,
+}
+
+/// The size of each member's data disk.
+const DISK_SIZE: &str = "1g";
+
+impl Disks {
+    /// Mounts a tmpfs on each member's data directory in `cluster_dir` (needs root).
+    fn mount(cluster_dir: &Path) -> Result<Disks, String> {
+        let mut disks = Disks { dirs: Vec::new() };
+        for name in cluster::MEMBERS {
+            let dir = cluster::data_dir(cluster_dir, name);
+            std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+            let mounted = Command::new("mount")
+                .args(["-t", "tmpfs", "-o", &format!("size={DISK_SIZE}"), "tmpfs"])
+                .arg(&dir)
+                .status()
+                .is_ok_and(|s| s.success());
+            if !mounted {
+                return Err(format!(
+                    "the full-disk fault mounts a tmpfs on each data directory: mounting one \
+                     on {} failed (run as root, or leave out --full-disk)",
+                    dir.display()
+                ));
+            }
+            disks.dirs.push(dir);
+        }
+        Ok(disks)
+    }
+
+    fn filler(&self, i: usize) -> PathBuf {
+        self.dirs[i].join("filler")
+    }
+
+    /// Fills member `i`'s disk to the last byte.
+    fn fill(&self, i: usize) {
+        // (dd stops with "No space left on device": that is the point)
+        let _ = Command::new("dd")
+            .arg("if=/dev/zero")
+            .arg(format!("of={}", self.filler(i).display()))
+            .args(["bs=1M", "status=none"])
+            .stderr(std::process::Stdio::null())
+            .status();
+    }
+
+    /// Frees what [`Disks::fill`] took.
+    fn free(&self, i: usize) -> Result<(), String> {
+        std::fs::remove_file(self.filler(i)).map_err(|e| format!("freeing the disk: {e}"))
+    }
+}
+
+impl Drop for Disks {
+    fn drop(&mut self) {
+        for dir in &self.dirs {
+            let _ = Command::new("umount").arg("-l").arg(dir).status();
+        }
+    }
+}
+
+/// Starts the witness's site and the cluster on it.
+fn start(node_bin: &Path, etcdutl: &Path, o: &Options) -> Result<Rig, String> {
+    let (dir, dir_url) = cluster::witness_dir();
+    let disks = if o.full_disk {
+        Some(Disks::mount(dir.path())?)
+    } else {
+        None
+    };
+    let (mut azurite, mut share) = (None, None);
+    let (url, wrapper) = match o.witness {
+        WitnessKind::Dir => (dir_url, Vec::new()),
+        WitnessKind::Sshfs => {
+            let remote = dir.path().join("witness");
+            let server = SshServer::start();
+            // Each member mounts the share over the directory's own path, in a mount namespace
+            // of its own: the same witness URL everywhere, a separate client cache per member.
+            let mount = server.mount_command(&remote, &remote, sshfs::CACHED_30S);
+            let quoted: Vec<String> = mount.iter().map(|a| format!("'{a}'")).collect();
+            let wrapper = [
+                "unshare",
+                "--mount",
+                "--propagation",
+                "private",
+                "sh",
+                "-c",
+                &format!("{} && exec \"$0\" \"$@\"", quoted.join(" ")),
+            ]
+            .map(String::from)
+            .to_vec();
+            share = Some(SshfsShare {
+                _server: server,
+                remote,
+            });
+            (dir_url, wrapper)
+        }
+        WitnessKind::Azurite => {
+            let az = Azurite::start();
+            let url = az.witness_url("faults", "witness");
+            azurite = Some(az);
+            (url, Vec::new())
+        }
+    };
+    let cluster = Cluster::start_partitionable(dir, node_bin, etcdutl, url, wrapper);
+    Ok(Rig {
+        cluster,
+        azurite,
+        _share: share,
+        disks,
+    })
+}
+
 /// Runs the campaign; the error names the seed and run that failed and what it found.
 pub fn campaign(node_bin: &Path, etcdutl: &Path, o: &Options) -> Result<Report, String> {
-    let cluster = Cluster::start_partitionable(node_bin, etcdutl);
-    cluster.wait_leader(Duration::from_secs(30));
+    let mut rig = start(node_bin, etcdutl, o)?;
+    rig.cluster.wait_leader(Duration::from_secs(30));
     let rt = tokio::runtime::Runtime::new().map_err(|e| e.to_string())?;
-    let mut cluster = cluster;
     let mut report = Report::default();
     let started = Instant::now();
     for run in 0..o.runs {
         let seed = o.seed.wrapping_add(run);
-        one_run(&mut cluster, &rt, o, seed, &mut report).map_err(|e| {
+        one_run(&mut rig, &rt, o, seed, &mut report).map_err(|e| {
             format!(
-                "fault run with seed {seed} failed: {e}\nreplay: bash scripts/faults.sh --runs 1 --seed {seed}\nmember logs in {}",
-                keep_logs(&cluster, seed)
+                "fault run with seed {seed} failed: {e}\nreplay: bash scripts/faults.sh --runs 1 --seed {seed} --witness {}\nmember logs in {}",
+                o.witness.to_possible_value().map_or("dir".into(), |v| v.get_name().to_string()),
+                keep_logs(&rig.cluster, seed)
             )
         })?;
         report.runs += 1;
@@ -156,13 +346,14 @@ fn keep_logs(cluster: &Cluster, seed: u64) -> String {
 }
 
 fn one_run(
-    cluster: &mut Cluster,
+    rig: &mut Rig,
     rt: &tokio::runtime::Runtime,
     o: &Options,
     seed: u64,
     report: &mut Report,
 ) -> Result<(), String> {
     let mut rng = StdRng::seed_from_u64(seed);
+    let cluster = &mut rig.cluster;
     let endpoints = cluster.endpoints();
     let history: History = Arc::default();
     let stop = Arc::new(AtomicBool::new(false));
@@ -205,12 +396,14 @@ fn one_run(
         }));
     }
     std::thread::sleep(Duration::from_millis(rng.random_range(500..1500)));
-    let families = [
-        Family::Kill,
-        Family::Pause,
-        Family::WitnessGone,
-        Family::Partition,
-    ];
+    let families: Vec<Family> = match &o.families {
+        Some(chosen) => chosen.clone(),
+        None => Family::value_variants()
+            .iter()
+            .copied()
+            .filter(|&f| f != Family::FullDisk || rig.disks.is_some())
+            .collect(),
+    };
     let family = families[rng.random_range(0..families.len())];
     let member = rng.random_range(0..cluster.members.len());
     let fault_at = nanos(epoch);
@@ -228,14 +421,55 @@ fn one_run(
             cluster.resume(member);
         }
         Family::WitnessGone => {
-            std::fs::rename(&witness_dir, &gone).map_err(|e| e.to_string())?;
-            std::thread::sleep(Duration::from_millis(rng.random_range(3000..12000)));
-            std::fs::rename(&gone, &witness_dir).map_err(|e| e.to_string())?;
+            let lasts = Duration::from_millis(rng.random_range(3000..12000));
+            if let Some(az) = &mut rig.azurite {
+                az.stop();
+                std::thread::sleep(lasts);
+                az.restart();
+            } else {
+                std::fs::rename(&witness_dir, &gone).map_err(|e| e.to_string())?;
+                std::thread::sleep(lasts);
+                std::fs::rename(&gone, &witness_dir).map_err(|e| e.to_string())?;
+            }
         }
         Family::Partition => {
             cluster.partition(true);
             std::thread::sleep(Duration::from_millis(rng.random_range(3000..12000)));
             cluster.partition(false);
+        }
+        Family::FullDisk => {
+            let disks = rig.disks.as_ref().ok_or("full disks need --full-disk")?;
+            disks.fill(member);
+            std::thread::sleep(Duration::from_millis(rng.random_range(3000..12000)));
+            disks.free(member)?;
+            // A member that failed near the end of the fill may still be closing its
+            // connections (a grace period of 2 s).
+            let waited = Instant::now();
+            while !cluster.exited(member) && waited.elapsed() < Duration::from_secs(4) {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            if cluster.exited(member) {
+                // It stopped on the full disk; an operator frees space and starts it again.
+                let log = cluster.log(member);
+                if !log.contains("No space left on device") {
+                    return Err(format!(
+                        "member {member} exited on a full disk without saying so; its log:\n{log}"
+                    ));
+                }
+                report.stopped_on_full_disk += 1;
+                cluster.kill(member);
+                cluster.start_member(member);
+            }
+        }
+        Family::Garbage => {
+            let until = Instant::now() + Duration::from_millis(rng.random_range(3000..12000));
+            send_garbage(cluster.ports(member), until, rng.random());
+            if cluster.exited(member) {
+                return Err(format!(
+                    "member {member} exited after garbage on its ports; its log:\n{}",
+                    cluster.log(member)
+                ));
+            }
         }
     }
     let healed = Instant::now();
@@ -267,13 +501,14 @@ fn one_run(
     );
     keys.sort();
     keys.dedup();
-    while let Err(e) = rt.block_on(verify(&endpoints, &keys, epoch, &history)) {
-        attempts += 1;
-        if !e.starts_with(RPC_FAILED) || attempts == 5 {
-            return Err(e);
+    let revision = loop {
+        match rt.block_on(verify(&endpoints, &keys, epoch, &history)) {
+            Ok(revision) => break revision,
+            Err(e) if !e.starts_with(RPC_FAILED) || attempts == 4 => return Err(e),
+            Err(_) => attempts += 1,
         }
         std::thread::sleep(Duration::from_secs(1));
-    }
+    };
     let history = history.lock().unwrap_or_else(|e| e.into_inner());
     // The watchers: the end marker, written after the check, ends each one.
     rt.block_on(put_retrying(&endpoints[0], &end_key))?;
@@ -312,6 +547,8 @@ fn one_run(
     report.watch_events += replay.len() as u64;
     watch_check::check(&live, &replay, &history)
         .map_err(|e| format!("{family:?} of member {member}: watch: {e}"))?;
+    // As a Kubernetes API server does: the history before the run's checked revision goes.
+    rt.block_on(compact(&endpoints[0], revision))?;
     let gap = longest_write_gap(history.values().flatten(), fault_at, stopped);
     report.gaps.entry(family).or_default().push(gap);
     for (key, events) in history.iter() {
@@ -327,6 +564,30 @@ fn one_run(
             .map_err(|e| format!("{family:?} of member {member}: key {key}: {e}"))?;
     }
     Ok(())
+}
+
+/// Until `until`: connections to each of `ports` that send random bytes (half of them after
+/// the HTTP/2 preface, so the server parses frames out of them), then close.
+fn send_garbage(ports: [u16; 2], until: Instant, seed: u64) {
+    use std::io::Write;
+    const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+    let mut rng = StdRng::seed_from_u64(seed);
+    while Instant::now() < until {
+        for port in ports {
+            let Ok(mut conn) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+                continue;
+            };
+            let mut bytes: Vec<u8> = (0..rng.random_range(1..4096))
+                .map(|_| rng.random())
+                .collect();
+            if rng.random_bool(0.5) {
+                bytes.splice(0..0, PREFACE.iter().copied());
+            }
+            let _ = conn.set_write_timeout(Some(Duration::from_millis(200)));
+            let _ = conn.write_all(&bytes);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 /// The longest stretch of [from, to] (nanoseconds since the run's epoch) in which no write
@@ -611,6 +872,18 @@ async fn current_revision(endpoint: &str) -> Result<i64, String> {
     Err(format!("{RPC_FAILED}status of {endpoint}: {last}"))
 }
 
+/// Compacts the key space at `revision` through `endpoint`.
+async fn compact(endpoint: &str, revision: i64) -> Result<(), String> {
+    let mut client = None;
+    let c = connected(&mut client, endpoint)
+        .await
+        .ok_or_else(|| format!("{RPC_FAILED}{endpoint} does not answer"))?;
+    c.compact(revision, None)
+        .await
+        .map(drop)
+        .map_err(|e| format!("compacting at revision {revision}: {e}"))
+}
+
 /// Puts `key` through `endpoint`, trying for 10 s.
 async fn put_retrying(endpoint: &str, key: &str) -> Result<(), String> {
     let mut last = String::new();
@@ -641,7 +914,7 @@ async fn verify(
     keys: &[String],
     epoch: Instant,
     history: &History,
-) -> Result<(), String> {
+) -> Result<i64, String> {
     let mut clients = Vec::new();
     for ep in endpoints {
         let mut c = None;
@@ -710,7 +983,7 @@ async fn verify(
     if hashes[0] != hashes[1] {
         return Err(format!("HashKV at revision {revision} differs: {hashes:?}"));
     }
-    Ok(())
+    Ok(revision)
 }
 
 #[cfg(test)]

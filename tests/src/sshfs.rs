@@ -89,27 +89,33 @@ impl SshServer {
 
     /// Mounts `remote` (a directory on this machine) with sshfs, adding `options` (`-o` list).
     pub fn mount(&self, remote: &Path, options: &str) -> SshfsMount {
-        let sshfs = tool("/usr/bin/sshfs", "sshfs");
         let point = tempfile::tempdir().expect("mount point");
-        let d = self.dir.path();
+        let command = self.mount_command(remote, point.path(), options);
+        run(Command::new(&command[0]).args(&command[1..]), "sshfs mount");
+        SshfsMount { point }
+    }
+
+    /// The sshfs command line that mounts `remote` at `point` with `options` added (for a
+    /// mount made elsewhere, such as inside another mount namespace).
+    pub fn mount_command(&self, remote: &Path, point: &Path, options: &str) -> Vec<String> {
+        let sshfs = tool("/usr/bin/sshfs", "sshfs");
         let base = format!(
             "port={},IdentityFile={},UserKnownHostsFile=/dev/null,StrictHostKeyChecking=no,BatchMode=yes,LogLevel=ERROR",
             self.port,
-            d.join("client").display()
+            self.dir.path().join("client").display()
         );
         let opts = if options.is_empty() {
             base
         } else {
             format!("{base},{options}")
         };
-        run(
-            Command::new(sshfs)
-                .arg(format!("root@127.0.0.1:{}", remote.display()))
-                .arg(point.path())
-                .args(["-o", &opts]),
-            "sshfs mount",
-        );
-        SshfsMount { point }
+        vec![
+            sshfs.display().to_string(),
+            format!("root@127.0.0.1:{}", remote.display()),
+            point.display().to_string(),
+            "-o".into(),
+            opts,
+        ]
     }
 }
 
@@ -153,3 +159,6 @@ pub const COHERENT: &str = "dir_cache=no,entry_timeout=0,attr_timeout=0,negative
 /// sshfs's defaults: directory listings cached 20 s, names and attributes 1 s, like an NFS
 /// client's attribute and directory caches (no negative caching, as with lookupcache=positive).
 pub const CACHED: &str = "";
+/// Caches kept 30 s: directory listings, names and attributes (no negative caching), like an
+/// NFS client mounted with `actimeo=30,lookupcache=positive`.
+pub const CACHED_30S: &str = "dcache_timeout=30,entry_timeout=30,attr_timeout=30";

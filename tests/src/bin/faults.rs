@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Parser;
-use e2e_tests::faults::{Options, campaign};
+use e2e_tests::faults::{Family, Options, WitnessKind, campaign};
 
 #[derive(Parser, Debug)]
 #[command(about = "Fault runs against a local two-member cluster with a witness directory")]
@@ -23,6 +23,17 @@ struct Args {
     /// Keys per run.
     #[arg(long, default_value_t = 64)]
     keys: u64,
+    /// Where the witness lives: a local directory, an sshfs share with 30 s caches (each
+    /// member its own mount; needs root), or an Azurite blob.
+    #[arg(long, value_enum, default_value_t = WitnessKind::Dir)]
+    witness: WitnessKind,
+    /// Put each member's data directory on a tmpfs of its own and add full disks to the
+    /// faults (needs root).
+    #[arg(long)]
+    full_disk: bool,
+    /// The faults to choose from, comma-separated (default: all that apply).
+    #[arg(long, value_enum, value_delimiter = ',')]
+    faults: Option<Vec<Family>>,
     /// Where etcd-node and etcdutl are (default: next to this binary).
     #[arg(long)]
     bin_dir: Option<PathBuf>,
@@ -41,6 +52,9 @@ fn main() -> ExitCode {
         seed: a.seed,
         clients: a.clients,
         keys: a.keys,
+        witness: a.witness,
+        full_disk: a.full_disk,
+        families: a.faults,
     };
     let started = std::time::Instant::now();
     match campaign(&dir.join("etcd-node"), &dir.join("etcdutl"), &options) {
