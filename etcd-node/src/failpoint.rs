@@ -1,42 +1,78 @@
-//! Named failpoints at durable steps, for crash tests.
+//! Named failpoints at durable steps, for crash and storage-failure tests, through the `fail`
+//! crate: they exist only in a build with the `failpoints` feature (the tests' build); in any
+//! other build [`crash!`](crate::crash) and [`storage_error!`](crate::storage_error) compile to
+//! nothing.
 //!
-//! `ETCD_NODE_FAILPOINT=<name>[:<n>]` makes the process abort (as a `kill -9` would, without
-//! unwinding or flushing anything) the `n`-th time (default 1st) it reaches the failpoint
-//! `<name>`. Unset, a failpoint costs one atomic load. The names are listed in
-//! `docs/formats.md`.
+//! `ETCD_NODE_FAILPOINT=<name>[:<n>]` arms one failpoint: the `n`-th time (default 1st) the
+//! process reaches it, a crash point aborts the process (as a `kill -9` would, without unwinding
+//! or flushing anything) and a storage-error point fails the step with the error a full disk
+//! gives. `FAILPOINTS` (the `fail` crate's syntax, `name=actions;...`) configures them freely.
+//! The names are listed in `docs/formats.md`.
 
-use std::sync::OnceLock;
-use std::sync::atomic::{AtomicU64, Ordering};
-
-struct Armed {
-    name: String,
-    remaining: AtomicU64,
-}
-
-fn armed() -> Option<&'static Armed> {
-    static ARMED: OnceLock<Option<Armed>> = OnceLock::new();
-    ARMED
-        .get_or_init(|| {
-            let spec = std::env::var("ETCD_NODE_FAILPOINT").ok()?;
-            let (name, n) = match spec.split_once(':') {
-                Some((name, n)) => (name.to_string(), n.parse().unwrap_or(1)),
-                None => (spec, 1),
-            };
-            Some(Armed {
-                name,
-                remaining: AtomicU64::new(n),
-            })
-        })
-        .as_ref()
-}
-
-/// Aborts the process here if the failpoint `name` is armed and due.
-pub fn hit(name: &str) {
-    if let Some(a) = armed()
-        && a.name == name
-        && a.remaining.fetch_sub(1, Ordering::SeqCst) == 1
-    {
-        eprintln!("failpoint {name}: aborting");
-        std::process::abort();
+/// Arms the failpoints the environment asks for; call once, at start. An error names the
+/// variable: a malformed one, or one set for a build without failpoints (it would silently
+/// test nothing).
+pub fn setup() -> Result<(), String> {
+    let mut wanted: Vec<(String, String)> = Vec::new();
+    if let Ok(spec) = std::env::var("FAILPOINTS") {
+        for one in spec.split(';').map(str::trim).filter(|s| !s.is_empty()) {
+            let (name, actions) = one
+                .split_once('=')
+                .ok_or_else(|| format!("FAILPOINTS={spec}: expected name=actions in {one:?}"))?;
+            wanted.push((name.trim().into(), actions.trim().into()));
+        }
     }
+    if let Ok(spec) = std::env::var("ETCD_NODE_FAILPOINT") {
+        let (name, n) = match spec.split_once(':') {
+            Some((name, n)) => (
+                name,
+                n.parse::<u64>().ok().filter(|&n| n > 0).ok_or_else(|| {
+                    format!("ETCD_NODE_FAILPOINT={spec}: the count after ':' must be 1 or more")
+                })?,
+            ),
+            None => (spec.as_str(), 1),
+        };
+        let actions = match n {
+            1 => "return".to_string(),
+            n => format!("{}*off->return", n - 1),
+        };
+        wanted.push((name.into(), actions));
+    }
+    if wanted.is_empty() {
+        return Ok(());
+    }
+    if !cfg!(feature = "failpoints") {
+        return Err(format!(
+            "failpoint {} asked for (ETCD_NODE_FAILPOINT or FAILPOINTS), but this build has \
+             none: build etcd-node with --features failpoints",
+            wanted[0].0
+        ));
+    }
+    for (name, actions) in wanted {
+        fail::cfg(name.as_str(), &actions).map_err(|e| format!("failpoint {name}: {e}"))?;
+    }
+    Ok(())
+}
+
+/// Aborts the process at the crash point `$name` when it is armed and due.
+#[macro_export]
+macro_rules! crash {
+    ($name:literal) => {
+        fail::fail_point!($name, |_| {
+            eprintln!("failpoint {}: aborting", $name);
+            std::process::abort()
+        })
+    };
+}
+
+/// Returns `Err($error(..))` from the enclosing function at the storage-error point `$name`
+/// when it is armed and due: the I/O error of a full disk, as `$error` wraps it.
+#[macro_export]
+macro_rules! storage_error {
+    ($name:literal, $error:expr) => {
+        fail::fail_point!($name, |_| {
+            eprintln!("failpoint {}: failing with ENOSPC", $name);
+            Err($error(std::io::Error::from_raw_os_error(28)))
+        })
+    };
 }

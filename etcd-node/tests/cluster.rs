@@ -67,6 +67,81 @@ fn a_member_stops_on_sigterm_with_streams_open() {
     );
 }
 
+/// A member whose WAL write fails as on a full disk (failpoint `wal-write-enospc`) stops: it
+/// exits, with a client's watch stream open on it, saying which data directory failed and what
+/// to do; started again on the same data directory (the disk "freed"), it catches up and holds
+/// every write acknowledged meanwhile.
+#[test]
+fn a_member_whose_disk_fails_stops_says_why_and_comes_back() {
+    let mut c = cluster();
+    c.stop(0);
+    c.start_member_with(0, &[], &[("ETCD_NODE_FAILPOINT", "wal-write-enospc:60")]);
+    c.wait_leader(LEADER_WAIT);
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let (first, second) = (c.members[0].url(), c.members[1].url());
+    let _watch = rt.block_on(async {
+        let mut client = Client::connect([first], None).await.expect("connect");
+        let watch = client
+            .watch("k/", Some(WatchOptions::new().with_prefix()))
+            .await;
+        (client, watch.expect("watch"))
+    });
+    let mut client = rt
+        .block_on(Client::connect([second.as_str()], None))
+        .expect("connect");
+    let mut acknowledged = 0u32;
+    let mut after_exit = 0;
+    while after_exit < 50 {
+        let key = format!("k/{acknowledged:05}");
+        let put = rt.block_on(client.put(key.as_str(), "v", None));
+        if put.is_ok() {
+            acknowledged += 1;
+        } else {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        if c.exited(0) {
+            after_exit += 1;
+        }
+        assert!(
+            acknowledged < 5000,
+            "the failpoint never stopped the member; its log:\n{}",
+            c.log(0)
+        );
+    }
+    let log = c.log(0);
+    for said in [
+        "failpoint wal-write-enospc",
+        "storage failure in --data-dir",
+        "No space left on device",
+        "start this member again on the same data directory",
+    ] {
+        assert!(log.contains(said), "the log does not say {said:?}:\n{log}");
+    }
+    c.kill(0); // (reaps the exited process)
+    c.start_member(0);
+    let started = Instant::now();
+    loop {
+        let count = rt.block_on(async {
+            let mut client = Client::connect([c.members[0].url()], None).await.ok()?;
+            let options = GetOptions::new()
+                .with_prefix()
+                .with_count_only()
+                .with_serializable();
+            Some(client.get("k/", Some(options)).await.ok()?.count())
+        });
+        if count == Some(i64::from(acknowledged)) {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "the restarted member holds {count:?} of the {acknowledged} acknowledged keys; its \
+             log:\n{}",
+            c.log(0)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
 #[test]
 fn etcdctl_speaks_to_two_nodes_and_a_witness() {
     let c = cluster();

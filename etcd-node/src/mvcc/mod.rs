@@ -427,9 +427,9 @@ impl Mvcc {
                 revision,
             }
         };
-        crate::failpoint::hit("apply-before-commit");
+        crate::crash!("apply-before-commit");
         tx.commit().map_err(|e| self.fail(e))?;
-        crate::failpoint::hit("apply-after-commit");
+        crate::crash!("apply-after-commit");
         // (the guard goes first: reading it again while Defragment waits would deadlock)
         drop(db);
         let auth_changed = entries.iter().any(|(_, c)| {

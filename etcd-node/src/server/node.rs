@@ -483,7 +483,7 @@ impl RaftLoop {
         st.unsynced = 0;
         let data = self.fx.mvcc.dump().map_err(|e| e.to_string())?;
         let snapshot = self.raft.compact(data);
-        crate::failpoint::hit("snapshot-before-save");
+        crate::crash!("snapshot-before-save");
         self.fx.disk.compact(&snapshot)?;
         st.last_snapshot = snapshot.meta.index;
         tracing::info!(

@@ -269,6 +269,7 @@ mod tests {
         let Ok(dir) = std::env::var("DISK_CRASH_DIR") else {
             return; // only meaningful as the crash test's child process
         };
+        crate::failpoint::setup().unwrap();
         let (mut s, _) = DiskStorage::open_with(Path::new(&dir), 4096).unwrap();
         if s.is_empty() {
             s.bootstrap(Membership::new([1], None).unwrap(), None, Vec::new())

@@ -10,7 +10,6 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 use super::codec::{PbSnapshotMeta, decode, encode};
-use crate::failpoint;
 use crate::raft::{Snapshot, SnapshotMeta};
 
 const MAGIC: &[u8; 4] = b"SNAP";
@@ -81,7 +80,7 @@ impl SnapDir {
         let file = fs::File::create(&tmp)?;
         io::Write::write_all(&mut &file, &bytes)?;
         file.sync_all()?;
-        failpoint::hit("snap-before-rename");
+        crate::crash!("snap-before-rename");
         fs::rename(&tmp, &path)?;
         fs::File::open(&self.dir)?.sync_all()?;
         Ok(path)

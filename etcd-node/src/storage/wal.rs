@@ -30,7 +30,6 @@ use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
 use super::codec::{PbEntry, PbHardState, decode, encode};
-use crate::failpoint;
 use crate::raft::{Entry, HardState};
 
 /// Default segment size (etcd uses 64 MiB too).
@@ -315,12 +314,13 @@ impl Wal {
         if self.offset > 0 && self.offset + buf.len() as u64 + prologue > self.segment_bytes {
             self.roll(first_index)?;
         }
+        crate::storage_error!("wal-write-enospc", io_err(&self.path));
         self.file.write_all(buf).map_err(io_err(&self.path))?;
         self.offset += buf.len() as u64;
         if sync {
-            failpoint::hit("wal-before-fsync");
+            crate::crash!("wal-before-fsync");
             self.file.sync_data().map_err(io_err(&self.path))?;
-            failpoint::hit("wal-after-fsync");
+            crate::crash!("wal-after-fsync");
         }
         Ok(())
     }
@@ -389,7 +389,7 @@ fn create_segment(
     let len = i64::try_from(bytes).unwrap_or(i64::MAX);
     nix::fcntl::posix_fallocate(&file, 0, len).map_err(|e| io_err(&tmp)(e.into()))?;
     file.sync_all().map_err(io_err(&tmp))?;
-    failpoint::hit("wal-segment-before-rename");
+    crate::crash!("wal-segment-before-rename");
     fs::rename(&tmp, &path).map_err(io_err(&path))?;
     sync_dir(dir)?;
     Ok((file, path))
