@@ -112,12 +112,23 @@ impl Script {
     /// Runs one command; `line` is `file:number: command`, shown whole in any failure.
     fn exec(&mut self, line: &str) {
         let command = line.rsplit(": ").next().unwrap_or(line);
+        if let Some(c) = self.cluster.as_mut() {
+            let now = c.now();
+            if let Some(t) = c.trace.as_mut() {
+                t.note(now, command);
+            }
+        }
         let words: Vec<&str> = command.split_whitespace().collect();
         let mut w = words.iter().copied();
         match (w.next(), w.next()) {
             (Some("cluster"), n) => {
                 let witness = words.get(2) == Some(&"witness");
-                self.cluster = Some(Cluster::new(num(n, line), witness, 7));
+                let mut c = Cluster::new(num(n, line), witness, 7);
+                c.record_trace();
+                if let Some(t) = c.trace.as_mut() {
+                    t.note(0, command);
+                }
+                self.cluster = Some(c);
             }
             (Some("campaign"), id) => {
                 let id = num(id, line);
@@ -313,6 +324,46 @@ fn run_file(path: &Path) {
         }
         script.exec(&format!("{}:{}: {line}", path.display(), n + 1));
     }
+    let trace = script
+        .cluster
+        .as_mut()
+        .and_then(|c| c.trace.as_mut())
+        .map(|t| t.take())
+        .unwrap_or_default();
+    compare_with_golden(&path.with_extension("trace"), &trace);
+}
+
+/// Compares a scenario's trace with its golden file, or rewrites the file when
+/// `SCENARIO_REWRITE` is set (then review the diff: it is the change in behaviour).
+fn compare_with_golden(golden: &Path, trace: &[String]) {
+    let text = format!("{}\n", trace.join("\n"));
+    if std::env::var_os("SCENARIO_REWRITE").is_some() {
+        std::fs::write(golden, text).unwrap_or_else(|e| panic!("{}: {e}", golden.display()));
+        return;
+    }
+    let rewrite = "SCENARIO_REWRITE=1 cargo test -p etcd-node --test scenarios writes the traces \
+                   anew; review the diff";
+    let want = std::fs::read_to_string(golden)
+        .unwrap_or_else(|e| panic!("{}: {e} ({rewrite})", golden.display()));
+    if want == text {
+        return;
+    }
+    let (want_lines, got_lines): (Vec<&str>, Vec<&str>) =
+        (want.lines().collect(), text.lines().collect());
+    let at = want_lines
+        .iter()
+        .zip(&got_lines)
+        .position(|(a, b)| a != b)
+        .unwrap_or(want_lines.len().min(got_lines.len()));
+    let around = |lines: &[&str]| lines[at.saturating_sub(3)..(at + 3).min(lines.len())].join("\n");
+    panic!(
+        "{}: the trace differs from the golden file at line {}:\n--- golden\n{}\n--- now\n{}\n\
+         If the change is intended: {rewrite}",
+        golden.display(),
+        at + 1,
+        around(&want_lines),
+        around(&got_lines)
+    );
 }
 
 #[test]

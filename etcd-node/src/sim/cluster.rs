@@ -8,6 +8,7 @@ use rand::{Rng, SeedableRng};
 use witness_core::{Seen, WitnessState};
 
 use super::invariants::{Checker, Violation};
+use super::trace::Trace;
 use crate::mvcc::ApiError;
 use crate::raft::{
     ChangeKind, ConfChange, Config, Entry, EntryData, Host, KnownWitness, MemStorage, Membership,
@@ -198,6 +199,8 @@ pub struct Cluster {
     checker: Checker,
     /// The config every node starts from (its id and seed set per node).
     template: Config,
+    /// What happened, line by line, once [`Cluster::record_trace`] asked for it.
+    pub trace: Option<Trace>,
 }
 
 /// A witness register as `etcdutl witness init` makes it, with a generation from the run's seed.
@@ -266,6 +269,7 @@ impl Cluster {
             #[cfg(feature = "mutations")]
             witness_mutation: None,
             template,
+            trace: None,
         };
         c.witnesses.extend(register);
         // Every member read the witness before its first start: it is bound to its generation.
@@ -291,6 +295,16 @@ impl Cluster {
                 proposals: Proposals::default(),
             },
         );
+    }
+
+    /// Records a [`Trace`] from now on.
+    pub fn record_trace(&mut self) {
+        self.trace = Some(Trace::default());
+    }
+
+    /// The simulated time, in ticks.
+    pub fn now(&self) -> u64 {
+        self.now
     }
 
     /// Every node the simulation runs (members, joiners and removed nodes).
@@ -676,6 +690,9 @@ impl Cluster {
             if outcome.is_ok() {
                 node.reads.settle(&raft, &mut out);
             }
+            if let (Some(t), Ok(())) = (self.trace.as_mut(), &outcome) {
+                t.role(self.now, &raft);
+            }
             node.raft = Some(raft);
             self.collect_answers();
             if outcome.is_err() {
@@ -740,6 +757,9 @@ impl Cluster {
                 )
             }
         };
+        if let Some(t) = self.trace.as_mut() {
+            t.witness(self.now, node, &request, &response, write.is_some());
+        }
         if let Some(next) = write {
             let old = &self.witnesses[&id];
             let next = self.witness_written(old, next);
@@ -831,6 +851,9 @@ impl Cluster {
                 Event::Message(m) => {
                     let to = m.to;
                     if let Some(r) = self.nodes.get_mut(&to).and_then(|n| n.raft.as_mut()) {
+                        if let Some(t) = self.trace.as_mut() {
+                            t.delivered(self.now, &m);
+                        }
                         r.step(m);
                         self.process(to);
                     }
@@ -971,6 +994,9 @@ impl Host for SimHost<'_> {
             c.stats.crashes_before_persist += 1;
             return Err(Crashed);
         }
+        if let Some(t) = c.trace.as_mut() {
+            t.persisted(c.now, id, ready);
+        }
         let storage = &mut c.nodes.get_mut(&id).expect("node").storage;
         if let Some(snapshot) = &ready.snapshot {
             storage.install(snapshot.clone());
@@ -999,6 +1025,9 @@ impl Host for SimHost<'_> {
     }
 
     fn apply(&mut self, _: &Raft, committed: &[Entry]) -> Result<(), Crashed> {
+        if let Some(t) = self.c.trace.as_mut() {
+            t.applied(self.c.now, self.id, committed);
+        }
         for e in committed {
             self.c.stats.committed += 1;
             self.c.checker.applied(self.id, e);

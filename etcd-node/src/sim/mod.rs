@@ -10,7 +10,9 @@
 pub mod cluster;
 pub mod invariants;
 pub mod random;
+pub mod trace;
 
 pub use cluster::{Cluster, Faults, Stats};
 pub use invariants::Violation;
 pub use random::{RandomRun, run_seed};
+pub use trace::Trace;
