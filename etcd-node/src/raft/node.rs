@@ -307,6 +307,10 @@ impl Raft {
     pub fn retiring(&self) -> bool {
         self.removed && !self.voter() && self.last_index() > self.commit
     }
+    /// Ticks without hearing from a leader before a follower campaigns (before the spread).
+    pub fn election_tick(&self) -> u64 {
+        self.cfg.election_tick
+    }
     fn leading(&mut self) -> &mut Leading {
         self.lead.as_mut().expect("leader")
     }

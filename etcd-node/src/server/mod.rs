@@ -14,6 +14,7 @@ pub mod node;
 pub mod peer;
 pub mod proposals;
 pub mod reads;
+pub mod removal;
 pub mod restore;
 pub mod watches;
 pub mod wire;

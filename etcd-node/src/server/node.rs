@@ -20,6 +20,7 @@ use super::peer::Peers;
 use super::proposals::Proposals;
 use super::reads::{Outbox, Reads, Waiter};
 pub use super::reads::{leader_changed, no_leader, refused};
+use super::removal::Removal;
 use super::watches::WatchHub;
 use super::wire::Envelope;
 use super::witness_slot::WitnessSlot;
@@ -123,10 +124,8 @@ struct State {
     /// Client proposals (appended, held or forwarded) and their waiters.
     proposals: Proposals<oneshot::Sender<Result<Response, ApiError>>>,
     member_waiters: HashMap<u64, oneshot::Sender<Result<(), ApiError>>>,
-    /// This member applied its own removal (since when, or since it last led): it stops once
-    /// it no longer leads and its log strands nothing ([`Raft::retiring`]), or after
-    /// [`RETIRING_TIMEOUTS`] election timeouts without leading (cut off from the others).
-    removed: Option<Instant>,
+    /// When this member stops, once it applied its own removal.
+    removal: Removal,
     next_id: u64,
     /// Linearizable reads (one round per loop turn).
     reads: Reads<oneshot::Sender<Result<u64, ApiError>>>,
@@ -148,11 +147,6 @@ struct State {
 /// a steady stream of revokes instead of a burst of entries that holds up the writes.
 const LEASE_REVOKE_RATE: u128 = 1000;
 
-/// Election timeouts a removed member that may hold the only copy of some entries keeps
-/// running without leading before it stops anyway (cut off, or the others elected a leader
-/// without it: a leaderless cluster that needs it grants its campaign well before).
-const RETIRING_TIMEOUTS: u32 = 5;
-
 /// Applied entries between two durable commits of the key space (bounds replay after a crash).
 const SYNC_EVERY: u64 = 10_000;
 
@@ -165,7 +159,7 @@ impl RaftLoop {
         let mut st = State {
             proposals: Proposals::default(),
             member_waiters: HashMap::new(),
-            removed: None,
+            removal: Removal::default(),
             next_id: rand::random::<u64>() >> 1,
             reads: Reads::new(rand::random()),
             outbox: Outbox::new(),
@@ -181,6 +175,7 @@ impl RaftLoop {
             let now = Instant::now();
             if now >= next_tick {
                 self.raft.tick();
+                st.removal.tick();
                 next_tick = now + self.tick;
                 st.proposals.forget_closed();
                 st.member_waiters.retain(|_, w| !w.is_closed());
@@ -220,16 +215,7 @@ impl RaftLoop {
             }
             st.leading = leading;
             self.publish_status();
-            if let Some(since) = st.removed.as_mut()
-                && leading
-            {
-                *since = Instant::now();
-            }
-            if st.removed.is_some_and(|since| {
-                !leading
-                    && (!self.raft.retiring()
-                        || since.elapsed() >= RETIRING_TIMEOUTS * self.election_timeout)
-            }) {
+            if st.removal.should_stop(&self.raft) {
                 tracing::warn!(
                     "this member was removed from the cluster; stopping (its data directory \
                      must not be started again)"
@@ -566,7 +552,7 @@ impl Effects {
         if c.remove {
             self.peers.remove(m.id);
             if m.id == me {
-                st.removed.get_or_insert_with(Instant::now);
+                st.removal.applied_own_removal();
             }
         } else if let Some(url) = regular_peer_url(m) {
             self.peers.add(m.id, url);

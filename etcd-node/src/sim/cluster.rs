@@ -17,6 +17,7 @@ use crate::raft::{
 };
 use crate::server::proposals::Proposals;
 use crate::server::reads::{Outbox, Reads, Waiter};
+use crate::server::removal::Removal;
 use crate::server::wire::Envelope;
 
 /// Network fault rates (per message) and delays, in ticks.
@@ -85,6 +86,8 @@ pub struct Stats {
     pub witness_wipes: u64,
     /// Witness steps refused because the witness lost its state.
     pub witness_refusals: u64,
+    /// Removed nodes stopped by the server's rule ([`Removal`]).
+    pub removed_stopped: u64,
 }
 
 #[derive(Debug)]
@@ -163,6 +166,11 @@ struct Node {
     /// The server's read and proposal handling (lost in a crash, as a process's memory is).
     reads: Reads<SimRead>,
     proposals: Proposals<SimWrite>,
+    /// The server's rule for when a removed member stops (lost in a crash, as in the server).
+    removal: Removal,
+    /// Stopped by that rule: never started again (an operator must not start a removed
+    /// member's data directory).
+    stopped: bool,
 }
 
 /// The witness's cluster id in simulations.
@@ -293,6 +301,8 @@ impl Cluster {
                 clock: None,
                 reads: Reads::new(self.rng.random()),
                 proposals: Proposals::default(),
+                removal: Removal::default(),
+                stopped: false,
             },
         );
     }
@@ -381,6 +391,7 @@ impl Cluster {
         let node = self.nodes.get_mut(&id).expect("node");
         node.reads = Reads::new(first_ctx);
         node.proposals = Proposals::default();
+        node.removal = Removal::default();
         if node.raft.take().is_some() {
             self.checker
                 .restarted(id, self.nodes[&id].storage.snapshot().meta.index);
@@ -401,7 +412,7 @@ impl Cluster {
 
     pub fn restart(&mut self, id: NodeId) {
         let node = self.nodes.get_mut(&id).expect("node");
-        if node.raft.is_none() {
+        if node.raft.is_none() && !node.stopped {
             node.raft = Some(Raft::new(node.config.clone(), &node.storage).expect("restart"));
         }
     }
@@ -681,7 +692,13 @@ impl Cluster {
             };
             node.proposals.release_held(&mut raft);
             if !raft.has_ready() {
-                self.nodes.get_mut(&id).expect("node").raft = Some(raft);
+                let stops = node.removal.should_stop(&raft);
+                node.raft = Some(raft);
+                if stops {
+                    self.crash(id);
+                    self.nodes.get_mut(&id).expect("node").stopped = true;
+                    self.stats.removed_stopped += 1;
+                }
                 return;
             }
             let outcome = handle_ready(&mut raft, &mut SimHost { c: self, id });
@@ -837,8 +854,11 @@ impl Cluster {
         let ids: Vec<NodeId> = self.nodes.keys().copied().collect();
         for &id in &ids {
             for _ in 0..self.node_ticks(id) {
-                if let Some(r) = self.nodes.get_mut(&id).and_then(|n| n.raft.as_mut()) {
+                if let Some(n) = self.nodes.get_mut(&id)
+                    && let Some(r) = n.raft.as_mut()
+                {
                     r.tick();
+                    n.removal.tick();
                     self.process(id);
                 }
             }
@@ -1029,6 +1049,16 @@ impl Host for SimHost<'_> {
             t.applied(self.c.now, self.id, committed);
         }
         for e in committed {
+            if let EntryData::ConfChange(cc) = &e.data
+                && cc.changes.len() == 1
+                && cc
+                    .changes
+                    .iter()
+                    .any(|c| c.kind == ChangeKind::Remove && c.node == self.id)
+            {
+                let node = self.c.nodes.get_mut(&self.id).expect("node");
+                node.removal.applied_own_removal();
+            }
             self.c.stats.committed += 1;
             self.c.checker.applied(self.id, e);
             if let EntryData::Normal(data) = &e.data
