@@ -134,18 +134,14 @@ impl Trace {
         fold(std::mem::take(&mut self.lines))
     }
 
-    fn push(&mut self, line: String) {
-        self.lines.push(line);
-    }
-
     /// A line of the test's own (a scenario command).
     pub fn note(&mut self, now: u64, what: &str) {
-        self.push(format!("{now:>5} > {what}"));
+        self.lines.push(format!("{now:>5} > {what}"));
     }
 
     pub fn delivered(&mut self, now: u64, m: &Message) {
         if let Some(s) = said(m) {
-            self.push(format!("{now:>5}   {s}"));
+            self.lines.push(format!("{now:>5}   {s}"));
         }
     }
 
@@ -164,13 +160,15 @@ impl Trace {
             ));
         }
         if !parts.is_empty() {
-            self.push(format!("{now:>5}   {id} persists {}", parts.join(", ")));
+            self.lines
+                .push(format!("{now:>5}   {id} persists {}", parts.join(", ")));
         }
     }
 
     pub fn applied(&mut self, now: u64, id: NodeId, committed: &[Entry]) {
         if !committed.is_empty() {
-            self.push(format!("{now:>5}   {id} applies {}", span(committed)));
+            self.lines
+                .push(format!("{now:>5}   {id} applies {}", span(committed)));
         }
     }
 
@@ -214,7 +212,7 @@ impl Trace {
             WitnessResponse::ReadTerm { witness_term, .. } => format!("term {witness_term}"),
             WitnessResponse::Failed { .. } => "failed".into(),
         };
-        self.push(format!(
+        self.lines.push(format!(
             "{now:>5}   {node}->witness {asked} => {answer}{}",
             if wrote { " (written)" } else { "" }
         ));
@@ -224,7 +222,7 @@ impl Trace {
     pub fn role(&mut self, now: u64, raft: &Raft) {
         let seen = (raft.role(), raft.term(), raft.leader());
         if self.roles.insert(raft.id(), seen) != Some(seen) {
-            self.push(format!(
+            self.lines.push(format!(
                 "{now:>5}   {} is {:?} in term {}, leader {}",
                 raft.id(),
                 seen.0,
