@@ -48,8 +48,9 @@ fn fail(file: &str, e: std::io::Error) -> ! {
 fn main() {
     println!("cargo:rerun-if-changed=proto/peer.proto");
     println!("cargo:rerun-if-changed=proto/auth.proto");
-    if let Err(e) = tonic_prost_build::configure().compile_protos(&["proto/peer.proto"], &["proto"])
-    {
+    // Snapshot chunks are slices of the snapshot's shared buffer, not copies.
+    let peer = tonic_prost_build::configure().bytes(".etcdnode.peer.SnapshotChunk.data");
+    if let Err(e) = peer.compile_protos(&["proto/peer.proto"], &["proto"]) {
         fail("proto/peer.proto", e);
     }
     let mut auth = tonic_prost_build::configure().build_client(false);

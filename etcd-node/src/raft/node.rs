@@ -139,6 +139,8 @@ pub struct Raft {
     persisted_hs: HardState,
     role: Role,
     leader: NodeId,
+    /// The highest commit index `leader` (another node) announced to this one in this term.
+    leader_commit: u64,
     ticks: u64,
     election_elapsed: u64,
     heartbeat_elapsed: u64,
@@ -200,6 +202,7 @@ impl Raft {
             lead: None,
             pending_conf_index: 0,
             removed: false,
+            leader_commit: 0,
             msgs: Vec::new(),
             witness_out: Vec::new(),
             read_states: Vec::new(),
@@ -307,6 +310,12 @@ impl Raft {
     pub fn retiring(&self) -> bool {
         self.removed && !self.voter() && self.last_index() > self.commit
     }
+    /// The highest commit index the current leader, another node, announced to this one in
+    /// this term (0: none yet). A removed member that sees it cover its removal knows a leader
+    /// that will apply the removal without it.
+    pub fn leader_commit(&self) -> u64 {
+        self.leader_commit
+    }
     /// Ticks without hearing from a leader before a follower campaigns (before the spread).
     pub fn election_tick(&self) -> u64 {
         self.cfg.election_tick
@@ -360,6 +369,9 @@ impl Raft {
 
     fn become_follower(&mut self, term: u64, leader: NodeId) {
         assert!(term >= self.term, "term must never decrease");
+        if term > self.term || self.leader != leader {
+            self.leader_commit = 0;
+        }
         if term > self.term {
             self.term = term;
             self.vote = NONE;
@@ -743,7 +755,7 @@ impl Raft {
 
     /// Takes a snapshot of the state machine (`data`, as of the applied index) and drops the
     /// log up to it. Returns the snapshot for the host to persist.
-    pub fn compact(&mut self, data: Vec<u8>) -> Snapshot {
+    pub fn compact(&mut self, data: bytes::Bytes) -> Snapshot {
         assert!(
             !self.awaiting_advance,
             "compact between ready() and advance()"
@@ -856,6 +868,7 @@ impl Raft {
                 commit,
             } => {
                 self.follow(m.from, m.term);
+                self.leader_commit = self.leader_commit.max(commit);
                 self.handle_append(m.from, prev_index, prev_term, entries, commit);
             }
             Body::Snapshot { snapshot } => {
@@ -864,6 +877,7 @@ impl Raft {
             }
             Body::Heartbeat { commit, read } => {
                 self.follow(m.from, m.term);
+                self.leader_commit = self.leader_commit.max(commit);
                 self.commit_to(commit.min(self.last_index()));
                 let term = self.term;
                 self.send(m.from, term, Body::HeartbeatResp { read });
@@ -1075,6 +1089,12 @@ impl Raft {
             return;
         };
         pr.last_heard = now;
+        if reject && pr.snapshot.is_some() {
+            // An answer to an Append sent before the snapshot (nothing else is sent while it
+            // is outstanding): stale. Probing again would send the snapshot again, once per
+            // such answer, while the first one is still on its way.
+            return;
+        }
         if reject {
             let next = (index + 1).min(pr.next.saturating_sub(1)).max(1);
             pr.probe_from(next);
@@ -1479,6 +1499,30 @@ impl Raft {
 
     // ---- the witness's answers ----
 
+    /// The host's transport finished sending a snapshot to `to`: `delivered` when the follower
+    /// received it whole. Delivered, the leader waits for the follower's answer (the follower
+    /// may take a while to install a large snapshot) and sends it again only if a heartbeat
+    /// answer comes an election timeout after the delivery with no answer to the snapshot. Not
+    /// delivered, the leader probes the follower again once it answers a heartbeat (so an
+    /// unreachable follower is not sent snapshot after snapshot).
+    pub fn report_snapshot(&mut self, to: NodeId, index: u64, delivered: bool) {
+        let now = self.ticks;
+        let Some(pr) = self.lead.as_mut().and_then(|l| l.progress.get_mut(&to)) else {
+            return;
+        };
+        match pr.snapshot {
+            Some((sent, _)) if sent == index => {
+                if delivered {
+                    pr.snapshot = Some((index, now));
+                } else {
+                    pr.probe_from(pr.next);
+                    pr.paused = true;
+                }
+            }
+            _ => {} // answered already, or another snapshot is outstanding now
+        }
+    }
+
     /// Handles the outcome of a witness step the host ran for this node.
     pub fn step_witness(&mut self, response: WitnessResponse) {
         assert!(
@@ -1808,5 +1852,114 @@ mod tests {
         let vote = vote.expect("the witness's vote completes both halves at once");
         assert_eq!(vote.granted, vec![1]);
         assert_eq!(vote.granted_outgoing, vec![1]);
+    }
+
+    /// Carries out a Ready as a host whose disk and sends never fail; returns what it sent.
+    fn turn(raft: &mut Raft) -> Vec<Message> {
+        let ready = raft.ready();
+        let mut sent = ready.early_messages.clone();
+        sent.extend(ready.messages.iter().cloned());
+        raft.advance(&ready);
+        sent
+    }
+
+    fn from_2(term: u64, body: Body) -> Message {
+        from(2, term, body)
+    }
+
+    fn from(from: NodeId, term: u64, body: Body) -> Message {
+        Message {
+            from,
+            to: 1,
+            term,
+            body,
+            witness: None,
+        }
+    }
+
+    fn snapshots_to_2(sent: &[Message]) -> usize {
+        sent.iter()
+            .filter(|m| m.to == 2 && matches!(m.body, Body::Snapshot { .. }))
+            .count()
+    }
+
+    /// A follower that was paused answers, when it resumes, every Append it missed with a
+    /// rejection. Each used to make the leader probe again and send its snapshot again: a
+    /// leader of an 800 MB key space queued one copy per answer and was OOM-killed. One
+    /// snapshot is outstanding at a time; the transport's report decides when to send another.
+    #[test]
+    fn a_leader_sends_one_snapshot_until_the_transport_reports() {
+        let mut cfg = Config::new(1);
+        cfg.pre_vote = false;
+        let members = Membership::new([1, 2, 3], None).unwrap();
+        let mut raft = Raft::new(cfg, &MemStorage::bootstrap(members, None)).unwrap();
+        raft.campaign();
+        turn(&mut raft);
+        let term = raft.term();
+        let granted = Body::VoteResp {
+            pre: false,
+            granted: true,
+        };
+        // Node 3 votes and acknowledges; node 2 is paused and hears nothing.
+        raft.step(from(3, term, granted));
+        assert_eq!(raft.role(), Role::Leader);
+        for _ in 0..3 {
+            raft.propose(b"x".to_vec()).unwrap();
+        }
+        turn(&mut raft);
+        let last = raft.log().last_index();
+        let ack = Body::AppendResp {
+            index: last,
+            reject: false,
+        };
+        raft.step(from(3, term, ack));
+        turn(&mut raft);
+        assert_eq!(raft.applied(), last);
+        let index = raft.compact(bytes::Bytes::from_static(b"state")).meta.index;
+
+        // Node 2 resumes and rejects what it missed; the leader has only the snapshot for it.
+        let reject = Body::AppendResp {
+            index: 0,
+            reject: true,
+        };
+        raft.step(from_2(term, reject.clone()));
+        assert_eq!(snapshots_to_2(&turn(&mut raft)), 1);
+        for _ in 0..5 {
+            raft.step(from_2(term, reject.clone()));
+        }
+        assert_eq!(snapshots_to_2(&turn(&mut raft)), 0, "stale rejections");
+
+        // Not delivered: nothing more until the follower is heard from, then once.
+        raft.report_snapshot(2, index, false);
+        raft.propose(b"y".to_vec()).unwrap();
+        assert_eq!(snapshots_to_2(&turn(&mut raft)), 0, "unreachable follower");
+        raft.step(from_2(term, Body::HeartbeatResp { read: 0 }));
+        assert_eq!(snapshots_to_2(&turn(&mut raft)), 1);
+
+        // Delivered: the follower may take its time installing it.
+        raft.report_snapshot(2, index, true);
+        for _ in 0..raft.election_tick() {
+            raft.tick();
+            raft.step(from_2(term, Body::HeartbeatResp { read: 0 }));
+            assert_eq!(snapshots_to_2(&turn(&mut raft)), 0, "installing");
+        }
+        // ... but an election timeout after the delivery, with no answer, it was lost.
+        raft.tick();
+        raft.tick();
+        raft.step(from_2(term, Body::HeartbeatResp { read: 0 }));
+        assert_eq!(snapshots_to_2(&turn(&mut raft)), 1, "lost after delivery");
+
+        // The follower's answer ends it: appends follow.
+        let installed = Body::AppendResp {
+            index,
+            reject: false,
+        };
+        raft.step(from_2(term, installed));
+        let sent = turn(&mut raft);
+        assert_eq!(snapshots_to_2(&sent), 0);
+        assert!(
+            sent.iter()
+                .any(|m| m.to == 2 && matches!(m.body, Body::Append { .. }))
+        );
     }
 }

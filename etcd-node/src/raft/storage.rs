@@ -38,7 +38,7 @@ impl MemStorage {
                     subterm: 0,
                     membership: Membership::empty(),
                 },
-                data: Vec::new(),
+                data: bytes::Bytes::new(),
             },
             entries: Vec::new(),
         }
@@ -65,7 +65,7 @@ impl MemStorage {
                     subterm: 0,
                     membership,
                 },
-                data: Vec::new(),
+                data: bytes::Bytes::new(),
             },
             entries: Vec::new(),
         }

@@ -80,11 +80,13 @@ pub struct SnapshotMeta {
     pub membership: Membership,
 }
 
-/// A snapshot: the state machine's data at `meta.index`, opaque to Raft.
+/// A snapshot: the state machine's data at `meta.index`, opaque to Raft. The data is shared,
+/// not copied, when a snapshot is cloned (into a message, into storage): a key space of
+/// hundreds of MB exists once in memory however many messages carry it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Snapshot {
     pub meta: SnapshotMeta,
-    pub data: Vec<u8>,
+    pub data: bytes::Bytes,
 }
 
 /// A linearizable read may be served once the state machine has applied `index`.

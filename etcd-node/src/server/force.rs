@@ -111,7 +111,7 @@ pub async fn force_new_cluster(
             subterm: 0,
             membership,
         },
-        data: mvcc.dump()?,
+        data: mvcc.dump()?.into(),
     };
     let ready = Ready {
         snapshot: Some(forced),

@@ -43,6 +43,7 @@ pub struct Metrics {
     /// What the periodic probe of the witness last found.
     witness_probe: Mutex<Probe>,
     snapshots_sent: AtomicU64,
+    snapshot_send_failures: AtomicU64,
     snapshots_received: AtomicU64,
     watch_catch_ups: AtomicU64,
     /// (subterm, witness in the replication set) while leading.
@@ -70,6 +71,9 @@ impl Metrics {
     }
     pub fn snapshot_sent(&self) {
         self.snapshots_sent.fetch_add(1, Relaxed);
+    }
+    pub fn snapshot_send_failed(&self) {
+        self.snapshot_send_failures.fetch_add(1, Relaxed);
     }
     pub fn snapshot_received(&self) {
         self.snapshots_received.fetch_add(1, Relaxed);
@@ -290,8 +294,13 @@ impl Metrics {
             ),
             (
                 "etcd_network_snapshot_send_success",
-                "Snapshots sent to a follower behind the compacted log.",
+                "Snapshots a follower behind the compacted log received whole.",
                 &self.snapshots_sent,
+            ),
+            (
+                "etcd_network_snapshot_send_failures",
+                "Snapshots whose sending failed (the follower unreachable, paused, or gone).",
+                &self.snapshot_send_failures,
             ),
             (
                 "etcd_network_snapshot_receive_success",

@@ -394,8 +394,8 @@ pub async fn run(
         .filter_map(|m| Some((m.id, node::regular_peer_url(m)?.to_string())))
         .collect();
     let runtime = tokio::runtime::Handle::current();
-    let peers = Peers::start(&me, &peer_list, &runtime);
     let (inputs_tx, inputs_rx) = std::sync::mpsc::channel();
+    let peers = Peers::start(&me, &peer_list, &runtime, inputs_tx.clone());
     let (status_tx, status_rx) = watch::channel(Status::default());
     let metrics = Arc::new(Metrics::default());
     let witness = Arc::new(WitnessSlot::new(metrics.clone(), credentials(&cfg)));

@@ -26,9 +26,9 @@ use super::wire::Envelope;
 use super::witness_slot::WitnessSlot;
 use crate::mvcc::{ApiError, Command, MemberChange, Mvcc, Op, Proposal, Response};
 use crate::raft::{
-    Body, Change, ChangeKind, ConfChange, Entry, EntryData, Host, Message, NONE, NodeId, Raft,
-    ReadState, Ready, Refused, Role, Snapshot, Storage, WitnessRequest, WitnessResponse,
-    apply_rule, handle_ready,
+    Change, ChangeKind, ConfChange, Entry, EntryData, Host, Message, NONE, NodeId, Raft, ReadState,
+    Ready, Refused, Role, Snapshot, Storage, WitnessRequest, WitnessResponse, apply_rule,
+    handle_ready,
 };
 use crate::storage::disk::DiskStorage;
 use etcd_client::proto::PbLeaseRevokeRequest;
@@ -69,6 +69,12 @@ pub enum Input {
         envelope: Envelope,
     },
     Witness(WitnessResponse),
+    /// The transport's outcome of sending snapshot `index` to `to`.
+    SnapshotSent {
+        to: NodeId,
+        index: u64,
+        delivered: bool,
+    },
     Stop,
 }
 
@@ -361,6 +367,18 @@ impl RaftLoop {
                 Envelope::ReadIndexResp { ctx, index } => st.reads.answered(ctx, index),
             },
             Input::Witness(r) => self.raft.step_witness(r),
+            Input::SnapshotSent {
+                to,
+                index,
+                delivered,
+            } => {
+                if delivered {
+                    self.fx.metrics.snapshot_sent();
+                } else {
+                    self.fx.metrics.snapshot_send_failed();
+                }
+                self.raft.report_snapshot(to, index, delivered);
+            }
             Input::Stop => {}
         }
     }
@@ -468,7 +486,7 @@ impl RaftLoop {
         self.fx.mvcc.sync().map_err(|e| e.to_string())?;
         st.unsynced = 0;
         let data = self.fx.mvcc.dump().map_err(|e| e.to_string())?;
-        let snapshot = self.raft.compact(data);
+        let snapshot = self.raft.compact(data.into());
         crate::crash!("snapshot-before-save");
         self.fx.disk.compact(&snapshot)?;
         st.last_snapshot = snapshot.meta.index;
@@ -516,7 +534,7 @@ impl Effects {
             );
         }
         self.watches.publish(outcome.events, outcome.revision);
-        for ((_, c), r) in batch.iter().zip(outcome.results) {
+        for ((index, c), r) in batch.iter().zip(outcome.results) {
             match c {
                 Command::Kv(p) => {
                     match (&p.op, &r) {
@@ -532,7 +550,7 @@ impl Effects {
                         w.answer(r);
                     }
                 }
-                Command::Member(c) => self.member_changed(raft.id(), st, c),
+                Command::Member(c) => self.member_changed(raft.id(), *index, st, c),
                 Command::Noop => {}
             }
         }
@@ -542,7 +560,7 @@ impl Effects {
 
     /// After a membership change is applied here: answers its client, links to an added member,
     /// unlinks a removed one. Idempotent (replayed after a restart).
-    fn member_changed(&mut self, me: NodeId, st: &mut State, c: &MemberChange) {
+    fn member_changed(&mut self, me: NodeId, index: u64, st: &mut State, c: &MemberChange) {
         if let Some(w) = st.member_waiters.remove(&c.id) {
             let _ = w.send(Ok(()));
         }
@@ -552,7 +570,7 @@ impl Effects {
         if c.remove {
             self.peers.remove(m.id);
             if m.id == me {
-                st.removal.applied_own_removal();
+                st.removal.applied_own_removal(index);
             }
         } else if let Some(url) = regular_peer_url(m) {
             self.peers.add(m.id, url);
@@ -671,9 +689,6 @@ impl Host for Turn<'_> {
 
     fn send(&mut self, _: &Raft, messages: &[Message]) {
         for m in messages {
-            if matches!(m.body, Body::Snapshot { .. }) {
-                self.fx.metrics.snapshot_sent();
-            }
             self.fx.peers.send(m.to, Envelope::Raft(m.clone()));
         }
     }

@@ -3,6 +3,12 @@
 //! queue, and what does not fit, or what is queued while a peer is unreachable, is dropped
 //! (Raft resends what matters). A broken stream reconnects with backoff (100 ms doubling to
 //! 2 s).
+//!
+//! A Raft snapshot (the whole key space) goes apart: each link has a second task that streams
+//! at most one snapshot at a time in 1 MiB chunks on its own connection, drops any snapshot
+//! asked for while one is on its way, and reports to the loop whether the receiver got it
+//! whole ([`crate::raft::Raft::report_snapshot`]). The chunks are slices of the snapshot's
+//! shared buffer: sending costs no copy of the key space.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -16,7 +22,7 @@ use tonic::{Request, Response, Status, Streaming};
 use super::node::{Announced, ClientUrls, Input};
 use super::wire::Envelope;
 use crate::mvcc::Mvcc;
-use crate::raft::NodeId;
+use crate::raft::{Body, Message, NodeId, Snapshot};
 
 #[allow(clippy::all, clippy::pedantic, missing_debug_implementations)]
 pub mod pb {
@@ -25,14 +31,16 @@ pub mod pb {
 
 use pb::peer_client::PeerClient;
 use pb::peer_server::Peer;
-use pb::{Ack, Frame, MembersReply, MembersRequest};
+use pb::{Ack, Frame, MembersReply, MembersRequest, SnapshotChunk};
 
 /// Envelopes queued per peer before new ones are dropped.
 const QUEUE: usize = 4096;
 /// Envelopes per frame at most.
 const BATCH: usize = 512;
-/// Largest frame a member accepts (a snapshot travels in one envelope).
+/// Largest frame a member accepts (a member of an older version sends a snapshot in one).
 pub const MAX_FRAME_BYTES: usize = 1 << 30;
+/// Snapshot data per chunk.
+const CHUNK: usize = 1 << 20;
 
 /// Who this member is, for the frames it sends.
 #[derive(Debug, Clone)]
@@ -43,12 +51,20 @@ pub struct Identity {
     pub name: String,
 }
 
-/// The sending side: one queue per peer.
+/// The sending side: one queue per peer, and one slot for a snapshot.
 #[derive(Debug)]
 pub struct Peers {
     me: Identity,
     runtime: tokio::runtime::Handle,
-    links: HashMap<NodeId, mpsc::Sender<Envelope>>,
+    links: HashMap<NodeId, Link>,
+    /// Where snapshot reports go (the loop's inputs).
+    reports: Sender<Input>,
+}
+
+#[derive(Debug)]
+struct Link {
+    envelopes: mpsc::Sender<Envelope>,
+    snapshots: mpsc::Sender<Message>,
 }
 
 impl Peers {
@@ -57,11 +73,13 @@ impl Peers {
         me: &Identity,
         peers: &[(NodeId, String)],
         runtime: &tokio::runtime::Handle,
+        reports: Sender<Input>,
     ) -> Peers {
         let mut p = Peers {
             me: me.clone(),
             runtime: runtime.clone(),
             links: HashMap::new(),
+            reports,
         };
         for (id, url) in peers {
             p.add(*id, url);
@@ -74,10 +92,25 @@ impl Peers {
         if id == self.me.member_id || self.links.contains_key(&id) {
             return;
         }
-        let (tx, rx) = mpsc::channel(QUEUE);
+        let (envelopes, rx) = mpsc::channel(QUEUE);
         self.runtime
             .spawn(run_link(self.me.clone(), id, url.to_string(), rx));
-        self.links.insert(id, tx);
+        // One snapshot in the slot, one on its way: more would only repeat them.
+        let (snapshots, rx) = mpsc::channel(1);
+        let sender = SnapshotSender {
+            me: self.me.clone(),
+            to: id,
+            url: url.to_string(),
+            reports: self.reports.clone(),
+        };
+        self.runtime.spawn(sender.run(rx));
+        self.links.insert(
+            id,
+            Link {
+                envelopes,
+                snapshots,
+            },
+        );
     }
 
     /// Ends the link to a removed member (its task stops when the queue closes).
@@ -90,11 +123,133 @@ impl Peers {
         self.links.retain(|id, _| keep(*id));
     }
 
-    /// Queues `envelope` for `to`; drops it when the queue is full or `to` is unknown.
+    /// Queues `envelope` for `to`; drops it when the queue is full or `to` is unknown. A
+    /// snapshot goes to the link's snapshot sender, and is dropped (with no report) while
+    /// another is waiting there.
     pub fn send(&self, to: NodeId, envelope: Envelope) {
-        if let Some(link) = self.links.get(&to) {
-            let _ = link.try_send(envelope);
+        let Some(link) = self.links.get(&to) else {
+            return;
+        };
+        match envelope {
+            Envelope::Raft(m) if matches!(m.body, Body::Snapshot { .. }) => {
+                if link.snapshots.try_send(m).is_err() {
+                    tracing::debug!(peer = format!("{to:x}"), "a snapshot is on its way already");
+                }
+            }
+            other => {
+                let _ = link.envelopes.try_send(other);
+            }
         }
+    }
+}
+
+/// Connects to the peer at `url`, with HTTP/2 pings that find a connection that died without
+/// a reset (a peer cut off or paused, a middlebox that dropped it).
+async fn connect(url: &str) -> Result<PeerClient<tonic::transport::Channel>, String> {
+    let channel = tonic::transport::Endpoint::from_shared(url.to_string())
+        .map_err(|e| format!("bad peer URL {url}: {e}"))?
+        .connect_timeout(Duration::from_secs(1))
+        .tcp_nodelay(true)
+        .http2_keep_alive_interval(Duration::from_secs(1))
+        .keep_alive_timeout(Duration::from_secs(3))
+        .keep_alive_while_idle(true)
+        .connect()
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(PeerClient::new(channel)
+        .max_encoding_message_size(MAX_FRAME_BYTES)
+        .max_decoding_message_size(MAX_FRAME_BYTES))
+}
+
+/// Streams the snapshots of one link, one at a time.
+#[derive(Debug)]
+struct SnapshotSender {
+    me: Identity,
+    to: NodeId,
+    url: String,
+    reports: Sender<Input>,
+}
+
+impl SnapshotSender {
+    async fn run(self, mut rx: mpsc::Receiver<Message>) {
+        let mut next = None;
+        loop {
+            let m = match next.take() {
+                Some(m) => m,
+                None => match rx.recv().await {
+                    Some(m) => m,
+                    None => return, // the link was removed, or the node stopped
+                },
+            };
+            let Body::Snapshot { snapshot } = &m.body else {
+                continue;
+            };
+            let index = snapshot.meta.index;
+            let started = std::time::Instant::now();
+            let outcome = self.send(&m, snapshot).await;
+            let delivered = outcome.is_ok();
+            match outcome {
+                Ok(()) => tracing::info!(
+                    peer = format!("{:x}", self.to),
+                    index,
+                    bytes = snapshot.data.len(),
+                    seconds = started.elapsed().as_secs_f64(),
+                    "sent a snapshot"
+                ),
+                Err(e) => tracing::warn!(
+                    peer = format!("{:x}", self.to),
+                    index,
+                    error = %e,
+                    "sending a snapshot failed; it is sent again once the member answers"
+                ),
+            }
+            let report = Input::SnapshotSent {
+                to: self.to,
+                index,
+                delivered,
+            };
+            if self.reports.send(report).is_err() {
+                return; // the node stopped
+            }
+            // The same snapshot, asked for again while this one was on its way, is delivered.
+            next = rx.try_recv().ok().filter(|queued| {
+                !delivered || !matches!(&queued.body, Body::Snapshot { snapshot } if snapshot.meta.index == index)
+            });
+        }
+    }
+
+    async fn send(&self, m: &Message, snapshot: &Snapshot) -> Result<(), String> {
+        let mut client = connect(&self.url).await?;
+        let head = Message {
+            body: Body::Snapshot {
+                snapshot: Snapshot {
+                    meta: snapshot.meta.clone(),
+                    data: bytes::Bytes::new(),
+                },
+            },
+            ..m.clone()
+        };
+        let data = snapshot.data.clone();
+        let length = data.len();
+        let mut first = Some(SnapshotChunk {
+            cluster_id: self.me.cluster_id,
+            from: self.me.member_id,
+            to: self.to,
+            envelope: Envelope::Raft(head).encode(),
+            data_length: length as u64,
+            data: bytes::Bytes::new(),
+        });
+        let chunks = (0..length.div_ceil(CHUNK).max(1)).map(move |i| {
+            let piece = data.slice((i * CHUNK).min(length)..((i + 1) * CHUNK).min(length));
+            let mut chunk = first.take().unwrap_or_default();
+            chunk.data = piece;
+            chunk
+        });
+        client
+            .snapshot(tokio_stream::iter(chunks))
+            .await
+            .map(|_| ())
+            .map_err(|s| s.message().to_string())
     }
 }
 
@@ -123,26 +278,14 @@ pub async fn fetch_members(url: &str) -> Result<(u64, Vec<etcd_client::proto::Pb
 
 async fn run_link(me: Identity, to: NodeId, url: String, mut rx: mpsc::Receiver<Envelope>) {
     let mut backoff = Duration::from_millis(100);
+    if let Err(e) = tonic::transport::Endpoint::from_shared(url.clone()) {
+        tracing::error!(peer = %url, error = %e, "bad peer URL; not connecting");
+        return;
+    }
     loop {
-        let client = match tonic::transport::Endpoint::from_shared(url.clone()) {
-            Ok(ep) => {
-                // HTTP/2 pings find a connection that died without a reset (a peer cut off, a
-                // middlebox that dropped it): the stream ends and the link reconnects, instead
-                // of queueing behind a dead connection.
-                ep.connect_timeout(Duration::from_secs(1))
-                    .tcp_nodelay(true)
-                    .http2_keep_alive_interval(Duration::from_secs(1))
-                    .keep_alive_timeout(Duration::from_secs(3))
-                    .keep_alive_while_idle(true)
-                    .connect()
-                    .await
-            }
-            Err(e) => {
-                tracing::error!(peer = %url, error = %e, "bad peer URL; not connecting");
-                return;
-            }
-        };
-        let channel = match client {
+        // A dead connection ends the stream and the link reconnects, instead of queueing
+        // behind it.
+        let mut client = match connect(&url).await {
             Ok(c) => c,
             Err(e) => {
                 tracing::debug!(peer = %url, error = %e, "peer unreachable; retrying");
@@ -157,9 +300,6 @@ async fn run_link(me: Identity, to: NodeId, url: String, mut rx: mpsc::Receiver<
             }
         };
         let connected = std::time::Instant::now();
-        let mut client = PeerClient::new(channel)
-            .max_encoding_message_size(MAX_FRAME_BYTES)
-            .max_decoding_message_size(MAX_FRAME_BYTES);
         let (frames, frames_rx) = mpsc::channel::<Frame>(16);
         let mut call =
             tokio::spawn(async move { client.stream(ReceiverStream::new(frames_rx)).await });
@@ -234,19 +374,7 @@ impl Peer for PeerService {
         let mut frames = request.into_inner();
         let inputs = self.inputs.clone();
         while let Some(frame) = frames.message().await? {
-            if frame.cluster_id != self.me.cluster_id {
-                return Err(Status::failed_precondition(format!(
-                    "cluster id mismatch: this member is in cluster {:x}, the sender ({:x}) in {:x}; \
-                     check --initial-cluster and --initial-cluster-token on both",
-                    self.me.cluster_id, frame.from, frame.cluster_id
-                )));
-            }
-            if frame.to != self.me.member_id {
-                return Err(Status::failed_precondition(format!(
-                    "frame for member {:x} reached member {:x}; check the peer URLs in --initial-cluster",
-                    frame.to, self.me.member_id
-                )));
-            }
+            self.check_addressing(frame.cluster_id, frame.from, frame.to)?;
             if let Ok(mut urls) = self.client_urls.lock() {
                 urls.insert(
                     frame.from,
@@ -274,5 +402,74 @@ impl Peer for PeerService {
             }
         }
         Ok(Response::new(Ack {}))
+    }
+
+    async fn snapshot(
+        &self,
+        request: Request<Streaming<SnapshotChunk>>,
+    ) -> Result<Response<Ack>, Status> {
+        let mut chunks = request.into_inner();
+        let Some(first) = chunks.message().await? else {
+            return Err(Status::invalid_argument("empty snapshot stream"));
+        };
+        self.check_addressing(first.cluster_id, first.from, first.to)?;
+        let bad = |why: String| {
+            let why = format!("snapshot from member {:x}: {why}", first.from);
+            tracing::warn!("{why}");
+            Status::invalid_argument(why)
+        };
+        let mut m = match Envelope::decode(&first.envelope) {
+            Ok(Envelope::Raft(m)) if matches!(m.body, Body::Snapshot { .. }) => m,
+            Ok(_) => return Err(bad("the first chunk is not a Raft snapshot message".into())),
+            Err(e) => return Err(bad(e.to_string())),
+        };
+        let length = usize::try_from(first.data_length)
+            .map_err(|_| bad(format!("{} bytes do not fit here", first.data_length)))?;
+        // Memory is reserved as data arrives (a wrong length must not reserve it up front).
+        let mut data = bytes::BytesMut::with_capacity(length.min(64 * CHUNK));
+        data.extend_from_slice(&first.data);
+        while let Some(chunk) = chunks.message().await? {
+            if data.len() + chunk.data.len() > length {
+                return Err(bad(format!("more data than the {length} bytes announced")));
+            }
+            data.extend_from_slice(&chunk.data);
+        }
+        if data.len() != length {
+            return Err(bad(format!(
+                "{} of the {length} bytes announced arrived",
+                data.len()
+            )));
+        }
+        if let Body::Snapshot { snapshot } = &mut m.body {
+            snapshot.data = data.freeze();
+        }
+        let input = Input::Peer {
+            from: first.from,
+            envelope: Envelope::Raft(m),
+        };
+        self.inputs
+            .send(input)
+            .map_err(|_| Status::unavailable("member is stopping"))?;
+        Ok(Response::new(Ack {}))
+    }
+}
+
+impl PeerService {
+    /// Refuses what another cluster, or a sender that means another member, sends.
+    fn check_addressing(&self, cluster_id: u64, from: NodeId, to: NodeId) -> Result<(), Status> {
+        if cluster_id != self.me.cluster_id {
+            return Err(Status::failed_precondition(format!(
+                "cluster id mismatch: this member is in cluster {:x}, the sender ({from:x}) in \
+                 {cluster_id:x}; check --initial-cluster and --initial-cluster-token on both",
+                self.me.cluster_id
+            )));
+        }
+        if to != self.me.member_id {
+            return Err(Status::failed_precondition(format!(
+                "frame for member {to:x} reached member {:x}; check the peer URLs in --initial-cluster",
+                self.me.member_id
+            )));
+        }
+        Ok(())
     }
 }

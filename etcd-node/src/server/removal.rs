@@ -3,7 +3,7 @@
 //! that stopped one too early could strand entries only it holds: docs/raft.md, "Leader
 //! transfer").
 
-use crate::raft::{Raft, Role};
+use crate::raft::{NONE, Raft, Role};
 
 /// Election timeouts a removed member that may hold the only copy of some entries keeps
 /// running without leading before it stops anyway (cut off, or the others elected a leader
@@ -16,12 +16,15 @@ pub const RETIRING_TIMEOUTS: u64 = 5;
 pub struct Removal {
     /// Since the member applied its own removal (or last led): its ticks.
     ticks: Option<u64>,
+    /// The index of the entry that removed it.
+    index: u64,
 }
 
 impl Removal {
-    /// The member applied a configuration change that removes it.
-    pub fn applied_own_removal(&mut self) {
+    /// The member applied the configuration change at `index`, which removes it.
+    pub fn applied_own_removal(&mut self, index: u64) {
         self.ticks.get_or_insert(0);
+        self.index = self.index.max(index);
     }
 
     /// One tick of the member's clock.
@@ -32,8 +35,15 @@ impl Removal {
     }
 
     /// After a turn of the loop: whether the member stops now. It does once it no longer
-    /// leads and its log strands nothing ([`Raft::retiring`]), or after
-    /// [`RETIRING_TIMEOUTS`] election timeouts without leading.
+    /// leads, its log strands nothing ([`Raft::retiring`]), and another member leads that
+    /// announced a commit index covering the removal; or after [`RETIRING_TIMEOUTS`] election
+    /// timeouts without leading (the others applied the removal and no longer talk to it, or it
+    /// is cut off).
+    ///
+    /// Without the leader's word, a removed leader that handed over stopped at once and could
+    /// strand the others: the new leader, not yet knowing the removal committed, still counts
+    /// the removed member in its configuration, and cannot commit (so cannot apply the removal)
+    /// without it (`raft-sim --start 1360 --seeds 1 --regular 2 --witness` did).
     pub fn should_stop(&mut self, raft: &Raft) -> bool {
         let Some(ticks) = self.ticks.as_mut() else {
             return false;
@@ -42,6 +52,9 @@ impl Removal {
             *ticks = 0;
             return false;
         }
-        !raft.retiring() || *ticks >= RETIRING_TIMEOUTS * raft.election_tick()
+        let known = raft.leader() != NONE
+            && raft.leader() != raft.id()
+            && raft.leader_commit() >= self.index;
+        !raft.retiring() && (known || *ticks >= RETIRING_TIMEOUTS * raft.election_tick())
     }
 }

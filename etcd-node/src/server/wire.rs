@@ -40,14 +40,17 @@ struct PbMessage {
     read: u64,
     #[prost(message, optional, tag = "12")]
     snapshot_meta: Option<PbSnapshotMeta>,
-    #[prost(bytes = "vec", tag = "13")]
-    snapshot_data: Vec<u8>,
+    #[prost(bytes = "bytes", tag = "13")]
+    snapshot_data: bytes::Bytes,
     /// A leader's knowledge of its witness.
     #[prost(message, optional, tag = "14")]
     witness: Option<PbKnownWitness>,
 }
 
 /// One thing a member sends another.
+// Most envelopes are Raft messages: boxing them to shrink the rare others would add an
+// allocation to nearly every envelope.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq)]
 pub enum Envelope {
     Raft(Message),
@@ -355,7 +358,7 @@ mod tests {
                         subterm: 1,
                         membership: Membership::new([1, 2], Some(3)).unwrap(),
                     },
-                    data: b"data".to_vec(),
+                    data: bytes::Bytes::from_static(b"data"),
                 },
             }),
             msg(Body::TimeoutNow),

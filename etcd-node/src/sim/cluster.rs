@@ -11,9 +11,9 @@ use super::invariants::{Checker, Violation};
 use super::trace::Trace;
 use crate::mvcc::ApiError;
 use crate::raft::{
-    ChangeKind, ConfChange, Config, Entry, EntryData, Host, KnownWitness, MemStorage, Membership,
-    Message, NodeId, Raft, ReadState, Ready, Refused, Role, Snapshot, Storage, WitnessRequest,
-    WitnessResponse, apply_rule, handle_ready,
+    Body, ChangeKind, ConfChange, Config, Entry, EntryData, Host, KnownWitness, MemStorage,
+    Membership, Message, NodeId, Raft, ReadState, Ready, Refused, Role, Snapshot, Storage,
+    WitnessRequest, WitnessResponse, apply_rule, handle_ready,
 };
 use crate::server::proposals::Proposals;
 use crate::server::reads::{Outbox, Reads, Waiter};
@@ -358,6 +358,9 @@ impl Cluster {
                     r.leader_view(),
                     r.membership()
                 )),
+                None if n.stopped => out.push_str(&format!(
+                    "  node {id}: stopped (it applied its own removal)\n"
+                )),
                 None => out.push_str(&format!("  node {id}: down\n")),
             }
         }
@@ -617,7 +620,7 @@ impl Cluster {
             return;
         };
         if let Some(raft) = node.raft.as_mut() {
-            let data = raft.applied().to_le_bytes().to_vec();
+            let data = raft.applied().to_le_bytes().to_vec().into();
             let snapshot = raft.compact(data);
             node.storage.compact(snapshot);
         }
@@ -869,13 +872,28 @@ impl Cluster {
             }
             match entry.remove() {
                 Event::Message(m) => {
-                    let to = m.to;
+                    let (from, to) = (m.from, m.to);
+                    let snapshot = match &m.body {
+                        Body::Snapshot { snapshot } => Some(snapshot.meta.index),
+                        _ => None,
+                    };
+                    let mut delivered = false;
                     if let Some(r) = self.nodes.get_mut(&to).and_then(|n| n.raft.as_mut()) {
                         if let Some(t) = self.trace.as_mut() {
                             t.delivered(self.now, &m);
                         }
                         r.step(m);
+                        delivered = true;
                         self.process(to);
+                    }
+                    // The server's transport reports each snapshot it sent, once the receiver
+                    // has it (or could not get it: the receiver is down). A dropped one is
+                    // never reported, as when a connection hangs.
+                    if let Some(index) = snapshot
+                        && let Some(r) = self.nodes.get_mut(&from).and_then(|n| n.raft.as_mut())
+                    {
+                        r.report_snapshot(to, index, delivered);
+                        self.process(from);
                     }
                 }
                 Event::WitnessStep { node, request } => self.witness_step(node, request),
@@ -1057,7 +1075,7 @@ impl Host for SimHost<'_> {
                     .any(|c| c.kind == ChangeKind::Remove && c.node == self.id)
             {
                 let node = self.c.nodes.get_mut(&self.id).expect("node");
-                node.removal.applied_own_removal();
+                node.removal.applied_own_removal(e.index);
             }
             self.c.stats.committed += 1;
             self.c.checker.applied(self.id, e);

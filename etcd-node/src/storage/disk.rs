@@ -114,7 +114,7 @@ impl DiskStorage {
     ) -> Result<(), String> {
         let boot = MemStorage::bootstrap(membership, witness);
         let mut snapshot = boot.snapshot();
-        snapshot.data = data;
+        snapshot.data = data.into();
         let boot = MemStorage::from_parts(boot.hard_state(), snapshot, Vec::new());
         self.write_snapshot(&boot.snapshot())?;
         self.wal
@@ -249,7 +249,7 @@ mod tests {
                 subterm: 0,
                 membership: Membership::new([1], None).unwrap(),
             },
-            data: b"state".to_vec(),
+            data: bytes::Bytes::from_static(b"state"),
         };
         s.compact(&snap).unwrap();
         let after = std::fs::read_dir(dir.path().join("wal")).unwrap().count();

@@ -32,7 +32,7 @@ fn name(meta: &SnapshotMeta) -> String {
     format!("{:016x}-{:016x}.snap", meta.term, meta.index)
 }
 
-fn parse(bytes: &[u8]) -> Result<Snapshot, String> {
+fn parse(bytes: Vec<u8>) -> Result<Snapshot, String> {
     if bytes.len() < 20 || &bytes[..4] != MAGIC {
         return Err("not a snapshot file (bad magic or too short)".into());
     }
@@ -50,10 +50,9 @@ fn parse(bytes: &[u8]) -> Result<Snapshot, String> {
             .map_err(|e| e.to_string())?
             .try_into()
             .map_err(|e: super::codec::Invalid| e.to_string())?;
-    Ok(Snapshot {
-        meta,
-        data: body[16 + meta_len..].to_vec(),
-    })
+    let data_at = 16 + meta_len;
+    let data = bytes::Bytes::from(bytes).slice(data_at..data_at + data_len);
+    Ok(Snapshot { meta, data })
 }
 
 impl SnapDir {
@@ -64,21 +63,25 @@ impl SnapDir {
         })
     }
 
-    /// Writes `snapshot` durably.
+    /// Writes `snapshot` durably. The data is written as it is, not copied: the file is the
+    /// header, the metadata, the data, and a checksum computed along the way.
     pub fn save(&self, snapshot: &Snapshot) -> io::Result<PathBuf> {
         let meta = encode(&PbSnapshotMeta::from(&snapshot.meta));
-        let mut bytes = Vec::with_capacity(20 + meta.len() + snapshot.data.len());
-        bytes.extend_from_slice(MAGIC);
-        bytes.extend_from_slice(&(meta.len() as u32).to_le_bytes());
-        bytes.extend_from_slice(&(snapshot.data.len() as u64).to_le_bytes());
-        bytes.extend_from_slice(&meta);
-        bytes.extend_from_slice(&snapshot.data);
-        let crc = crc32c::crc32c(&bytes);
-        bytes.extend_from_slice(&crc.to_le_bytes());
+        let mut head = Vec::with_capacity(16 + meta.len());
+        head.extend_from_slice(MAGIC);
+        head.extend_from_slice(&(meta.len() as u32).to_le_bytes());
+        head.extend_from_slice(&(snapshot.data.len() as u64).to_le_bytes());
+        head.extend_from_slice(&meta);
+        let crc = crc32c::crc32c_append(crc32c::crc32c(&head), &snapshot.data);
         let path = self.dir.join(name(&snapshot.meta));
         let tmp = path.with_extension("snap.tmp");
         let file = fs::File::create(&tmp)?;
-        io::Write::write_all(&mut &file, &bytes)?;
+        let mut out = io::BufWriter::new(&file);
+        for part in [&head[..], &snapshot.data[..], &crc.to_le_bytes()[..]] {
+            io::Write::write_all(&mut out, part)?;
+        }
+        io::Write::flush(&mut out)?;
+        drop(out);
         file.sync_all()?;
         crate::crash!("snap-before-rename");
         fs::rename(&tmp, &path)?;
@@ -109,7 +112,7 @@ impl SnapDir {
         let mut rejected = Vec::new();
         for path in &files {
             let bytes = fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
-            match parse(&bytes) {
+            match parse(bytes) {
                 Ok(snapshot) => {
                     return Ok(Loaded {
                         snapshot: Some(snapshot),
@@ -158,7 +161,7 @@ mod tests {
                 subterm: 1,
                 membership: Membership::new([1, 2], Some(3)).unwrap(),
             },
-            data: format!("state at {index}").into_bytes(),
+            data: format!("state at {index}").into_bytes().into(),
         }
     }
 
