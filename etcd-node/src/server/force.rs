@@ -123,7 +123,7 @@ pub async fn force_new_cluster(
         }),
         ..Ready::default()
     };
-    disk.persist(&ready).map_err(anyhow::Error::msg)?;
+    disk.persist(&ready)?;
     tracing::warn!(
         index,
         term,

@@ -83,7 +83,7 @@ async fn open_storage(cfg: &ServerConfig) -> anyhow::Result<(DiskStorage, Arc<Mv
     let member_dir = cfg.data_dir.join("member");
     std::fs::create_dir_all(&member_dir)
         .with_context(|| format!("--data-dir: cannot create {}", member_dir.display()))?;
-    let (mut disk, report) = DiskStorage::open(&member_dir).map_err(anyhow::Error::msg)?;
+    let (mut disk, report) = DiskStorage::open(&member_dir)?;
     if report.torn_bytes > 0 {
         tracing::warn!(
             bytes = report.torn_bytes,
@@ -105,8 +105,7 @@ async fn open_storage(cfg: &ServerConfig) -> anyhow::Result<(DiskStorage, Arc<Mv
                 let witness = read_witness_at_bootstrap(cfg, cfg.cluster_id).await?;
                 mvcc.seed_members(&initial_members(cfg))?;
                 mvcc.set_identity(cfg.member_id, cfg.cluster_id)?;
-                disk.bootstrap(membership, witness, Vec::new())
-                    .map_err(anyhow::Error::msg)?;
+                disk.bootstrap(membership, witness, Vec::new())?;
                 tracing::info!(
                     members = cfg.initial_cluster.len(),
                     "bootstrapped a new cluster"

@@ -159,9 +159,19 @@ const SYNC_EVERY: u64 = 10_000;
 /// An applied batch slower than this is logged (etcd's "apply request took too long").
 const SLOW_APPLY: Duration = Duration::from_millis(100);
 
+/// Why the Raft loop stopped: this member's own storage failed. Nothing more is acknowledged;
+/// what was acknowledged is durable (the caller says so, and stops the member).
+#[derive(Debug, thiserror::Error)]
+pub enum LoopError {
+    #[error("the Raft log: {0}")]
+    Log(#[from] crate::storage::StorageError),
+    #[error("the key space: {0}")]
+    KeySpace(#[from] crate::mvcc::StoreError),
+}
+
 impl RaftLoop {
     /// Runs until [`Input::Stop`] or a storage failure (returned: the node must stop).
-    pub fn run(mut self) -> Result<(), String> {
+    pub fn run(mut self) -> Result<(), LoopError> {
         let mut st = State {
             proposals: Proposals::default(),
             member_waiters: HashMap::new(),
@@ -416,7 +426,7 @@ impl RaftLoop {
         }
     }
 
-    fn process_ready(&mut self, st: &mut State) -> Result<(), String> {
+    fn process_ready(&mut self, st: &mut State) -> Result<(), LoopError> {
         let seen = (self.raft.leader(), self.raft.term());
         if seen != st.seen_leader {
             st.seen_leader = seen;
@@ -478,14 +488,14 @@ impl RaftLoop {
 
     /// Every `--snapshot-count` applied entries: make the key space durable, snapshot it and
     /// compact the log behind it.
-    fn maybe_snapshot(&mut self, st: &mut State) -> Result<(), String> {
+    fn maybe_snapshot(&mut self, st: &mut State) -> Result<(), LoopError> {
         let applied = self.raft.applied();
         if applied < st.last_snapshot + self.snapshot_count {
             return Ok(());
         }
-        self.fx.mvcc.sync().map_err(|e| e.to_string())?;
+        self.fx.mvcc.sync()?;
         st.unsynced = 0;
-        let data = self.fx.mvcc.dump().map_err(|e| e.to_string())?;
+        let data = self.fx.mvcc.dump()?;
         let snapshot = self.raft.compact(data.into());
         crate::crash!("snapshot-before-save");
         self.fx.disk.compact(&snapshot)?;
@@ -507,7 +517,7 @@ impl Effects {
     }
 
     /// Applies committed entries to the key space and answers their waiters.
-    fn apply(&mut self, raft: &Raft, st: &mut State, committed: &[Entry]) -> Result<(), String> {
+    fn apply(&mut self, raft: &Raft, st: &mut State, committed: &[Entry]) -> Result<(), LoopError> {
         if committed.is_empty() {
             return Ok(());
         }
@@ -519,10 +529,7 @@ impl Effects {
             st.unsynced = 0;
         }
         let started = Instant::now();
-        let outcome = self
-            .mvcc
-            .apply(&batch, durable)
-            .map_err(|e| e.to_string())?;
+        let outcome = self.mvcc.apply(&batch, durable)?;
         let took = started.elapsed();
         self.metrics.backend_commit(took);
         if took > SLOW_APPLY {
@@ -591,8 +598,8 @@ impl Effects {
     /// After a snapshot replaced the member list: links to every member it names, none to the
     /// others (entries after the snapshot change them further). A snapshot older than this
     /// member's own addition does not name it, so it says nothing about a removal.
-    fn follow_members(&mut self) -> Result<(), String> {
-        let members = self.mvcc.members().map_err(|e| e.to_string())?;
+    fn follow_members(&mut self) -> Result<(), LoopError> {
+        let members = self.mvcc.members()?;
         self.witness.follow(&members);
         self.peers.retain(|id| members.iter().any(|m| m.id == id));
         for m in &members {
@@ -685,7 +692,7 @@ struct Turn<'a> {
 }
 
 impl Host for Turn<'_> {
-    type Error = String;
+    type Error = LoopError;
 
     fn send(&mut self, _: &Raft, messages: &[Message]) {
         for m in messages {
@@ -693,7 +700,7 @@ impl Host for Turn<'_> {
         }
     }
 
-    fn persist(&mut self, _: &Raft, ready: &Ready) -> Result<(), String> {
+    fn persist(&mut self, _: &Raft, ready: &Ready) -> Result<(), LoopError> {
         let started = Instant::now();
         if self.fx.disk.persist(ready)? {
             self.fx.metrics.wal_fsync(started.elapsed());
@@ -705,18 +712,16 @@ impl Host for Turn<'_> {
         self.fx.run_witness_step(raft, request);
     }
 
-    fn install(&mut self, _: &Raft, snapshot: &Snapshot) -> Result<(), String> {
+    fn install(&mut self, _: &Raft, snapshot: &Snapshot) -> Result<(), LoopError> {
         if snapshot.data.is_empty() {
             return Ok(());
         }
         let fx = &mut *self.fx;
-        fx.mvcc
-            .restore(&snapshot.data, snapshot.meta.index)
-            .map_err(|e| e.to_string())?;
+        fx.mvcc.restore(&snapshot.data, snapshot.meta.index)?;
         self.st.last_snapshot = snapshot.meta.index;
-        let revision = fx.mvcc.position().map_err(|e| e.to_string())?.revision;
+        let revision = fx.mvcc.position()?.revision;
         fx.watches.reset(revision);
-        let leases = fx.mvcc.leases().map_err(|e| e.to_string())?;
+        let leases = fx.mvcc.leases()?;
         fx.lessor = Lessor::load(&leases, Instant::now());
         fx.metrics.snapshot_received();
         fx.follow_members()?;
@@ -727,7 +732,7 @@ impl Host for Turn<'_> {
         Ok(())
     }
 
-    fn apply(&mut self, raft: &Raft, committed: &[Entry]) -> Result<(), String> {
+    fn apply(&mut self, raft: &Raft, committed: &[Entry]) -> Result<(), LoopError> {
         self.fx.apply(raft, self.st, committed)
     }
 

@@ -135,9 +135,8 @@ fn build(
     let mvcc = Mvcc::open(&member_dir.join("kv.redb"))?;
     mvcc.restore(&data, 1)?;
     mvcc.set_identity(cfg.member_id, cluster_id)?;
-    let (mut disk, _) = DiskStorage::open(&member_dir).map_err(anyhow::Error::msg)?;
-    disk.bootstrap(initial_membership(cfg)?, witness, data)
-        .map_err(anyhow::Error::msg)?;
+    let (mut disk, _) = DiskStorage::open(&member_dir)?;
+    disk.bootstrap(initial_membership(cfg)?, witness, data)?;
     Ok(())
 }
 

@@ -10,6 +10,7 @@
 
 use std::path::Path;
 
+use super::StorageError;
 use super::snap::SnapDir;
 use super::wal::{SEGMENT_BYTES, Wal};
 use crate::raft::{
@@ -38,7 +39,7 @@ pub struct OpenReport {
 
 impl DiskStorage {
     /// Opens (creating) the storage under `member_dir`.
-    pub fn open(member_dir: &Path) -> Result<(DiskStorage, OpenReport), String> {
+    pub fn open(member_dir: &Path) -> Result<(DiskStorage, OpenReport), StorageError> {
         Self::open_with(member_dir, SEGMENT_BYTES)
     }
 
@@ -46,12 +47,14 @@ impl DiskStorage {
     pub fn open_with(
         member_dir: &Path,
         segment_bytes: u64,
-    ) -> Result<(DiskStorage, OpenReport), String> {
-        let snaps = SnapDir::open(&member_dir.join("snap"))
-            .map_err(|e| format!("{}: {e}", member_dir.join("snap").display()))?;
+    ) -> Result<(DiskStorage, OpenReport), StorageError> {
+        let snap_dir = member_dir.join("snap");
+        let snaps = SnapDir::open(&snap_dir).map_err(|source| StorageError::Io {
+            path: snap_dir,
+            source,
+        })?;
         let loaded = snaps.load()?;
-        let (wal, rec) =
-            Wal::open(&member_dir.join("wal"), segment_bytes).map_err(|e| e.to_string())?;
+        let (wal, rec) = Wal::open(&member_dir.join("wal"), segment_bytes)?;
         let snapshot = loaded
             .snapshot
             .unwrap_or_else(|| MemStorage::joining().snapshot());
@@ -63,20 +66,23 @@ impl DiskStorage {
         if let Some(first) = entries.first()
             && first.index != snapshot.meta.index + 1
         {
-            return Err(format!(
-                "{}: the WAL starts at entry {} but the newest snapshot ends at {}: entries are missing",
-                member_dir.display(),
-                first.index,
-                snapshot.meta.index
-            ));
+            return Err(StorageError::Inconsistent {
+                dir: member_dir.to_path_buf(),
+                what: format!(
+                    "the WAL starts at entry {} but the newest snapshot ends at {}: entries are missing",
+                    first.index, snapshot.meta.index
+                ),
+            });
         }
         let last = entries.last().map_or(snapshot.meta.index, |e| e.index);
         if rec.hard_state.commit > last {
-            return Err(format!(
-                "{}: the hard state says entry {} is committed but the log ends at {last}: the WAL lost acknowledged entries",
-                member_dir.display(),
-                rec.hard_state.commit
-            ));
+            return Err(StorageError::Inconsistent {
+                dir: member_dir.to_path_buf(),
+                what: format!(
+                    "the hard state says entry {} is committed but the log ends at {last}: the WAL lost acknowledged entries",
+                    rec.hard_state.commit
+                ),
+            });
         }
         let report = OpenReport {
             torn_bytes: rec.torn_bytes,
@@ -111,41 +117,40 @@ impl DiskStorage {
         membership: Membership,
         witness: Option<KnownWitness>,
         data: Vec<u8>,
-    ) -> Result<(), String> {
+    ) -> Result<(), StorageError> {
         let boot = MemStorage::bootstrap(membership, witness);
         let mut snapshot = boot.snapshot();
         snapshot.data = data.into();
         let boot = MemStorage::from_parts(boot.hard_state(), snapshot, Vec::new());
         self.write_snapshot(&boot.snapshot())?;
-        self.wal
-            .save(Some(boot.hard_state()), &[])
-            .map_err(|e| e.to_string())?;
+        self.wal.save(Some(boot.hard_state()), &[])?;
         self.mem = boot;
         Ok(())
     }
 
     /// Makes `snapshot` durable: its file, then its marker in the WAL.
-    fn write_snapshot(&mut self, snapshot: &Snapshot) -> Result<(), String> {
+    fn write_snapshot(&mut self, snapshot: &Snapshot) -> Result<(), StorageError> {
         self.snaps
             .save(snapshot)
-            .map_err(|e| format!("saving snapshot {}: {e}", snapshot.meta.index))?;
-        self.wal
-            .mark_snapshot(snapshot.meta.index, snapshot.meta.term)
-            .map_err(|e| e.to_string())
+            .map_err(|source| StorageError::SaveSnapshot {
+                index: snapshot.meta.index,
+                dir: self.snaps.dir().to_path_buf(),
+                source,
+            })?;
+        Ok(self
+            .wal
+            .mark_snapshot(snapshot.meta.index, snapshot.meta.term)?)
     }
 
     /// Makes everything `ready` asks to persist durable: a received snapshot, then entries and
     /// hard state in one WAL batch (one fsync; none when only the commit index moved, see
     /// [`super::wal`]). Says whether the WAL fsynced.
-    pub fn persist(&mut self, ready: &Ready) -> Result<bool, String> {
+    pub fn persist(&mut self, ready: &Ready) -> Result<bool, StorageError> {
         if let Some(snapshot) = &ready.snapshot {
             self.write_snapshot(snapshot)?;
             self.mem.install(snapshot.clone());
         }
-        let synced = self
-            .wal
-            .save(ready.hard_state, &ready.entries)
-            .map_err(|e| e.to_string())?;
+        let synced = self.wal.save(ready.hard_state, &ready.entries)?;
         self.mem.append(&ready.entries);
         if let Some(hs) = ready.hard_state {
             self.mem.set_hard_state(hs);
@@ -155,18 +160,19 @@ impl DiskStorage {
 
     /// Keeps `snapshot` (of this member's own state machine, from `Raft::compact`), drops the
     /// WAL segments and snapshot files it makes unnecessary.
-    pub fn compact(&mut self, snapshot: &Snapshot) -> Result<(), String> {
+    pub fn compact(&mut self, snapshot: &Snapshot) -> Result<(), StorageError> {
         if snapshot.meta.index <= self.mem.snapshot().meta.index {
             return Ok(());
         }
         self.write_snapshot(snapshot)?;
         self.mem.compact(snapshot.clone());
-        self.wal
-            .release_to(snapshot.meta.index)
-            .map_err(|e| e.to_string())?;
+        self.wal.release_to(snapshot.meta.index)?;
         self.snaps
             .purge(KEEP_SNAPSHOTS)
-            .map_err(|e| format!("removing old snapshots: {e}"))
+            .map_err(|source| StorageError::Io {
+                path: self.snaps.dir().to_path_buf(),
+                source,
+            })
     }
 }
 

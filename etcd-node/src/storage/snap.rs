@@ -9,7 +9,8 @@ use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 
-use super::codec::{PbSnapshotMeta, decode, encode};
+use super::StorageError;
+use super::codec::{Invalid, PbSnapshotMeta, decode, encode};
 use crate::raft::{Snapshot, SnapshotMeta};
 
 const MAGIC: &[u8; 4] = b"SNAP";
@@ -32,30 +33,34 @@ fn name(meta: &SnapshotMeta) -> String {
     format!("{:016x}-{:016x}.snap", meta.term, meta.index)
 }
 
-fn parse(bytes: Vec<u8>) -> Result<Snapshot, String> {
+fn parse(bytes: Vec<u8>) -> Result<Snapshot, Invalid> {
     if bytes.len() < 20 || &bytes[..4] != MAGIC {
-        return Err("not a snapshot file (bad magic or too short)".into());
+        return Err(Invalid(
+            "not a snapshot file (bad magic or too short)".into(),
+        ));
     }
     let (body, crc) = bytes.split_at(bytes.len() - 4);
     if crc32c::crc32c(body).to_le_bytes() != crc {
-        return Err("checksum mismatch".into());
+        return Err(Invalid("checksum mismatch".into()));
     }
     let meta_len = u32::from_le_bytes(body[4..8].try_into().expect("4 bytes")) as usize;
     let data_len = u64::from_le_bytes(body[8..16].try_into().expect("8 bytes")) as usize;
     if 16 + meta_len + data_len != body.len() {
-        return Err("lengths do not match the file size".into());
+        return Err(Invalid("lengths do not match the file size".into()));
     }
     let meta: SnapshotMeta =
-        decode::<PbSnapshotMeta>("snapshot metadata", &body[16..16 + meta_len])
-            .map_err(|e| e.to_string())?
-            .try_into()
-            .map_err(|e: super::codec::Invalid| e.to_string())?;
+        decode::<PbSnapshotMeta>("snapshot metadata", &body[16..16 + meta_len])?.try_into()?;
     let data_at = 16 + meta_len;
     let data = bytes::Bytes::from(bytes).slice(data_at..data_at + data_len);
     Ok(Snapshot { meta, data })
 }
 
 impl SnapDir {
+    /// The directory's path.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
     pub fn open(dir: &Path) -> io::Result<Self> {
         fs::create_dir_all(dir)?;
         Ok(SnapDir {
@@ -105,13 +110,17 @@ impl SnapDir {
     }
 
     /// The newest valid snapshot.
-    pub fn load(&self) -> Result<Loaded, String> {
-        let files = self
-            .files()
-            .map_err(|e| format!("{}: {e}", self.dir.display()))?;
+    pub fn load(&self) -> Result<Loaded, StorageError> {
+        let files = self.files().map_err(|source| StorageError::Io {
+            path: self.dir.clone(),
+            source,
+        })?;
         let mut rejected = Vec::new();
         for path in &files {
-            let bytes = fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+            let bytes = fs::read(path).map_err(|source| StorageError::Io {
+                path: path.clone(),
+                source,
+            })?;
             match parse(bytes) {
                 Ok(snapshot) => {
                     return Ok(Loaded {
@@ -119,19 +128,18 @@ impl SnapDir {
                         rejected,
                     });
                 }
-                Err(why) => rejected.push((path.clone(), why)),
+                Err(why) => rejected.push((path.clone(), why.to_string())),
             }
         }
         if !files.is_empty() {
-            return Err(format!(
-                "no valid snapshot in {}: {}",
-                self.dir.display(),
-                rejected
+            return Err(StorageError::NoValidSnapshot {
+                dir: self.dir.clone(),
+                rejected: rejected
                     .iter()
                     .map(|(p, w)| format!("{}: {w}", p.display()))
                     .collect::<Vec<_>>()
-                    .join("; ")
-            ));
+                    .join("; "),
+            });
         }
         Ok(Loaded {
             snapshot: None,
@@ -183,6 +191,6 @@ mod tests {
         s.purge(1).unwrap();
         // Only the damaged newest remains: an error, not silence.
         let err = s.load().unwrap_err();
-        assert!(err.contains("no valid snapshot"), "{err}");
+        assert!(err.to_string().contains("no valid snapshot"), "{err}");
     }
 }
