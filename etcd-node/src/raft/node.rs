@@ -753,6 +753,15 @@ impl Raft {
         Ok(())
     }
 
+    /// Forgets the data of the latest snapshot (keeping its metadata): the host, which persisted
+    /// it, supplies the data itself when it sends a snapshot message (whose data is then
+    /// empty), so that a key space is not kept in memory beside the host's own copy.
+    pub fn release_snapshot_data(&mut self) {
+        if !self.snapshot.data.is_empty() && self.pending_snapshot.is_none() {
+            self.snapshot.data = bytes::Bytes::new();
+        }
+    }
+
     /// Takes a snapshot of the state machine (`data`, as of the applied index) and drops the
     /// log up to it. Returns the snapshot for the host to persist.
     pub fn compact(&mut self, data: bytes::Bytes) -> Snapshot {

@@ -128,6 +128,11 @@ impl MemStorage {
         self.snapshot = snapshot;
     }
 
+    /// Forgets the snapshot's data, keeping its metadata (the host keeps the data elsewhere).
+    pub fn release_snapshot_data(&mut self) {
+        self.snapshot.data = bytes::Bytes::new();
+    }
+
     /// Keeps `snapshot` (of this node's own state machine) and drops the entries it covers.
     pub fn compact(&mut self, snapshot: Snapshot) {
         let (old, new) = (self.snapshot.meta.index, snapshot.meta.index);

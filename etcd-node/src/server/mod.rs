@@ -394,7 +394,13 @@ pub async fn run(
         .collect();
     let runtime = tokio::runtime::Handle::current();
     let (inputs_tx, inputs_rx) = std::sync::mpsc::channel();
-    let peers = Peers::start(&me, &peer_list, &runtime, inputs_tx.clone());
+    let peers = Peers::start(
+        &me,
+        &peer_list,
+        &runtime,
+        inputs_tx.clone(),
+        disk.snap_dir(),
+    );
     let (status_tx, status_rx) = watch::channel(Status::default());
     let metrics = Arc::new(Metrics::default());
     let witness = Arc::new(WitnessSlot::new(metrics.clone(), credentials(&cfg)));

@@ -223,6 +223,9 @@ impl RaftLoop {
                 self.process_ready(&mut st)?;
             }
             self.maybe_snapshot(&mut st)?;
+            // The snapshot files hold the key space; the transport reads them when it sends.
+            self.raft.release_snapshot_data();
+            self.fx.disk.release_snapshot_data();
             let leading = self.raft.role() == Role::Leader;
             if leading && !st.leading {
                 self.fx

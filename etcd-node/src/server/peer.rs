@@ -11,6 +11,7 @@
 //! shared buffer: sending costs no copy of the key space.
 
 use std::collections::HashMap;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::mpsc::Sender;
 use std::time::Duration;
@@ -23,6 +24,7 @@ use super::node::{Announced, ClientUrls, Input};
 use super::wire::Envelope;
 use crate::mvcc::Mvcc;
 use crate::raft::{Body, Message, NodeId, Snapshot};
+use crate::storage::snap::DataReader;
 
 #[allow(clippy::all, clippy::pedantic, missing_debug_implementations)]
 pub mod pb {
@@ -59,6 +61,8 @@ pub struct Peers {
     links: HashMap<NodeId, Link>,
     /// Where snapshot reports go (the loop's inputs).
     reports: Sender<Input>,
+    /// Where the snapshot files are (a snapshot message without data is sent from its file).
+    snap_dir: PathBuf,
 }
 
 #[derive(Debug)]
@@ -74,12 +78,14 @@ impl Peers {
         peers: &[(NodeId, String)],
         runtime: &tokio::runtime::Handle,
         reports: Sender<Input>,
+        snap_dir: &Path,
     ) -> Peers {
         let mut p = Peers {
             me: me.clone(),
             runtime: runtime.clone(),
             links: HashMap::new(),
             reports,
+            snap_dir: snap_dir.to_path_buf(),
         };
         for (id, url) in peers {
             p.add(*id, url);
@@ -102,6 +108,7 @@ impl Peers {
             to: id,
             url: url.to_string(),
             reports: self.reports.clone(),
+            snap_dir: self.snap_dir.clone(),
         };
         self.runtime.spawn(sender.run(rx));
         self.links.insert(
@@ -168,6 +175,7 @@ struct SnapshotSender {
     to: NodeId,
     url: String,
     reports: Sender<Input>,
+    snap_dir: PathBuf,
 }
 
 impl SnapshotSender {
@@ -229,28 +237,76 @@ impl SnapshotSender {
             },
             ..m.clone()
         };
-        let data = snapshot.data.clone();
-        let length = data.len();
-        let mut first = Some(SnapshotChunk {
+        let mut first = SnapshotChunk {
             cluster_id: self.me.cluster_id,
             from: self.me.member_id,
             to: self.to,
             envelope: Envelope::Raft(head).encode(),
-            data_length: length as u64,
+            data_length: snapshot.data.len() as u64,
             data: bytes::Bytes::new(),
-        });
-        let chunks = (0..length.div_ceil(CHUNK).max(1)).map(move |i| {
-            let piece = data.slice((i * CHUNK).min(length)..((i + 1) * CHUNK).min(length));
-            let mut chunk = first.take().unwrap_or_default();
-            chunk.data = piece;
-            chunk
-        });
-        client
-            .snapshot(tokio_stream::iter(chunks))
-            .await
-            .map(|_| ())
-            .map_err(|s| s.message().to_string())
+        };
+        let reader = if snapshot.data.is_empty() {
+            match DataReader::open(&self.snap_dir, &snapshot.meta) {
+                Ok(r) => Some(r),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => None, // no data at all
+                Err(e) => return Err(e.to_string()),
+            }
+        } else {
+            None
+        };
+        let outcome = match reader {
+            // From the file, a few pieces in memory at a time.
+            Some(reader) => {
+                first.data_length = reader.data_len;
+                let (tx, rx) = mpsc::channel(2);
+                let reading = tokio::task::spawn_blocking(move || read_pieces(reader, first, &tx));
+                let sent = client.snapshot(ReceiverStream::new(rx)).await;
+                match reading.await {
+                    Ok(Ok(())) => sent,
+                    Ok(Err(e)) => return Err(e.to_string()),
+                    Err(e) => return Err(e.to_string()),
+                }
+            }
+            // From memory: slices of the shared buffer.
+            None => {
+                let data = snapshot.data.clone();
+                let length = data.len();
+                let mut first = Some(first);
+                let chunks = (0..length.div_ceil(CHUNK).max(1)).map(move |i| {
+                    let piece = data.slice((i * CHUNK).min(length)..((i + 1) * CHUNK).min(length));
+                    let mut chunk = first.take().unwrap_or_default();
+                    chunk.data = piece;
+                    chunk
+                });
+                client.snapshot(tokio_stream::iter(chunks)).await
+            }
+        };
+        outcome.map(|_| ()).map_err(|s| s.message().to_string())
     }
+}
+
+/// Feeds `tx` the chunks of a snapshot file, `first` with the first piece. A piece that cannot
+/// be read, or a checksum that does not match, ends the stream early: the receiver, short of
+/// the announced length, refuses the snapshot.
+fn read_pieces(
+    mut reader: DataReader,
+    mut first: SnapshotChunk,
+    tx: &mpsc::Sender<SnapshotChunk>,
+) -> std::io::Result<()> {
+    first.data = reader.next_piece(CHUNK)?.unwrap_or_default().into();
+    if tx.blocking_send(first).is_err() {
+        return Ok(()); // the transfer failed; its error is reported
+    }
+    while let Some(piece) = reader.next_piece(CHUNK)? {
+        let chunk = SnapshotChunk {
+            data: piece.into(),
+            ..Default::default()
+        };
+        if tx.blocking_send(chunk).is_err() {
+            return Ok(());
+        }
+    }
+    Ok(())
 }
 
 /// Asks the member at `url` for the cluster's id and members.

@@ -142,6 +142,17 @@ impl DiskStorage {
             .mark_snapshot(snapshot.meta.index, snapshot.meta.term)?)
     }
 
+    /// Where the snapshot files are.
+    pub fn snap_dir(&self) -> &Path {
+        self.snaps.dir()
+    }
+
+    /// Forgets the data of the latest snapshot in memory (its file keeps it; see
+    /// [`super::snap::DataReader`]).
+    pub fn release_snapshot_data(&mut self) {
+        self.mem.release_snapshot_data();
+    }
+
     /// Makes everything `ready` asks to persist durable: a received snapshot, then entries and
     /// hard state in one WAL batch (one fsync; none when only the commit index moved, see
     /// [`super::wal`]). Says whether the WAL fsynced.

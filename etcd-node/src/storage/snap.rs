@@ -6,7 +6,7 @@
 //! files but no valid one is an error.
 
 use std::fs;
-use std::io;
+use std::io::{self, Read as _};
 use std::path::{Path, PathBuf};
 
 use super::StorageError;
@@ -53,6 +53,70 @@ fn parse(bytes: Vec<u8>) -> Result<Snapshot, Invalid> {
     let data_at = 16 + meta_len;
     let data = bytes::Bytes::from(bytes).slice(data_at..data_at + data_len);
     Ok(Snapshot { meta, data })
+}
+
+/// Reads the data of one snapshot file piece by piece, so that sending a snapshot needs a piece
+/// of memory, not the key space. The file's checksum is checked along the way: the last piece
+/// is only returned once it matched.
+#[derive(Debug)]
+pub struct DataReader {
+    file: io::BufReader<fs::File>,
+    path: PathBuf,
+    remaining: u64,
+    crc: u32,
+    pub data_len: u64,
+}
+
+impl DataReader {
+    /// Opens the file of the snapshot `meta` in `dir` (it stays readable if it is purged
+    /// meanwhile).
+    pub fn open(dir: &Path, meta: &SnapshotMeta) -> io::Result<DataReader> {
+        let path = dir.join(name(meta));
+        let mut file = io::BufReader::new(fs::File::open(&path)?);
+        let mut head = [0u8; 16];
+        file.read_exact(&mut head)?;
+        if &head[..4] != MAGIC {
+            return Err(io::Error::other(format!(
+                "{}: not a snapshot file",
+                path.display()
+            )));
+        }
+        let meta_len = u32::from_le_bytes(head[4..8].try_into().expect("4 bytes"));
+        let data_len = u64::from_le_bytes(head[8..16].try_into().expect("8 bytes"));
+        let mut meta = vec![0; meta_len as usize];
+        file.read_exact(&mut meta)?;
+        let crc = crc32c::crc32c_append(crc32c::crc32c(&head), &meta);
+        Ok(DataReader {
+            file,
+            path,
+            remaining: data_len,
+            crc,
+            data_len,
+        })
+    }
+
+    /// The next piece of at most `max` bytes; None after the last.
+    pub fn next_piece(&mut self, max: usize) -> io::Result<Option<Vec<u8>>> {
+        if self.remaining == 0 {
+            return Ok(None);
+        }
+        let n = self.remaining.min(max as u64) as usize;
+        let mut piece = vec![0; n];
+        self.file.read_exact(&mut piece)?;
+        self.crc = crc32c::crc32c_append(self.crc, &piece);
+        self.remaining -= n as u64;
+        if self.remaining == 0 {
+            let mut stored = [0u8; 4];
+            self.file.read_exact(&mut stored)?;
+            if stored != self.crc.to_le_bytes() {
+                return Err(io::Error::other(format!(
+                    "{}: checksum mismatch",
+                    self.path.display()
+                )));
+            }
+        }
+        Ok(Some(piece))
+    }
 }
 
 impl SnapDir {
@@ -188,6 +252,18 @@ mod tests {
         let loaded = s.load().unwrap();
         assert_eq!(loaded.snapshot, Some(snap(10)));
         assert!(loaded.rejected[0].1.contains("checksum"));
+        // The data read piece by piece is the data; a damaged file fails on its last piece.
+        let mut reader = DataReader::open(dir.path(), &snap(10).meta).unwrap();
+        let mut data = Vec::new();
+        while let Some(piece) = reader.next_piece(3).unwrap() {
+            data.extend(piece);
+        }
+        assert_eq!(data, snap(10).data);
+        let mut reader = DataReader::open(dir.path(), &snap(20).meta).unwrap();
+        let err = std::iter::from_fn(|| reader.next_piece(3).transpose())
+            .find_map(Result::err)
+            .expect("the damaged file fails");
+        assert!(err.to_string().contains("checksum"), "{err}");
         s.purge(1).unwrap();
         // Only the damaged newest remains: an error, not silence.
         let err = s.load().unwrap_err();
