@@ -245,12 +245,17 @@ impl SnapshotSender {
             data_length: snapshot.data.len() as u64,
             data: bytes::Bytes::new(),
         };
+        // No data in memory: the loop released it, and the file has it. A missing file is an
+        // error, never an empty snapshot (the follower would install an empty key space).
         let reader = if snapshot.data.is_empty() {
-            match DataReader::open(&self.snap_dir, &snapshot.meta) {
-                Ok(r) => Some(r),
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => None, // no data at all
-                Err(e) => return Err(e.to_string()),
-            }
+            let r = DataReader::open(&self.snap_dir, &snapshot.meta).map_err(|e| {
+                format!(
+                    "snapshot {} in {}: {e}",
+                    snapshot.meta.index,
+                    self.snap_dir.display()
+                )
+            })?;
+            Some(r)
         } else {
             None
         };
