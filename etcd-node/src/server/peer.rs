@@ -197,10 +197,10 @@ impl SnapshotSender {
             let outcome = self.send(&m, snapshot).await;
             let delivered = outcome.is_ok();
             match outcome {
-                Ok(()) => tracing::info!(
+                Ok(bytes) => tracing::info!(
                     peer = format!("{:x}", self.to),
                     index,
-                    bytes = snapshot.data.len(),
+                    bytes,
                     seconds = started.elapsed().as_secs_f64(),
                     "sent a snapshot"
                 ),
@@ -226,7 +226,8 @@ impl SnapshotSender {
         }
     }
 
-    async fn send(&self, m: &Message, snapshot: &Snapshot) -> Result<(), String> {
+    /// Sends the snapshot of `m`; returns the bytes of data sent.
+    async fn send(&self, m: &Message, snapshot: &Snapshot) -> Result<u64, String> {
         let mut client = connect(&self.url).await?;
         let head = Message {
             body: Body::Snapshot {
@@ -259,6 +260,7 @@ impl SnapshotSender {
         } else {
             None
         };
+        let length = reader.as_ref().map_or(first.data_length, |r| r.data_len);
         let outcome = match reader {
             // From the file, a few pieces in memory at a time.
             Some(reader) => {
@@ -286,7 +288,7 @@ impl SnapshotSender {
                 client.snapshot(tokio_stream::iter(chunks)).await
             }
         };
-        outcome.map(|_| ()).map_err(|s| s.message().to_string())
+        outcome.map(|_| length).map_err(|s| s.message().to_string())
     }
 }
 
