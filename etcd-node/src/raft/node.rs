@@ -1098,10 +1098,11 @@ impl Raft {
             return;
         };
         pr.last_heard = now;
-        if reject && pr.snapshot.is_some() {
+        if pr.snapshot.is_some_and(|(sent, _)| reject || index < sent) {
             // An answer to an Append sent before the snapshot (nothing else is sent while it
-            // is outstanding): stale. Probing again would send the snapshot again, once per
-            // such answer, while the first one is still on its way.
+            // is outstanding; the snapshot's own answer covers its index): stale. Probing
+            // again would send the snapshot again, once per such answer, while the first one
+            // is still on its way.
             return;
         }
         if reject {

@@ -7,8 +7,11 @@
 //! A Raft snapshot (the whole key space) goes apart: each link has a second task that streams
 //! at most one snapshot at a time in 1 MiB chunks on its own connection, drops any snapshot
 //! asked for while one is on its way, and reports to the loop whether the receiver got it
-//! whole ([`crate::raft::Raft::report_snapshot`]). The chunks are slices of the snapshot's
-//! shared buffer: sending costs no copy of the key space.
+//! whole ([`crate::raft::Raft::report_snapshot`]). The data comes from the snapshot's file, a
+//! few pieces in memory at a time (or, for a snapshot whose data the loop still holds, as
+//! slices of that shared buffer). After a failed transfer the sender waits before the next
+//! (0.5 s, doubling to 8 s): a follower that answers heartbeats but cannot take the snapshot
+//! (a member without the Snapshot RPC, a damaged file here) is not sent one every heartbeat.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -43,6 +46,8 @@ const BATCH: usize = 512;
 pub const MAX_FRAME_BYTES: usize = 1 << 30;
 /// Snapshot data per chunk.
 const CHUNK: usize = 1 << 20;
+/// The first wait after a failed snapshot transfer (doubling, up to 8 s).
+const SNAPSHOT_BACKOFF: Duration = Duration::from_millis(500);
 
 /// Who this member is, for the frames it sends.
 #[derive(Debug, Clone)]
@@ -181,6 +186,7 @@ struct SnapshotSender {
 impl SnapshotSender {
     async fn run(self, mut rx: mpsc::Receiver<Message>) {
         let mut next = None;
+        let mut backoff = SNAPSHOT_BACKOFF;
         loop {
             let m = match next.take() {
                 Some(m) => m,
@@ -218,6 +224,12 @@ impl SnapshotSender {
             };
             if self.reports.send(report).is_err() {
                 return; // the node stopped
+            }
+            if delivered {
+                backoff = SNAPSHOT_BACKOFF;
+            } else {
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(8));
             }
             // The same snapshot, asked for again while this one was on its way, is delivered.
             next = rx.try_recv().ok().filter(|queued| {
@@ -488,12 +500,17 @@ impl Peer for PeerService {
         };
         let length = usize::try_from(first.data_length)
             .map_err(|_| bad(format!("{} bytes do not fit here", first.data_length)))?;
-        // Memory is reserved as data arrives (a wrong length must not reserve it up front).
-        let mut data = bytes::BytesMut::with_capacity(length.min(64 * CHUNK));
+        // A wrong length must not reserve memory up front: 64 MiB first, then, once that much
+        // arrived, exactly the rest (growing by doubling would hold two buffers, the larger
+        // up to twice the snapshot, while it copies).
+        let mut data: Vec<u8> = Vec::with_capacity(length.min(64 * CHUNK));
         data.extend_from_slice(&first.data);
         while let Some(chunk) = chunks.message().await? {
             if data.len() + chunk.data.len() > length {
                 return Err(bad(format!("more data than the {length} bytes announced")));
+            }
+            if data.len() + chunk.data.len() > data.capacity() {
+                data.reserve_exact(length - data.len());
             }
             data.extend_from_slice(&chunk.data);
         }
@@ -504,7 +521,7 @@ impl Peer for PeerService {
             )));
         }
         if let Body::Snapshot { snapshot } = &mut m.body {
-            snapshot.data = data.freeze();
+            snapshot.data = data.into();
         }
         let input = Input::Peer {
             from: first.from,

@@ -5,9 +5,10 @@
 
 use crate::raft::{NONE, Raft, Role};
 
-/// Election timeouts a removed member that may hold the only copy of some entries keeps
-/// running without leading before it stops anyway (cut off, or the others elected a leader
-/// without it: a leaderless cluster that needs it grants its campaign well before).
+/// Election timeouts a removed member keeps running without leading, and without word from a
+/// leader that the removal is committed, before it stops anyway (the others applied the removal
+/// and no longer talk to it, or it is cut off). A member that may hold the only copy of some
+/// entries (retiring) never stops by this timeout.
 pub const RETIRING_TIMEOUTS: u64 = 5;
 
 /// What a member knows of its own removal (process memory: a restarted member has forgotten

@@ -69,30 +69,55 @@ pub struct DataReader {
 
 impl DataReader {
     /// Opens the file of the snapshot `meta` in `dir` (it stays readable if it is purged
-    /// meanwhile).
+    /// meanwhile); its header and metadata must say it is that snapshot.
     pub fn open(dir: &Path, meta: &SnapshotMeta) -> io::Result<DataReader> {
         let path = dir.join(name(meta));
-        let mut file = io::BufReader::new(fs::File::open(&path)?);
+        let file = fs::File::open(&path)?;
+        let size = file.metadata()?.len();
+        let mut file = io::BufReader::new(file);
+        let bad = |why: &str| io::Error::other(format!("{}: {why}", path.display()));
         let mut head = [0u8; 16];
         file.read_exact(&mut head)?;
-        if &head[..4] != MAGIC {
+        let meta_len = u64::from(u32::from_le_bytes(head[4..8].try_into().expect("4 bytes")));
+        let data_len = u64::from_le_bytes(head[8..16].try_into().expect("8 bytes"));
+        if &head[..4] != MAGIC || meta_len.checked_add(data_len) != size.checked_sub(20) {
+            return Err(bad(
+                "not a snapshot file, or its lengths do not match its size",
+            ));
+        }
+        let mut stored = vec![0; meta_len as usize];
+        file.read_exact(&mut stored)?;
+        let same = decode::<PbSnapshotMeta>("snapshot metadata", &stored)
+            .ok()
+            .and_then(|pb| SnapshotMeta::try_from(pb).ok())
+            .is_some_and(|m| m == *meta);
+        if !same {
+            return Err(bad("its metadata is not the snapshot's"));
+        }
+        let mut reader = DataReader {
+            file,
+            path: path.clone(),
+            remaining: data_len,
+            crc: crc32c::crc32c_append(crc32c::crc32c(&head), &stored),
+            data_len,
+        };
+        if data_len == 0 {
+            reader.check_crc()?;
+        }
+        Ok(reader)
+    }
+
+    /// After the data: the stored checksum must match what was read.
+    fn check_crc(&mut self) -> io::Result<()> {
+        let mut stored = [0u8; 4];
+        self.file.read_exact(&mut stored)?;
+        if stored != self.crc.to_le_bytes() {
             return Err(io::Error::other(format!(
-                "{}: not a snapshot file",
-                path.display()
+                "{}: checksum mismatch",
+                self.path.display()
             )));
         }
-        let meta_len = u32::from_le_bytes(head[4..8].try_into().expect("4 bytes"));
-        let data_len = u64::from_le_bytes(head[8..16].try_into().expect("8 bytes"));
-        let mut meta = vec![0; meta_len as usize];
-        file.read_exact(&mut meta)?;
-        let crc = crc32c::crc32c_append(crc32c::crc32c(&head), &meta);
-        Ok(DataReader {
-            file,
-            path,
-            remaining: data_len,
-            crc,
-            data_len,
-        })
+        Ok(())
     }
 
     /// The next piece of at most `max` bytes; None after the last.
@@ -106,14 +131,7 @@ impl DataReader {
         self.crc = crc32c::crc32c_append(self.crc, &piece);
         self.remaining -= n as u64;
         if self.remaining == 0 {
-            let mut stored = [0u8; 4];
-            self.file.read_exact(&mut stored)?;
-            if stored != self.crc.to_le_bytes() {
-                return Err(io::Error::other(format!(
-                    "{}: checksum mismatch",
-                    self.path.display()
-                )));
-            }
+            self.check_crc()?;
         }
         Ok(Some(piece))
     }
@@ -259,6 +277,10 @@ mod tests {
             data.extend(piece);
         }
         assert_eq!(data, snap(10).data);
+        let mut other = snap(10).meta;
+        other.subterm = 2;
+        let err = DataReader::open(dir.path(), &other).unwrap_err();
+        assert!(err.to_string().contains("metadata"), "{err}");
         let mut reader = DataReader::open(dir.path(), &snap(20).meta).unwrap();
         let err = std::iter::from_fn(|| reader.next_piece(3).transpose())
             .find_map(Result::err)
