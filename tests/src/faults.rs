@@ -326,13 +326,19 @@ pub fn campaign(node_bin: &Path, etcdutl: &Path, o: &Options) -> Result<Report, 
     Ok(report)
 }
 
-/// Copies the members' logs out of the cluster's directory (removed with the cluster); where.
+/// Copies the members' logs out of the cluster's directory (removed with the cluster), with
+/// the thread stacks of each running member (`<name>.stacks`: where a stuck Raft loop waits);
+/// where.
 fn keep_logs(cluster: &Cluster, seed: u64) -> String {
     let to = std::env::temp_dir().join(format!("faults-{seed}"));
     let copied = std::fs::create_dir_all(&to).and_then(|()| {
-        for m in &cluster.members {
+        for (i, m) in cluster.members.iter().enumerate() {
             let log = format!("{}.log", m.name);
             std::fs::copy(cluster.dir.path().join(&log), to.join(&log))?;
+            if m.is_running() {
+                let stacks = thread_stacks(&cluster.data_dir(i));
+                std::fs::write(to.join(format!("{}.stacks", m.name)), stacks)?;
+            }
         }
         Ok(())
     });
@@ -343,6 +349,41 @@ fn keep_logs(cluster: &Cluster, seed: u64) -> String {
             cluster.dir.path().display()
         ),
     }
+}
+
+/// The thread stacks of the etcd-node process using `data_dir`, by gdb (or why there are none).
+fn thread_stacks(data_dir: &Path) -> String {
+    let pattern = format!("--data-dir {}", data_dir.display());
+    let pids = Command::new("pgrep").args(["-f", "--", &pattern]).output();
+    let Ok(pids) = pids else {
+        return "pgrep failed to run\n".into();
+    };
+    let mut out = String::new();
+    for pid in String::from_utf8_lossy(&pids.stdout).split_whitespace() {
+        let gdb = Command::new("timeout")
+            .args([
+                "60",
+                "gdb",
+                "-batch",
+                "-p",
+                pid,
+                "-ex",
+                "thread apply all bt",
+            ])
+            .output();
+        out.push_str(&match gdb {
+            Ok(o) => format!(
+                "== pid {pid}\n{}{}",
+                String::from_utf8_lossy(&o.stdout),
+                String::from_utf8_lossy(&o.stderr)
+            ),
+            Err(e) => format!("== pid {pid}: gdb did not run: {e}\n"),
+        });
+    }
+    if out.is_empty() {
+        out.push_str("no process found\n");
+    }
+    out
 }
 
 fn one_run(
