@@ -294,14 +294,35 @@ impl Cluster {
 
     fn signal(&mut self, i: usize, sig: Signal) {
         if let Some(mut child) = self.members[i].child.take() {
-            let _ = kill(Pid::from_raw(child.id() as i32), sig);
+            let pid = Pid::from_raw(child.id() as i32);
+            let _ = kill(pid, sig);
+            // A paused member (a test that failed before resuming it) would never act on a
+            // SIGTERM, and waiting for it would hang the test run.
+            let _ = kill(pid, Signal::SIGCONT);
             let _ = child.wait();
         }
     }
 
-    /// SIGSTOP (`resume` continues it): the process is frozen, its sockets stay open.
+    /// SIGSTOP (`resume` continues it): the process is frozen, its sockets stay open. Returns
+    /// once the kernel shows it stopped (a signal is delivered after `kill` returns: a request
+    /// sent at once could still be answered).
     pub fn pause(&self, i: usize) {
         self.signal_running(i, Signal::SIGSTOP);
+        if let Some(child) = &self.members[i].child {
+            let stat = format!("/proc/{}/stat", child.id());
+            for _ in 0..1000 {
+                let state = std::fs::read_to_string(&stat).unwrap_or_default();
+                // The state follows the command name, which is in parentheses.
+                if state
+                    .rsplit(')')
+                    .next()
+                    .is_some_and(|s| s.trim_start().starts_with('T'))
+                {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
     }
 
     /// SIGCONT after [`Cluster::pause`].
