@@ -6,6 +6,7 @@
 pub mod api;
 pub mod auth;
 pub mod corruption;
+pub mod driver;
 pub mod force;
 pub mod leases;
 pub mod lessor;
@@ -42,9 +43,10 @@ use crate::raft::{self, KnownWitness, Membership, Raft, Storage};
 use crate::storage::disk::DiskStorage;
 use crate::witness::{Unread, load_within};
 use api::{Api, MAX_REQUEST_BYTES};
+use driver::Driver;
 use lessor::Lessor;
 use metrics::Metrics;
-use node::{Announced, Effects, RaftLoop, Status};
+use node::{Announced, Effects, Pending, RaftLoop, Status};
 use peer::{Identity, MAX_FRAME_BYTES, PeerService, Peers};
 use watches::WatchHub;
 use witness_slot::{Credentials, WitnessSlot};
@@ -409,7 +411,7 @@ pub async fn run(
     let watches = WatchHub::default();
 
     let raft_loop = RaftLoop {
-        raft,
+        member: Driver::new(raft, rand::random()),
         fx: Effects {
             disk,
             mvcc: mvcc.clone(),
@@ -420,6 +422,7 @@ pub async fn run(
             metrics: metrics.clone(),
             watches: watches.clone(),
             lessor: Lessor::load(&mvcc.leases()?, std::time::Instant::now()),
+            pending: Pending::default(),
         },
         inputs: inputs_rx,
         status: status_tx,

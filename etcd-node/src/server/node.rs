@@ -14,21 +14,20 @@ use tokio::sync::{oneshot, watch};
 use witness_core::rules::{Caller, Refusal};
 use witness_core::{Witness, WitnessStore, WitnessUrl};
 
+use super::driver::{Driver, World};
 use super::lessor::Lessor;
 use super::metrics::Metrics;
 use super::peer::Peers;
 use super::proposals::Proposals;
-use super::reads::{Outbox, Reads, Waiter};
+use super::reads::Waiter;
 pub use super::reads::{leader_changed, no_leader, refused};
-use super::removal::Removal;
 use super::watches::WatchHub;
 use super::wire::Envelope;
 use super::witness_slot::WitnessSlot;
 use crate::mvcc::{ApiError, Command, MemberChange, Mvcc, Op, Proposal, Response};
 use crate::raft::{
-    Change, ChangeKind, ConfChange, Entry, EntryData, Host, Message, NONE, NodeId, Raft, ReadState,
-    Ready, Refused, Role, Snapshot, Storage, WitnessRequest, WitnessResponse, apply_rule,
-    handle_ready,
+    Change, ChangeKind, ConfChange, Entry, EntryData, Message, NONE, NodeId, Raft, Ready, Refused,
+    Role, Snapshot, Storage, WitnessRequest, WitnessResponse, apply_rule,
 };
 use crate::storage::disk::DiskStorage;
 use etcd_client::proto::PbLeaseRevokeRequest;
@@ -96,11 +95,18 @@ pub type LeaseAnswer = Result<Option<(i64, i64)>, ApiError>;
 /// A witness-core client of the witness's storage, shared by concurrent steps.
 pub type SharedWitness = Arc<Witness<Arc<dyn WitnessStore>>>;
 
+/// Who waits for a client write: its gRPC handler.
+pub type WriteWaiter = oneshot::Sender<Result<Response, ApiError>>;
+/// Who waits for a linearizable read's index: its gRPC handler.
+pub type ReadWaiter = oneshot::Sender<Result<u64, ApiError>>;
+
 /// Everything the loop owns.
 #[derive(Debug)]
 pub struct RaftLoop {
-    pub raft: Raft,
-    /// What carrying out a `Ready` touches (the [`Host`] side, with the loop's [`State`]).
+    /// The Raft core and the client writes and reads in flight, driven as the simulator drives
+    /// them ([`Driver`]).
+    pub member: Driver<WriteWaiter, ReadWaiter>,
+    /// What carrying out a `Ready` touches (the [`World`] side).
     pub fx: Effects,
     pub inputs: Receiver<Input>,
     pub status: watch::Sender<Status>,
@@ -124,29 +130,24 @@ pub struct Effects {
     /// Where applied changes go to the watchers.
     pub watches: WatchHub,
     pub lessor: Lessor,
+    pub pending: Pending,
 }
 
-struct State {
-    /// Client proposals (appended, held or forwarded) and their waiters.
-    proposals: Proposals<oneshot::Sender<Result<Response, ApiError>>>,
+/// What the loop keeps besides client writes and reads (lost when the process stops).
+#[derive(Debug, Default)]
+pub struct Pending {
+    /// Membership changes asked by clients here, by change id.
     member_waiters: HashMap<u64, oneshot::Sender<Result<(), ApiError>>>,
-    /// When this member stops, once it applied its own removal.
-    removal: Removal,
-    next_id: u64,
-    /// Linearizable reads (one round per loop turn).
-    reads: Reads<oneshot::Sender<Result<u64, ApiError>>>,
-    /// Envelopes the reads produced, sent at the end of each step.
-    outbox: Outbox,
+    /// Lease questions forwarded to the leader, by context.
+    lease_asks: HashMap<u64, oneshot::Sender<LeaseAnswer>>,
     /// Context of the next lease question.
     next_ctx: u64,
+    /// The index of the last snapshot of the key space (taken or installed).
     last_snapshot: u64,
+    /// Entries applied since the key space was last made durable.
     unsynced: u64,
     /// The leader and term last logged (a change is logged once, as etcd does).
     seen_leader: (NodeId, u64),
-    /// Lease questions forwarded to the leader, by context.
-    lease_asks: HashMap<u64, oneshot::Sender<LeaseAnswer>>,
-    /// Whether this member led at the end of the last turn (to notice it starts leading).
-    leading: bool,
 }
 
 /// Expired leases revoked per second at most (etcd's `leaseRevokeRate`): a mass expiry becomes
@@ -172,31 +173,21 @@ pub enum LoopError {
 impl RaftLoop {
     /// Runs until [`Input::Stop`] or a storage failure (returned: the node must stop).
     pub fn run(mut self) -> Result<(), LoopError> {
-        let mut st = State {
-            proposals: Proposals::default(),
-            member_waiters: HashMap::new(),
-            removal: Removal::default(),
-            next_id: rand::random::<u64>() >> 1,
-            reads: Reads::new(rand::random()),
-            outbox: Outbox::new(),
-            next_ctx: 1,
-            last_snapshot: self.fx.disk.snapshot().meta.index,
-            unsynced: 0,
-            seen_leader: (NONE, 0),
-            lease_asks: HashMap::new(),
-            leading: false,
-        };
+        self.fx.pending.last_snapshot = self.fx.disk.snapshot().meta.index;
+        let mut next_id = rand::random::<u64>() >> 1;
+        // Whether this member led at the end of the last turn (to notice it starts leading).
+        let mut leading = false;
         let mut next_tick = Instant::now() + self.tick;
         loop {
             let now = Instant::now();
             if now >= next_tick {
-                self.raft.tick();
-                st.removal.tick();
+                self.member.tick();
                 next_tick = now + self.tick;
-                st.proposals.forget_closed();
-                st.member_waiters.retain(|_, w| !w.is_closed());
-                st.lease_asks.retain(|_, w| !w.is_closed());
-                self.revoke_expired(&mut st);
+                self.member.forget_closed();
+                let pending = &mut self.fx.pending;
+                pending.member_waiters.retain(|_, w| !w.is_closed());
+                pending.lease_asks.retain(|_, w| !w.is_closed());
+                self.revoke_expired();
             }
             match self
                 .inputs
@@ -204,37 +195,32 @@ impl RaftLoop {
             {
                 Ok(Input::Stop) => return Ok(()),
                 Ok(input) => {
-                    self.handle(&mut st, input);
+                    self.handle(&mut next_id, input);
                     // Take everything already queued: one fsync for the lot.
                     while let Ok(input) = self.inputs.try_recv() {
                         if matches!(input, Input::Stop) {
                             return Ok(());
                         }
-                        self.handle(&mut st, input);
+                        self.handle(&mut next_id, input);
                     }
                 }
                 Err(RecvTimeoutError::Timeout) => {}
                 Err(RecvTimeoutError::Disconnected) => return Ok(()),
             }
-            st.proposals.release_held(&mut self.raft);
-            st.reads.start(&mut self.raft, &mut st.outbox);
-            self.fx.send_all(&mut st.outbox);
-            while self.raft.has_ready() {
-                self.process_ready(&mut st)?;
-            }
-            self.maybe_snapshot(&mut st)?;
+            let removed = self.member.turn(&mut self.fx)?;
+            self.maybe_snapshot()?;
             // The snapshot files hold the key space; the transport reads them when it sends.
-            self.raft.release_snapshot_data();
+            self.member.raft.release_snapshot_data();
             self.fx.disk.release_snapshot_data();
-            let leading = self.raft.role() == Role::Leader;
-            if leading && !st.leading {
+            let leads = self.member.raft.role() == Role::Leader;
+            if leads && !leading {
                 self.fx
                     .lessor
                     .promote(Instant::now(), self.election_timeout);
             }
-            st.leading = leading;
+            leading = leads;
             self.publish_status();
-            if st.removal.should_stop(&self.raft) {
+            if removed {
                 tracing::warn!(
                     "this member was removed from the cluster; stopping (its data directory \
                      must not be started again)"
@@ -245,18 +231,18 @@ impl RaftLoop {
     }
 
     fn publish_status(&self) {
+        let raft = &self.member.raft;
         let s = Status {
-            leader: self.raft.leader(),
-            term: self.raft.term(),
-            commit: self.raft.commit(),
-            applied: self.raft.applied(),
-            is_leader: self.raft.role() == Role::Leader,
-            witness: self.raft.witness_caller(),
+            leader: raft.leader(),
+            term: raft.term(),
+            commit: raft.commit(),
+            applied: raft.applied(),
+            is_leader: raft.role() == Role::Leader,
+            witness: raft.witness_caller(),
         };
-        let witness = self.raft.membership().witness();
+        let witness = raft.membership().witness();
         self.fx.metrics.set_leader_view(
-            self.raft
-                .leader_view()
+            raft.leader_view()
                 .map(|(subterm, rset)| (subterm, witness.is_some_and(|w| rset.contains(&w)))),
         );
         self.status.send_if_modified(|old| {
@@ -266,41 +252,41 @@ impl RaftLoop {
         });
     }
 
-    fn handle(&mut self, st: &mut State, input: Input) {
+    /// One input; `next_id` numbers this member's proposals.
+    fn handle(&mut self, next_id: &mut u64, input: Input) {
+        let raft = &mut self.member.raft;
         match input {
             Input::Propose {
                 mut proposal,
                 reply,
             } => {
-                st.next_id = st.next_id.wrapping_add(1);
-                proposal.id = st.next_id;
+                *next_id = next_id.wrapping_add(1);
+                proposal.id = *next_id;
                 let data = proposal.encode_to_vec();
-                st.proposals
-                    .submit(&mut self.raft, proposal.id, data, reply, &mut st.outbox);
-                self.fx.send_all(&mut st.outbox);
+                self.member.submit(&mut self.fx, proposal.id, data, reply);
             }
             Input::ProposeMember { mut change, reply } => {
-                st.next_id = st.next_id.wrapping_add(1);
-                change.id = st.next_id;
+                *next_id = next_id.wrapping_add(1);
+                change.id = *next_id;
                 let data = change.encode_to_vec();
-                if self.raft.role() == Role::Leader {
-                    if let Err(e) = self.propose_member(data) {
+                if raft.role() == Role::Leader {
+                    if let Err(e) = self.fx.propose_member(raft, data) {
                         let _ = reply.send(Err(e));
                         return;
                     }
-                } else if self.raft.leader() != NONE {
+                } else if raft.leader() != NONE {
                     self.fx
                         .peers
-                        .send(self.raft.leader(), Envelope::ForwardMember(data));
+                        .send(raft.leader(), Envelope::ForwardMember(data));
                 } else {
                     let _ = reply.send(Err(no_leader()));
                     return;
                 }
-                st.member_waiters.insert(change.id, reply);
+                self.fx.pending.member_waiters.insert(change.id, reply);
             }
-            Input::Read { reply } => st.reads.push(reply),
+            Input::Read { reply } => self.member.read(reply),
             Input::TransferLeader { to, reply } => {
-                let answer = match self.raft.transfer_leader(to) {
+                let answer = match raft.transfer_leader(to) {
                     Ok(()) => Ok(()),
                     Err(Refused::NotLeader { .. }) => Err(ApiError::new(
                         tonic::Code::FailedPrecondition,
@@ -317,69 +303,22 @@ impl RaftLoop {
                 let _ = reply.send(answer);
             }
             Input::Lease { id, renew, reply } => {
-                if self.raft.role() == Role::Leader {
-                    let _ = reply.send(Ok(self.answer_lease(id, renew)));
-                } else if self.raft.leader() != NONE {
-                    let ctx = st.next_ctx;
-                    st.next_ctx += 1;
+                if raft.role() == Role::Leader {
+                    let _ = reply.send(Ok(self.fx.answer_lease(id, renew)));
+                } else if raft.leader() != NONE {
+                    let pending = &mut self.fx.pending;
+                    let ctx = pending.next_ctx;
+                    pending.next_ctx += 1;
+                    pending.lease_asks.insert(ctx, reply);
                     self.fx
                         .peers
-                        .send(self.raft.leader(), Envelope::LeaseAsk { ctx, id, renew });
-                    st.lease_asks.insert(ctx, reply);
+                        .send(raft.leader(), Envelope::LeaseAsk { ctx, id, renew });
                 } else {
                     let _ = reply.send(Err(no_leader()));
                 }
             }
-            Input::Peer { from, envelope } => match envelope {
-                Envelope::Raft(m) => self.raft.step(m),
-                Envelope::Forward(data) => {
-                    // Refused (no longer the leader): the follower's client times out and retries.
-                    let _ = st.proposals.propose_or_hold(&mut self.raft, data, None);
-                }
-                Envelope::ForwardMember(data) => {
-                    if let Err(e) = self.propose_member(data) {
-                        tracing::info!(error = %e, "refused a forwarded membership change");
-                    }
-                }
-                Envelope::ReadIndex { ctx } => {
-                    st.reads.asked(&mut self.raft, from, ctx, &mut st.outbox);
-                    self.fx.send_all(&mut st.outbox);
-                }
-                Envelope::LeaseAsk { ctx, id, renew } => {
-                    let leader = self.raft.role() == Role::Leader;
-                    let answer = if leader {
-                        self.answer_lease(id, renew)
-                    } else {
-                        None
-                    };
-                    let (ttl, granted) = answer.unwrap_or((-1, 0));
-                    self.fx.peers.send(
-                        from,
-                        Envelope::LeaseAnswer {
-                            ctx,
-                            leader,
-                            ttl,
-                            granted,
-                        },
-                    );
-                }
-                Envelope::LeaseAnswer {
-                    ctx,
-                    leader,
-                    ttl,
-                    granted,
-                } => {
-                    if let Some(w) = st.lease_asks.remove(&ctx) {
-                        let _ = w.send(match (leader, ttl) {
-                            (false, _) => Err(leader_changed()),
-                            (true, -1) => Ok(None),
-                            (true, _) => Ok(Some((ttl, granted))),
-                        });
-                    }
-                }
-                Envelope::ReadIndexResp { ctx, index } => st.reads.answered(ctx, index),
-            },
-            Input::Witness(r) => self.raft.step_witness(r),
+            Input::Peer { from, envelope } => self.member.receive(&mut self.fx, from, envelope),
+            Input::Witness(r) => raft.step_witness(r),
             Input::SnapshotSent {
                 to,
                 index,
@@ -390,25 +329,16 @@ impl RaftLoop {
                 } else {
                     self.fx.metrics.snapshot_send_failed();
                 }
-                self.raft.report_snapshot(to, index, delivered);
+                raft.report_snapshot(to, index, delivered);
             }
             Input::Stop => {}
         }
     }
 
-    /// A keep-alive or time-to-live question, on the leader.
-    fn answer_lease(&mut self, id: i64, renew: bool) -> Option<(i64, i64)> {
-        let now = Instant::now();
-        if renew {
-            self.fx.lessor.renew(id, now)?;
-        }
-        self.fx.lessor.remaining(id, now)
-    }
-
     /// On the leader: proposes the revoke of the expired leases, at most
     /// [`LEASE_REVOKE_RATE`] per second (at least one per tick).
-    fn revoke_expired(&mut self, st: &mut State) {
-        if self.raft.role() != Role::Leader {
+    fn revoke_expired(&mut self) {
+        if self.member.raft.role() != Role::Leader {
             return;
         }
         let per_tick = (LEASE_REVOKE_RATE * self.tick.as_millis() / 1000).max(1);
@@ -423,35 +353,47 @@ impl RaftLoop {
                 op: Some(Op::LeaseRevoke(PbLeaseRevokeRequest { id })),
             }
             .encode_to_vec();
-            if let Err(r) = st.proposals.propose_or_hold(&mut self.raft, data, None) {
+            if let Err(r) = self.member.propose(data) {
                 tracing::info!(lease = id, error = %r, "could not propose an expired lease's revoke");
             }
         }
     }
 
-    fn process_ready(&mut self, st: &mut State) -> Result<(), LoopError> {
-        let seen = (self.raft.leader(), self.raft.term());
-        if seen != st.seen_leader {
-            st.seen_leader = seen;
-            match seen.0 {
-                NONE => tracing::info!(term = seen.1, "no leader"),
-                id => tracing::info!(leader = format!("{id:x}"), term = seen.1, "leader elected"),
-            }
+    /// Every `--snapshot-count` applied entries: make the key space durable, snapshot it and
+    /// compact the log behind it.
+    fn maybe_snapshot(&mut self) -> Result<(), LoopError> {
+        let applied = self.member.raft.applied();
+        let pending = &mut self.fx.pending;
+        if applied < pending.last_snapshot + self.snapshot_count {
+            return Ok(());
         }
-        handle_ready(
-            &mut self.raft,
-            &mut Turn {
-                fx: &mut self.fx,
-                st,
-            },
-        )?;
-        st.reads.settle(&self.raft, &mut st.outbox);
-        self.fx.send_all(&mut st.outbox);
+        self.fx.mvcc.sync()?;
+        pending.unsynced = 0;
+        let data = self.fx.mvcc.dump()?;
+        let snapshot = self.member.raft.compact(data.into());
+        crate::crash!("snapshot-before-save");
+        self.fx.disk.compact(&snapshot)?;
+        pending.last_snapshot = snapshot.meta.index;
+        tracing::info!(
+            index = snapshot.meta.index,
+            "saved snapshot, compacted the log"
+        );
         Ok(())
+    }
+}
+
+impl Effects {
+    /// A keep-alive or time-to-live question, on the leader.
+    fn answer_lease(&mut self, id: i64, renew: bool) -> Option<(i64, i64)> {
+        let now = Instant::now();
+        if renew {
+            self.lessor.renew(id, now)?;
+        }
+        self.lessor.remaining(id, now)
     }
 
     /// Proposes the configuration change an encoded [`MemberChange`] asks for (leader only).
-    fn propose_member(&mut self, data: Vec<u8>) -> Result<(), ApiError> {
+    fn propose_member(&mut self, raft: &mut Raft, data: Vec<u8>) -> Result<(), ApiError> {
         let change = MemberChange::decode(data.as_slice())
             .map_err(|e| ApiError::invalid(&format!("membership change: {e}")))?;
         let Some(m) = &change.member else {
@@ -471,14 +413,12 @@ impl RaftLoop {
             witness_generation: change.witness_generation,
             context: data,
         };
-        let usable = self
-            .raft
+        let usable = raft
             .membership()
             .witness()
-            .is_some_and(|w| self.fx.witness.usable(w));
-        self.raft
-            .check_reconfig_quorum(&cc, usable)
-            .and_then(|()| self.raft.propose_conf_change(cc))
+            .is_some_and(|w| self.witness.usable(w));
+        raft.check_reconfig_quorum(&cc, usable)
+            .and_then(|()| raft.propose_conf_change(cc))
             .map(|_| ())
             .map_err(|r| match r {
                 Refused::InvalidConfChange(why) => ApiError::new(
@@ -489,89 +429,10 @@ impl RaftLoop {
             })
     }
 
-    /// Every `--snapshot-count` applied entries: make the key space durable, snapshot it and
-    /// compact the log behind it.
-    fn maybe_snapshot(&mut self, st: &mut State) -> Result<(), LoopError> {
-        let applied = self.raft.applied();
-        if applied < st.last_snapshot + self.snapshot_count {
-            return Ok(());
-        }
-        self.fx.mvcc.sync()?;
-        st.unsynced = 0;
-        let data = self.fx.mvcc.dump()?;
-        let snapshot = self.raft.compact(data.into());
-        crate::crash!("snapshot-before-save");
-        self.fx.disk.compact(&snapshot)?;
-        st.last_snapshot = snapshot.meta.index;
-        tracing::info!(
-            index = snapshot.meta.index,
-            "saved snapshot, compacted the log"
-        );
-        Ok(())
-    }
-}
-
-impl Effects {
-    /// Sends what the reads put in `out`.
-    fn send_all(&self, out: &mut Outbox) {
-        for (to, envelope) in out.drain(..) {
-            self.peers.send(to, envelope);
-        }
-    }
-
-    /// Applies committed entries to the key space and answers their waiters.
-    fn apply(&mut self, raft: &Raft, st: &mut State, committed: &[Entry]) -> Result<(), LoopError> {
-        if committed.is_empty() {
-            return Ok(());
-        }
-        let batch: Vec<(u64, Command)> =
-            committed.iter().map(|e| (e.index, command_of(e))).collect();
-        st.unsynced += batch.len() as u64;
-        let durable = st.unsynced >= SYNC_EVERY;
-        if durable {
-            st.unsynced = 0;
-        }
-        let started = Instant::now();
-        let outcome = self.mvcc.apply(&batch, durable)?;
-        let took = started.elapsed();
-        self.metrics.backend_commit(took);
-        if took > SLOW_APPLY {
-            tracing::warn!(
-                took = ?took,
-                entries = batch.len(),
-                durable,
-                "applying a batch took too long (disk slow or overloaded?)"
-            );
-        }
-        self.watches.publish(outcome.events, outcome.revision);
-        for ((index, c), r) in batch.iter().zip(outcome.results) {
-            match c {
-                Command::Kv(p) => {
-                    match (&p.op, &r) {
-                        (Some(Op::LeaseGrant(g)), Some(Ok(_))) => {
-                            self.lessor.granted(g.id, g.ttl, Instant::now());
-                        }
-                        (Some(Op::LeaseRevoke(v)), Some(Ok(_))) => self.lessor.revoked(v.id),
-                        _ => {}
-                    }
-                    if let Some(r) = r
-                        && let Some(w) = st.proposals.applied(p.id)
-                    {
-                        w.answer(r);
-                    }
-                }
-                Command::Member(c) => self.member_changed(raft.id(), *index, st, c),
-                Command::Noop => {}
-            }
-        }
-        self.metrics.applied(batch.len() as u64);
-        Ok(())
-    }
-
     /// After a membership change is applied here: answers its client, links to an added member,
     /// unlinks a removed one. Idempotent (replayed after a restart).
-    fn member_changed(&mut self, me: NodeId, index: u64, st: &mut State, c: &MemberChange) {
-        if let Some(w) = st.member_waiters.remove(&c.id) {
+    fn member_changed(&mut self, c: &MemberChange) {
+        if let Some(w) = self.pending.member_waiters.remove(&c.id) {
             let _ = w.send(Ok(()));
         }
         let Some(m) = &c.member else {
@@ -579,9 +440,6 @@ impl Effects {
         };
         if c.remove {
             self.peers.remove(m.id);
-            if m.id == me {
-                st.removal.applied_own_removal(index);
-            }
         } else if let Some(url) = regular_peer_url(m) {
             self.peers.add(m.id, url);
         }
@@ -688,46 +546,44 @@ impl Effects {
     }
 }
 
-/// One `Ready` of the loop: the effects and the loop's waiters.
-struct Turn<'a> {
-    fx: &'a mut Effects,
-    st: &'a mut State,
-}
-
-impl Host for Turn<'_> {
+impl World for Effects {
     type Error = LoopError;
+    type Write = WriteWaiter;
 
-    fn send(&mut self, _: &Raft, messages: &[Message]) {
+    fn send_raft(&mut self, _: &Raft, messages: &[Message]) {
         for m in messages {
-            self.fx.peers.send(m.to, Envelope::Raft(m.clone()));
+            self.peers.send(m.to, Envelope::Raft(m.clone()));
         }
+    }
+
+    fn send(&mut self, to: NodeId, envelope: Envelope) {
+        self.peers.send(to, envelope);
     }
 
     fn persist(&mut self, _: &Raft, ready: &Ready) -> Result<(), LoopError> {
         let started = Instant::now();
-        if self.fx.disk.persist(ready)? {
-            self.fx.metrics.wal_fsync(started.elapsed());
+        if self.disk.persist(ready)? {
+            self.metrics.wal_fsync(started.elapsed());
         }
         Ok(())
     }
 
     fn step_witness(&mut self, raft: &Raft, request: WitnessRequest) {
-        self.fx.run_witness_step(raft, request);
+        self.run_witness_step(raft, request);
     }
 
     fn install(&mut self, _: &Raft, snapshot: &Snapshot) -> Result<(), LoopError> {
         if snapshot.data.is_empty() {
             return Ok(());
         }
-        let fx = &mut *self.fx;
-        fx.mvcc.restore(&snapshot.data, snapshot.meta.index)?;
-        self.st.last_snapshot = snapshot.meta.index;
-        let revision = fx.mvcc.position()?.revision;
-        fx.watches.reset(revision);
-        let leases = fx.mvcc.leases()?;
-        fx.lessor = Lessor::load(&leases, Instant::now());
-        fx.metrics.snapshot_received();
-        fx.follow_members()?;
+        self.mvcc.restore(&snapshot.data, snapshot.meta.index)?;
+        self.pending.last_snapshot = snapshot.meta.index;
+        let revision = self.mvcc.position()?.revision;
+        self.watches.reset(revision);
+        let leases = self.mvcc.leases()?;
+        self.lessor = Lessor::load(&leases, Instant::now());
+        self.metrics.snapshot_received();
+        self.follow_members()?;
         tracing::info!(
             index = snapshot.meta.index,
             "installed the leader's snapshot of the key space"
@@ -735,13 +591,117 @@ impl Host for Turn<'_> {
         Ok(())
     }
 
-    fn apply(&mut self, raft: &Raft, committed: &[Entry]) -> Result<(), LoopError> {
-        self.fx.apply(raft, self.st, committed)
+    /// Applies committed entries to the key space and answers their waiters.
+    fn apply(
+        &mut self,
+        _: &Raft,
+        committed: &[Entry],
+        writes: &mut Proposals<WriteWaiter>,
+    ) -> Result<(), LoopError> {
+        if committed.is_empty() {
+            return Ok(());
+        }
+        let batch: Vec<(u64, Command)> =
+            committed.iter().map(|e| (e.index, command_of(e))).collect();
+        self.pending.unsynced += batch.len() as u64;
+        let durable = self.pending.unsynced >= SYNC_EVERY;
+        if durable {
+            self.pending.unsynced = 0;
+        }
+        let started = Instant::now();
+        let outcome = self.mvcc.apply(&batch, durable)?;
+        let took = started.elapsed();
+        self.metrics.backend_commit(took);
+        if took > SLOW_APPLY {
+            tracing::warn!(
+                took = ?took,
+                entries = batch.len(),
+                durable,
+                "applying a batch took too long (disk slow or overloaded?)"
+            );
+        }
+        self.watches.publish(outcome.events, outcome.revision);
+        for ((_, c), r) in batch.iter().zip(outcome.results) {
+            match c {
+                Command::Kv(p) => {
+                    match (&p.op, &r) {
+                        (Some(Op::LeaseGrant(g)), Some(Ok(_))) => {
+                            self.lessor.granted(g.id, g.ttl, Instant::now());
+                        }
+                        (Some(Op::LeaseRevoke(v)), Some(Ok(_))) => self.lessor.revoked(v.id),
+                        _ => {}
+                    }
+                    if let Some(r) = r
+                        && let Some(w) = writes.applied(p.id)
+                    {
+                        w.answer(r);
+                    }
+                }
+                Command::Member(c) => self.member_changed(c),
+                Command::Noop => {}
+            }
+        }
+        self.metrics.applied(batch.len() as u64);
+        Ok(())
     }
 
-    fn read_ready(&mut self, _: &Raft, read: &ReadState) {
-        self.st.reads.ready(read, &mut self.st.outbox);
-        self.fx.send_all(&mut self.st.outbox);
+    fn receive(&mut self, raft: &mut Raft, from: NodeId, envelope: Envelope) {
+        match envelope {
+            Envelope::ForwardMember(data) => {
+                if let Err(e) = self.propose_member(raft, data) {
+                    tracing::info!(error = %e, "refused a forwarded membership change");
+                }
+            }
+            Envelope::LeaseAsk { ctx, id, renew } => {
+                let leader = raft.role() == Role::Leader;
+                let answer = if leader {
+                    self.answer_lease(id, renew)
+                } else {
+                    None
+                };
+                let (ttl, granted) = answer.unwrap_or((-1, 0));
+                self.peers.send(
+                    from,
+                    Envelope::LeaseAnswer {
+                        ctx,
+                        leader,
+                        ttl,
+                        granted,
+                    },
+                );
+            }
+            Envelope::LeaseAnswer {
+                ctx,
+                leader,
+                ttl,
+                granted,
+            } => {
+                if let Some(w) = self.pending.lease_asks.remove(&ctx) {
+                    let _ = w.send(match (leader, ttl) {
+                        (false, _) => Err(leader_changed()),
+                        (true, -1) => Ok(None),
+                        (true, _) => Ok(Some((ttl, granted))),
+                    });
+                }
+            }
+            // (the driver handles the others)
+            Envelope::Raft(_)
+            | Envelope::Forward(_)
+            | Envelope::ReadIndex { .. }
+            | Envelope::ReadIndexResp { .. } => {}
+        }
+    }
+
+    /// Logs a change of leader (once, as etcd does).
+    fn after_ready(&mut self, raft: &Raft) {
+        let seen = (raft.leader(), raft.term());
+        if seen != self.pending.seen_leader {
+            self.pending.seen_leader = seen;
+            match seen.0 {
+                NONE => tracing::info!(term = seen.1, "no leader"),
+                id => tracing::info!(leader = format!("{id:x}"), term = seen.1, "leader elected"),
+            }
+        }
     }
 }
 

@@ -11,13 +11,13 @@ use super::invariants::{Checker, Violation};
 use super::trace::Trace;
 use crate::mvcc::ApiError;
 use crate::raft::{
-    Body, ChangeKind, ConfChange, Config, Entry, EntryData, Host, KnownWitness, MemStorage,
-    Membership, Message, NodeId, Raft, ReadState, Ready, Refused, Role, Snapshot, Storage,
-    WitnessRequest, WitnessResponse, apply_rule, handle_ready,
+    Body, ChangeKind, ConfChange, Config, Entry, EntryData, KnownWitness, MemStorage, Membership,
+    Message, NodeId, Raft, Ready, Refused, Role, Snapshot, Storage, WitnessRequest,
+    WitnessResponse, apply_rule,
 };
+use crate::server::driver::{Driver, World};
 use crate::server::proposals::Proposals;
-use crate::server::reads::{Outbox, Reads, Waiter};
-use crate::server::removal::Removal;
+use crate::server::reads::Waiter;
 use crate::server::wire::Envelope;
 
 /// Network fault rates (per message) and delays, in ticks.
@@ -158,17 +158,17 @@ impl Waiter for SimWrite {
 
 #[derive(Debug)]
 struct Node {
-    raft: Option<Raft>,
+    /// The running member (None: down or stopped), driven by the server's own code
+    /// ([`Driver`]: writes, reads, the `Ready` order, the removed member's stop), whose memory
+    /// a crash loses as a process's is.
+    member: Option<Driver<SimWrite, SimRead>>,
     storage: MemStorage,
     config: Config,
     /// Clock rate relative to the simulation's, and the fraction of a tick accumulated.
     clock: Option<(f64, f64)>,
-    /// The server's read and proposal handling (lost in a crash, as a process's memory is).
-    reads: Reads<SimRead>,
-    proposals: Proposals<SimWrite>,
-    /// The server's rule for when a removed member stops (lost in a crash, as in the server).
-    removal: Removal,
-    /// Stopped by that rule: never started again (an operator must not start a removed
+    /// Where the next incarnation's read rounds count from (drawn when it crashed).
+    first_ctx: u64,
+    /// Stopped by the removal rule: never started again (an operator must not start a removed
     /// member's data directory).
     stopped: bool,
 }
@@ -217,6 +217,12 @@ fn fresh_witness(rng: &mut StdRng) -> WitnessState {
         generation: rng.random_range(1..=u64::MAX),
         ..WitnessState::new(0, "witness", "witness:sim")
     }
+}
+
+/// The live nodes' Raft cores.
+fn live(nodes: &BTreeMap<NodeId, Node>) -> Vec<&Raft> {
+    let members = nodes.values().filter_map(|n| n.member.as_ref());
+    members.map(|m| &m.raft).collect()
 }
 
 /// Used in `cut` for a node's link to the witness storage.
@@ -295,13 +301,11 @@ impl Cluster {
         self.nodes.insert(
             id,
             Node {
-                raft: Some(raft),
+                member: Some(Driver::new(raft, self.rng.random())),
                 storage,
                 config,
                 clock: None,
-                reads: Reads::new(self.rng.random()),
-                proposals: Proposals::default(),
-                removal: Removal::default(),
+                first_ctx: 0,
                 stopped: false,
             },
         );
@@ -323,7 +327,7 @@ impl Cluster {
     }
     /// The configuration the leader (else the first live node) has in effect.
     pub fn membership(&self) -> Membership {
-        let live = self.nodes.values().filter_map(|n| n.raft.as_ref());
+        let live = self.nodes.keys().filter_map(|&id| self.raft(id));
         self.leader()
             .and_then(|l| self.raft(l))
             .or_else(|| live.clone().next())
@@ -333,7 +337,7 @@ impl Cluster {
         &mut self.rng
     }
     pub fn raft(&self, id: NodeId) -> Option<&Raft> {
-        self.nodes.get(&id)?.raft.as_ref()
+        self.nodes.get(&id)?.member.as_ref().map(|m| &m.raft)
     }
     /// Entries applied (known committed) so far, by index.
     pub fn committed(&self) -> &BTreeMap<u64, Entry> {
@@ -344,7 +348,7 @@ impl Cluster {
     pub fn describe(&self) -> String {
         let mut out = String::new();
         for (id, n) in &self.nodes {
-            match &n.raft {
+            match n.member.as_ref().map(|m| &m.raft) {
                 Some(r) => out.push_str(&format!(
                     "  node {id}: {:?} term {} leader {} commit {} applied {} log ({}, {}] last {:?} view {:?} membership {:?}\n",
                     r.role(),
@@ -379,9 +383,8 @@ impl Cluster {
 
     /// The node that is leader in the highest term, if any.
     pub fn leader(&self) -> Option<NodeId> {
-        self.nodes
-            .values()
-            .filter_map(|n| n.raft.as_ref())
+        live(&self.nodes)
+            .into_iter()
             .filter(|r| r.role() == Role::Leader)
             .max_by_key(|r| r.term())
             .map(|r| r.id())
@@ -392,10 +395,8 @@ impl Cluster {
     pub fn crash(&mut self, id: NodeId) {
         let first_ctx = self.rng.random();
         let node = self.nodes.get_mut(&id).expect("node");
-        node.reads = Reads::new(first_ctx);
-        node.proposals = Proposals::default();
-        node.removal = Removal::default();
-        if node.raft.take().is_some() {
+        node.first_ctx = first_ctx;
+        if node.member.take().is_some() {
             self.checker
                 .restarted(id, self.nodes[&id].storage.snapshot().meta.index);
             self.stats.crashes += 1;
@@ -415,8 +416,9 @@ impl Cluster {
 
     pub fn restart(&mut self, id: NodeId) {
         let node = self.nodes.get_mut(&id).expect("node");
-        if node.raft.is_none() && !node.stopped {
-            node.raft = Some(Raft::new(node.config.clone(), &node.storage).expect("restart"));
+        if node.member.is_none() && !node.stopped {
+            let raft = Raft::new(node.config.clone(), &node.storage).expect("restart");
+            node.member = Some(Driver::new(raft, node.first_ctx));
         }
     }
 
@@ -475,12 +477,7 @@ impl Cluster {
         id: NodeId,
         request: impl FnOnce(&mut Raft) -> Result<T, Refused>,
     ) -> Result<T, Refused> {
-        let raft = self
-            .nodes
-            .get_mut(&id)
-            .and_then(|n| n.raft.as_mut())
-            .expect("a live node");
-        let out = request(raft)?;
+        let out = request(self.raft_mut(id).expect("a live node"))?;
         self.process(id);
         Ok(out)
     }
@@ -531,12 +528,7 @@ impl Cluster {
     /// believes it leads. Once answered, its index is checked against every commit index
     /// reached before it started.
     pub fn read(&mut self) -> Result<(), Refused> {
-        let live: Vec<NodeId> = self
-            .nodes
-            .iter()
-            .filter(|(_, n)| n.raft.is_some())
-            .map(|(&id, _)| id)
-            .collect();
+        let live = self.live_ids();
         if self.leader().is_none() {
             return Err(Refused::NotLeader { leader: 0 });
         }
@@ -548,12 +540,8 @@ impl Cluster {
             number: self.reads,
             answers: self.answers.0.clone(),
         };
-        let node = self.nodes.get_mut(&id).expect("node");
-        node.reads.push(read);
-        let mut out = Outbox::new();
-        node.reads
-            .start(node.raft.as_mut().expect("a live node"), &mut out);
-        self.send_envelopes(id, out);
+        let member = self.nodes.get_mut(&id).and_then(|n| n.member.as_mut());
+        member.expect("a live node").read(read);
         self.process(id);
         Ok(())
     }
@@ -562,12 +550,7 @@ impl Cluster {
     /// proposal handling (`server::proposals`: appended, held, or forwarded by a follower).
     /// Checked: it commits once, and an answer names the index it was applied at.
     pub fn submit(&mut self, data: [u8; 8]) {
-        let live: Vec<NodeId> = self
-            .nodes
-            .iter()
-            .filter(|(_, n)| n.raft.is_some())
-            .map(|(&id, _)| id)
-            .collect();
+        let live = self.live_ids();
         let Some(&id) = live.get(self.rng.random_range(0..live.len().max(1))) else {
             return;
         };
@@ -577,26 +560,38 @@ impl Cluster {
             data: data.to_vec(),
             answers: self.writes.0.clone(),
         };
-        let node = self.nodes.get_mut(&id).expect("node");
-        let mut out = Outbox::new();
-        let raft = node.raft.as_mut().expect("a live node");
-        node.proposals.submit(
-            raft,
-            u64::from_le_bytes(data),
-            data.to_vec(),
-            write,
-            &mut out,
-        );
-        self.send_envelopes(id, out);
+        self.with_member(id, |member, world| {
+            member.submit(world, u64::from_le_bytes(data), data.to_vec(), write);
+        });
         self.collect_answers();
         self.process(id);
     }
 
-    /// Sends envelopes from node `from` over the simulated network.
-    fn send_envelopes(&mut self, from: NodeId, out: Outbox) {
-        for (to, envelope) in out {
-            self.schedule(Event::Peer { from, to, envelope }, from, to);
-        }
+    /// Runs `act` on live node `id`'s member, with the simulated world around it; None if the
+    /// node is down.
+    fn with_member<T>(
+        &mut self,
+        id: NodeId,
+        act: impl FnOnce(&mut Driver<SimWrite, SimRead>, &mut SimHost) -> T,
+    ) -> Option<T> {
+        let mut member = self.nodes.get_mut(&id)?.member.take()?;
+        let out = act(&mut member, &mut SimHost { c: self, id });
+        self.nodes.get_mut(&id).expect("node").member = Some(member);
+        Some(out)
+    }
+
+    /// The live nodes' ids.
+    fn live_ids(&self) -> Vec<NodeId> {
+        let live = self.nodes.iter().filter(|(_, n)| n.member.is_some());
+        live.map(|(&id, _)| id).collect()
+    }
+
+    fn raft_mut(&mut self, id: NodeId) -> Option<&mut Raft> {
+        self.nodes
+            .get_mut(&id)?
+            .member
+            .as_mut()
+            .map(|m| &mut m.raft)
     }
 
     /// Checks the reads and writes answered since the last call.
@@ -619,7 +614,8 @@ impl Cluster {
         let Some(node) = self.nodes.get_mut(&id) else {
             return;
         };
-        if let Some(raft) = node.raft.as_mut() {
+        if let Some(member) = node.member.as_mut() {
+            let raft = &mut member.raft;
             let data = raft.applied().to_le_bytes().to_vec().into();
             let snapshot = raft.compact(data);
             node.storage.compact(snapshot);
@@ -628,7 +624,7 @@ impl Cluster {
 
     /// Forces `id` to campaign now.
     pub fn campaign(&mut self, id: NodeId) {
-        if let Some(r) = self.nodes.get_mut(&id).and_then(|n| n.raft.as_mut()) {
+        if let Some(r) = self.raft_mut(id) {
             r.campaign();
             self.process(id);
         }
@@ -683,55 +679,22 @@ impl Cluster {
         }
     }
 
-    /// Runs a node's Readys, in the one order every host follows ([`handle_ready`]), until it
-    /// has none (or it crashes inside one).
+    /// Ends a turn of node `id`'s loop, as the server's does ([`Driver::turn`]): its Readys
+    /// are carried out until it has none, unless it crashes inside one; a removed member may
+    /// stop.
     fn process(&mut self, id: NodeId) {
-        loop {
-            let Some(node) = self.nodes.get_mut(&id) else {
-                return;
-            };
-            let Some(mut raft) = node.raft.take() else {
-                return;
-            };
-            node.proposals.release_held(&mut raft);
-            if !raft.has_ready() {
-                let stops = node.removal.should_stop(&raft);
-                node.raft = Some(raft);
-                if stops {
-                    self.crash(id);
-                    self.nodes.get_mut(&id).expect("node").stopped = true;
-                    self.stats.removed_stopped += 1;
-                }
-                return;
+        let Some(outcome) = self.with_member(id, |member, world| member.turn(world)) else {
+            return;
+        };
+        self.collect_answers();
+        match outcome {
+            Ok(false) => {}
+            Ok(true) => {
+                self.crash(id);
+                self.nodes.get_mut(&id).expect("node").stopped = true;
+                self.stats.removed_stopped += 1;
             }
-            let outcome = handle_ready(&mut raft, &mut SimHost { c: self, id });
-            let node = self.nodes.get_mut(&id).expect("node");
-            let mut out = Outbox::new();
-            if outcome.is_ok() {
-                node.reads.settle(&raft, &mut out);
-            }
-            if let (Some(t), Ok(())) = (self.trace.as_mut(), &outcome) {
-                t.role(self.now, &raft);
-            }
-            node.raft = Some(raft);
-            self.collect_answers();
-            if outcome.is_err() {
-                self.crash_in_ready(id);
-                return;
-            }
-            self.send_envelopes(id, out);
-            let raft = self.nodes[&id].raft.as_ref().expect("a live node");
-            self.max_commit = self.max_commit.max(raft.commit());
-            if raft.role() == Role::Leader
-                && let Some((subterm, rset)) = raft.leader_view()
-            {
-                let live: Vec<&Raft> = self
-                    .nodes
-                    .values()
-                    .filter_map(|n| n.raft.as_ref())
-                    .collect();
-                self.checker.check_catch_up(raft, subterm, rset, &live);
-            }
+            Err(Crashed) => self.crash_in_ready(id),
         }
     }
 
@@ -857,11 +820,8 @@ impl Cluster {
         let ids: Vec<NodeId> = self.nodes.keys().copied().collect();
         for &id in &ids {
             for _ in 0..self.node_ticks(id) {
-                if let Some(n) = self.nodes.get_mut(&id)
-                    && let Some(r) = n.raft.as_mut()
-                {
-                    r.tick();
-                    n.removal.tick();
+                if let Some(member) = self.nodes.get_mut(&id).and_then(|n| n.member.as_mut()) {
+                    member.tick();
                     self.process(id);
                 }
             }
@@ -878,11 +838,11 @@ impl Cluster {
                         _ => None,
                     };
                     let mut delivered = false;
-                    if let Some(r) = self.nodes.get_mut(&to).and_then(|n| n.raft.as_mut()) {
+                    if let Some(r) = self.nodes.get_mut(&to).and_then(|n| n.member.as_mut()) {
                         if let Some(t) = self.trace.as_mut() {
                             t.delivered(self.now, &m);
                         }
-                        r.step(m);
+                        r.raft.step(m);
                         delivered = true;
                         self.process(to);
                     }
@@ -890,7 +850,7 @@ impl Cluster {
                     // has it (or could not get it: the receiver is down). A dropped one is
                     // never reported, as when a connection hangs.
                     if let Some(index) = snapshot
-                        && let Some(r) = self.nodes.get_mut(&from).and_then(|n| n.raft.as_mut())
+                        && let Some(r) = self.raft_mut(from)
                     {
                         r.report_snapshot(to, index, delivered);
                         self.process(from);
@@ -900,42 +860,26 @@ impl Cluster {
                 Event::Restart(node) => self.restart(node),
                 Event::Peer { from, to, envelope } => self.deliver(from, to, envelope),
                 Event::WitnessReply { node, response } => {
-                    if let Some(r) = self.nodes.get_mut(&node).and_then(|n| n.raft.as_mut()) {
+                    if let Some(r) = self.raft_mut(node) {
                         r.step_witness(response);
                         self.process(node);
                     }
                 }
             }
         }
-        let live: Vec<&Raft> = self
-            .nodes
-            .values()
-            .filter_map(|n| n.raft.as_ref())
-            .collect();
+        let live = live(&self.nodes);
         self.checker.check(self.now, &live)
     }
 
-    /// Delivers a member-to-member envelope to a live node's read handling.
+    /// Delivers a member-to-member envelope to a live node.
     fn deliver(&mut self, from: NodeId, to: NodeId, envelope: Envelope) {
-        let Some(node) = self.nodes.get_mut(&to) else {
-            return;
-        };
-        let Some(raft) = node.raft.as_mut() else {
-            return;
-        };
-        let mut out = Outbox::new();
-        match envelope {
-            Envelope::ReadIndex { ctx } => node.reads.asked(raft, from, ctx, &mut out),
-            Envelope::ReadIndexResp { ctx, index } => node.reads.answered(ctx, index),
-            Envelope::Forward(data) => {
-                // Refused (no longer the leader): the follower's client times out and retries.
-                let _ = node.proposals.propose_or_hold(raft, data, None);
-            }
-            _ => {}
+        if self
+            .with_member(to, |member, world| member.receive(world, from, envelope))
+            .is_some()
+        {
+            self.collect_answers();
+            self.process(to);
         }
-        self.send_envelopes(to, out);
-        self.collect_answers();
-        self.process(to);
     }
 
     /// How many times node `id`'s clock ticks during this simulation tick (1 without drift).
@@ -1003,10 +947,11 @@ struct SimHost<'a> {
     id: NodeId,
 }
 
-impl Host for SimHost<'_> {
+impl World for SimHost<'_> {
     type Error = Crashed;
+    type Write = SimWrite;
 
-    fn send(&mut self, raft: &Raft, messages: &[Message]) {
+    fn send_raft(&mut self, raft: &Raft, messages: &[Message]) {
         let (c, id) = (&mut *self.c, self.id);
         c.checker
             .promises(id, &c.nodes[&id].storage, raft.log(), messages);
@@ -1062,30 +1007,21 @@ impl Host for SimHost<'_> {
         Ok(())
     }
 
-    fn apply(&mut self, _: &Raft, committed: &[Entry]) -> Result<(), Crashed> {
+    fn apply(
+        &mut self,
+        _: &Raft,
+        committed: &[Entry],
+        writes: &mut Proposals<SimWrite>,
+    ) -> Result<(), Crashed> {
         if let Some(t) = self.c.trace.as_mut() {
             t.applied(self.c.now, self.id, committed);
         }
         for e in committed {
-            if let EntryData::ConfChange(cc) = &e.data
-                && cc.changes.len() == 1
-                && cc
-                    .changes
-                    .iter()
-                    .any(|c| c.kind == ChangeKind::Remove && c.node == self.id)
-            {
-                let node = self.c.nodes.get_mut(&self.id).expect("node");
-                node.removal.applied_own_removal(e.index);
-            }
             self.c.stats.committed += 1;
             self.c.checker.applied(self.id, e);
             if let EntryData::Normal(data) = &e.data
                 && let Ok(id) = <[u8; 8]>::try_from(data.as_slice())
-                && let Some(w) = self
-                    .c
-                    .nodes
-                    .get_mut(&self.id)
-                    .and_then(|n| n.proposals.applied(u64::from_le_bytes(id)))
+                && let Some(w) = writes.applied(u64::from_le_bytes(id))
             {
                 w.answer(Ok(e.index));
             }
@@ -1093,10 +1029,30 @@ impl Host for SimHost<'_> {
         Ok(())
     }
 
-    fn read_ready(&mut self, _: &Raft, read: &ReadState) {
-        let mut out = Outbox::new();
-        let node = self.c.nodes.get_mut(&self.id).expect("node");
-        node.reads.ready(read, &mut out);
-        self.c.send_envelopes(self.id, out);
+    fn send(&mut self, to: NodeId, envelope: Envelope) {
+        let from = self.id;
+        self.c
+            .schedule(Event::Peer { from, to, envelope }, from, to);
+    }
+
+    /// The simulator drives no leases and no membership changes through clients.
+    fn receive(&mut self, _: &mut Raft, _: NodeId, _: Envelope) {}
+
+    /// Records the node's role, checks the answers given so far and the catch-up rule.
+    fn after_ready(&mut self, raft: &Raft) {
+        let c = &mut *self.c;
+        if let Some(t) = c.trace.as_mut() {
+            t.role(c.now, raft);
+        }
+        c.collect_answers();
+        c.max_commit = c.max_commit.max(raft.commit());
+        if raft.role() == Role::Leader
+            && let Some((subterm, rset)) = raft.leader_view()
+        {
+            // (this node's member is out of the cluster while its turn runs)
+            let mut live = live(&c.nodes);
+            live.push(raft);
+            c.checker.check_catch_up(raft, subterm, rset, &live);
+        }
     }
 }
