@@ -16,7 +16,8 @@
 
 use witness_core::WitnessUrl;
 
-use super::node::{command_of, witness_member};
+use super::contract::witness_member;
+use super::node::command_of;
 use super::witness_slot::Credentials;
 use crate::mvcc::{Command, MemberChange, Mvcc};
 use crate::raft::{HardState, Membership, NodeId, Ready, Snapshot, SnapshotMeta, Storage};

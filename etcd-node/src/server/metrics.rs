@@ -8,7 +8,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use witness_core::client::Stepped;
 
-use super::node::Status;
+use super::contract::Status;
 use crate::raft::WitnessResponse;
 
 const STEPS: [&str; 4] = ["append", "vote", "pre-vote", "read-term"];

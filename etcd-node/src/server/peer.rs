@@ -23,7 +23,7 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
-use super::node::{Announced, ClientUrls, Input};
+use super::contract::{Announced, ClientUrls, Input};
 use super::wire::Envelope;
 use crate::mvcc::Mvcc;
 use crate::raft::{Body, Message, NodeId, Snapshot};
@@ -438,7 +438,9 @@ impl Peer for PeerService {
             .mvcc
             .members()
             .map_err(|e| Status::internal(e.to_string()))?;
-        members.iter_mut().for_each(super::node::redact_witness_url);
+        members
+            .iter_mut()
+            .for_each(super::contract::redact_witness_url);
         Ok(Response::new(MembersReply {
             cluster_id: self.me.cluster_id,
             members: members.iter().map(|m| m.encode_to_vec()).collect(),

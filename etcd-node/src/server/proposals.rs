@@ -7,7 +7,8 @@
 
 use std::collections::HashMap;
 
-use super::reads::{Outbox, Waiter, no_leader, refused};
+use super::contract::{no_leader, refused};
+use super::reads::{Outbox, Waiter};
 use super::wire::Envelope;
 use crate::raft::{Mutation, NONE, Raft, Refused, Role};
 

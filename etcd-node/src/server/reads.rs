@@ -9,9 +9,10 @@ use std::collections::HashMap;
 
 use tokio::sync::oneshot;
 
+use super::contract::{leader_changed, no_leader, refused};
 use super::wire::Envelope;
 use crate::mvcc::ApiError;
-use crate::raft::{Mutation, NONE, NodeId, Raft, ReadState, Refused, Role};
+use crate::raft::{Mutation, NONE, NodeId, Raft, ReadState, Role};
 
 /// Whoever waits for a request's answer (a client's channel in the server; the checker's in the
 /// simulator).
@@ -73,23 +74,6 @@ impl<W> Reads<W> {
             forwarded: HashMap::new(),
             next_ctx: first_ctx,
         }
-    }
-}
-
-pub fn no_leader() -> ApiError {
-    ApiError::new(tonic::Code::Unavailable, "etcdserver: no leader")
-}
-
-pub fn leader_changed() -> ApiError {
-    ApiError::new(tonic::Code::Unavailable, "etcdserver: leader changed")
-}
-
-/// A refusal of the Raft core, as etcd's client sees it.
-pub fn refused(r: &Refused) -> ApiError {
-    match r {
-        Refused::NotLeader { leader: NONE } => no_leader(),
-        Refused::NotLeader { .. } | Refused::Transferring { .. } => leader_changed(),
-        other => ApiError::new(tonic::Code::Unavailable, format!("etcdserver: {other}")),
     }
 }
 

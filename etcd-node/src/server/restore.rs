@@ -23,7 +23,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, bail};
 use witness_core::{Seen, WitnessUrl};
 
-use super::{initial_members, initial_membership};
+use super::bootstrap::{initial_members, initial_membership};
 use crate::config::ServerConfig;
 use crate::mvcc::{self, DumpSummary, Mvcc};
 use crate::raft::KnownWitness;

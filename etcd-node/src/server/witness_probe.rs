@@ -15,8 +15,8 @@ use tokio::sync::watch;
 use witness_core::rules::{self, Caller};
 use witness_core::{Error, WitnessStore};
 
+use super::contract::Status;
 use super::metrics::Metrics;
-use super::node::Status;
 use super::witness_slot::WitnessSlot;
 
 /// A failure that lasts is logged again this often.

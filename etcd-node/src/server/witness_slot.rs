@@ -23,12 +23,15 @@ use std::time::{Duration, Instant};
 
 use etcd_client::proto::PbMember;
 use witness_core::url::BlobSasUri;
-use witness_core::{Witness, WitnessUrl};
+use witness_core::{Witness, WitnessStore, WitnessUrl};
 
+use super::contract::witness_member;
 use super::metrics::Metrics;
-use super::node::{SharedWitness, witness_member};
 use crate::raft::NodeId;
 use crate::witness::open_store;
+
+/// A witness-core client of the witness's storage, shared by concurrent steps.
+pub type SharedWitness = Arc<Witness<Arc<dyn WitnessStore>>>;
 
 /// Where this member finds the SAS token of a blob witness.
 #[derive(Debug, Clone, Default)]

@@ -18,14 +18,13 @@ use prost::Message;
 use tokio::sync::{broadcast, mpsc};
 use tonic::{Request, Response, Status, Streaming};
 
-use super::api::{Api, MAX_REQUEST_BYTES, internal, requires_leader};
 use super::auth::{Need, token_of};
-use super::node::no_leader;
+use super::handle::{Api, MAX_REQUEST_BYTES, internal, requires_leader};
 use crate::mvcc::events::{DELETE, PUT};
 use crate::mvcc::request::in_range;
+use crate::server::contract::no_leader;
+use crate::server::watch_hub::Batch;
 
-/// Batches the hub keeps for streams that are behind (beyond: catch-up from the history).
-const HUB_CAPACITY: usize = 256;
 /// Responses queued for a client before its stream stops reading batches.
 const STREAM_BUFFER: usize = 64;
 /// At most this many events in one response when replaying (a revision is never split unless
@@ -34,58 +33,6 @@ const REPLAY_CHUNK_BYTES: usize = 1024 * 1024;
 
 /// etcd's count of leaderless election timeouts before it ends require-leader streams.
 const NO_LEADER_CHECKS: u32 = 3;
-
-/// What one applied batch changed.
-#[derive(Debug)]
-pub struct Batch {
-    /// The store's revision after the batch.
-    pub revision: u64,
-    pub events: Vec<PbEvent>,
-    /// The key space was replaced (a snapshot was installed): the batches before it were not
-    /// all published, streams catch up from the history.
-    pub reset: bool,
-}
-
-/// Where the apply loop publishes batches for the watch streams.
-#[derive(Debug, Clone)]
-pub struct WatchHub {
-    tx: broadcast::Sender<Arc<Batch>>,
-}
-
-impl Default for WatchHub {
-    fn default() -> Self {
-        WatchHub {
-            tx: broadcast::channel(HUB_CAPACITY).0,
-        }
-    }
-}
-
-impl WatchHub {
-    /// Publishes the events of a batch just committed to the store (nothing when it changed
-    /// nothing).
-    pub fn publish(&self, events: Vec<PbEvent>, revision: u64) {
-        if !events.is_empty() {
-            let _ = self.tx.send(Arc::new(Batch {
-                revision,
-                events,
-                reset: false,
-            }));
-        }
-    }
-
-    /// The key space was replaced by a snapshot at `revision`.
-    pub fn reset(&self, revision: u64) {
-        let _ = self.tx.send(Arc::new(Batch {
-            revision,
-            events: Vec::new(),
-            reset: true,
-        }));
-    }
-
-    fn subscribe(&self) -> broadcast::Receiver<Arc<Batch>> {
-        self.tx.subscribe()
-    }
-}
 
 /// etcd's `WatchCreateRequest.FilterType`.
 const NOPUT: i32 = 0;
@@ -436,8 +383,14 @@ impl Stream {
     }
 }
 
+/// Watch, over the shared API handle.
+#[derive(Debug, Clone)]
+pub struct Watch {
+    pub api: Api,
+}
+
 #[tonic::async_trait]
-impl PbWatchService for Api {
+impl PbWatchService for Watch {
     type WatchStream = tokio_stream::wrappers::ReceiverStream<Result<PbWatchResponse, Status>>;
 
     async fn watch(
@@ -446,10 +399,10 @@ impl PbWatchService for Api {
     ) -> Result<Response<Self::WatchStream>, Status> {
         let (out, rx) = mpsc::channel(STREAM_BUFFER);
         // Subscribe before reading the revision: no batch after it can be missed.
-        let hub = self.watches.subscribe();
-        let revision = self.mvcc.position().map_err(internal)?.revision;
+        let hub = self.api.watches.subscribe();
+        let revision = self.api.mvcc.position().map_err(internal)?.revision;
         let stream = Stream {
-            api: self.clone(),
+            api: self.api.clone(),
             out: out.clone(),
             watchers: BTreeMap::new(),
             next_id: 0,
@@ -457,7 +410,7 @@ impl PbWatchService for Api {
             token: token_of(request.metadata()),
             require_leader: requires_leader(request.metadata()),
         };
-        let every = self.watch_progress;
+        let every = self.api.watch_progress;
         let requests = request.into_inner();
         tokio::spawn(async move {
             if let Err(End::Failed(status)) = stream.run(requests, hub, every).await {

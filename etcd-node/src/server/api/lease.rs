@@ -13,10 +13,10 @@ use etcd_client::proto::{
 use tokio::sync::mpsc;
 use tonic::{Request, Response, Status, Streaming};
 
-use super::api::{Api, internal};
 use super::auth::token_of;
-use super::node::Input;
+use super::handle::{Api, internal};
 use crate::mvcc::{Op, Response as Applied};
+use crate::server::contract::Input;
 
 /// etcd's minimum lease TTL: one and a half election timeouts, in whole seconds (rounded up).
 pub fn min_lease_ttl(election_timeout: Duration) -> i64 {
@@ -32,20 +32,26 @@ impl Api {
     }
 }
 
+/// Lease, over the shared API handle.
+#[derive(Debug, Clone)]
+pub struct Lease {
+    pub api: Api,
+}
+
 #[tonic::async_trait]
-impl PbLeaseService for Api {
+impl PbLeaseService for Lease {
     async fn lease_grant(
         &self,
         request: Request<PbLeaseGrantRequest>,
     ) -> Result<Response<PbLeaseGrantResponse>, Status> {
-        self.rights(token_of(request.metadata()).as_deref())?;
+        self.api.rights(token_of(request.metadata()).as_deref())?;
         let mut req = request.into_inner();
         if req.id == 0 {
             // Positive and non-zero, as etcd's generated ids.
             req.id = (rand::random::<i64>() & i64::MAX).max(1);
         }
-        req.ttl = req.ttl.max(self.min_lease_ttl);
-        match self.propose(Op::LeaseGrant(req)).await? {
+        req.ttl = req.ttl.max(self.api.min_lease_ttl);
+        match self.api.propose(Op::LeaseGrant(req)).await? {
             Applied::LeaseGrant(r) => Ok(Response::new(r)),
             other => Err(internal(format!("unexpected result {other:?}"))),
         }
@@ -56,10 +62,15 @@ impl PbLeaseService for Api {
         request: Request<PbLeaseRevokeRequest>,
     ) -> Result<Response<PbLeaseRevokeResponse>, Status> {
         let token = token_of(request.metadata());
-        if self.mvcc.auth_enabled() {
-            self.authorize_lease_keys(token.as_deref(), &[request.get_ref().id], true)?;
+        if self.api.mvcc.auth_enabled() {
+            self.api
+                .authorize_lease_keys(token.as_deref(), &[request.get_ref().id], true)?;
         }
-        match self.propose(Op::LeaseRevoke(request.into_inner())).await? {
+        match self
+            .api
+            .propose(Op::LeaseRevoke(request.into_inner()))
+            .await?
+        {
             Applied::LeaseRevoke(r) => Ok(Response::new(r)),
             other => Err(internal(format!("unexpected result {other:?}"))),
         }
@@ -72,10 +83,10 @@ impl PbLeaseService for Api {
         &self,
         request: Request<Streaming<PbLeaseKeepAliveRequest>>,
     ) -> Result<Response<Self::LeaseKeepAliveStream>, Status> {
-        self.rights(token_of(request.metadata()).as_deref())?;
+        self.api.rights(token_of(request.metadata()).as_deref())?;
         let mut requests = request.into_inner();
         let (out, rx) = mpsc::channel(16);
-        let api = self.clone();
+        let api = self.api.clone();
         tokio::spawn(async move {
             while let Ok(Some(r)) = requests.message().await {
                 let answer = match api.ask_lease(r.id, true).await {
@@ -105,18 +116,20 @@ impl PbLeaseService for Api {
         let token = token_of(request.metadata());
         let req = request.into_inner();
         let listed = if req.keys { vec![req.id] } else { Vec::new() };
-        let keys = self.authorize_lease_keys(token.as_deref(), &listed, false)?;
-        let Some((ttl, granted_ttl)) = self.ask_lease(req.id, false).await? else {
+        let keys = self
+            .api
+            .authorize_lease_keys(token.as_deref(), &listed, false)?;
+        let Some((ttl, granted_ttl)) = self.api.ask_lease(req.id, false).await? else {
             // etcd answers an unknown lease with TTL -1, not an error.
             return Ok(Response::new(PbLeaseTimeToLiveResponse {
-                header: self.current_header(),
+                header: self.api.current_header(),
                 id: req.id,
                 ttl: -1,
                 ..Default::default()
             }));
         };
         Ok(Response::new(PbLeaseTimeToLiveResponse {
-            header: self.current_header(),
+            header: self.api.current_header(),
             id: req.id,
             ttl,
             granted_ttl,
@@ -128,10 +141,10 @@ impl PbLeaseService for Api {
         &self,
         request: Request<PbLeaseLeasesRequest>,
     ) -> Result<Response<PbLeaseLeasesResponse>, Status> {
-        self.rights(token_of(request.metadata()).as_deref())?;
-        let leases = self.mvcc.leases().map_err(internal)?;
+        self.api.rights(token_of(request.metadata()).as_deref())?;
+        let leases = self.api.mvcc.leases().map_err(internal)?;
         Ok(Response::new(PbLeaseLeasesResponse {
-            header: self.current_header(),
+            header: self.api.current_header(),
             leases: leases
                 .into_iter()
                 .map(|(id, _)| PbLeaseStatus { id })

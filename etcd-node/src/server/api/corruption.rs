@@ -15,7 +15,7 @@ use etcd_client::proto::{PbAlarmRequest, PbHashKvRequest, PbHashKvResponse};
 use tonic::codegen::http::uri::PathAndQuery;
 use tonic::transport::Endpoint;
 
-use super::api::Api;
+use super::handle::Api;
 use crate::mvcc::Op;
 use crate::raft::NodeId;
 

@@ -19,7 +19,7 @@ use sha2::Sha256;
 use tonic::metadata::MetadataMap;
 use tonic::{Request, Response, Status};
 
-use super::api::{Api, internal};
+use super::handle::{Api, internal};
 use pb::auth_server::Auth as PbAuthService;
 use pb::{AuthStatusRequest as PbAuthStatusRequest, AuthStatusResponse as PbAuthStatusResponse};
 
@@ -307,18 +307,25 @@ async fn hash_password(password: String) -> Result<String, Status> {
         .map_err(internal)
 }
 
+/// Auth, over the shared API handle.
+#[derive(Debug, Clone)]
+pub struct Auth {
+    pub api: Api,
+}
+
 #[tonic::async_trait]
-impl PbAuthService for Api {
+impl PbAuthService for Auth {
     async fn auth_enable(
         &self,
         request: Request<PbAuthEnableRequest>,
     ) -> Result<Response<PbAuthEnableResponse>, Status> {
         let secret: [u8; 32] = rand::random();
         let token = token_of(request.metadata());
-        self.change(token, AuthOp::Enable(secret.to_vec()), |header| {
-            PbAuthEnableResponse { header }
-        })
-        .await
+        self.api
+            .change(token, AuthOp::Enable(secret.to_vec()), |header| {
+                PbAuthEnableResponse { header }
+            })
+            .await
     }
 
     async fn auth_disable(
@@ -326,10 +333,11 @@ impl PbAuthService for Api {
         request: Request<PbAuthDisableRequest>,
     ) -> Result<Response<PbAuthDisableResponse>, Status> {
         let token = token_of(request.metadata());
-        self.change(token, AuthOp::Disable(true), |header| {
-            PbAuthDisableResponse { header }
-        })
-        .await
+        self.api
+            .change(token, AuthOp::Disable(true), |header| {
+                PbAuthDisableResponse { header }
+            })
+            .await
     }
 
     async fn auth_status(
@@ -337,14 +345,15 @@ impl PbAuthService for Api {
         _: Request<PbAuthStatusRequest>,
     ) -> Result<Response<PbAuthStatusResponse>, Status> {
         let revision = self
+            .api
             .mvcc
             .auth_row("revision")
             .map_err(internal)?
             .and_then(|v| v.try_into().ok().map(u64::from_le_bytes))
             .unwrap_or(0);
         Ok(Response::new(PbAuthStatusResponse {
-            header: self.current_header(),
-            enabled: self.mvcc.auth_enabled(),
+            header: self.api.current_header(),
+            enabled: self.api.mvcc.auth_enabled(),
             auth_revision: revision,
         }))
     }
@@ -356,13 +365,14 @@ impl PbAuthService for Api {
         request: Request<PbAuthenticateRequest>,
     ) -> Result<Response<PbAuthenticateResponse>, Status> {
         let req = request.into_inner();
-        self.barrier().await?;
-        if !self.mvcc.auth_enabled() {
+        self.api.barrier().await?;
+        if !self.api.mvcc.auth_enabled() {
             return Err(Status::failed_precondition(
                 "etcdserver: authentication is not enabled",
             ));
         }
         let user = self
+            .api
             .stored::<StoredUser>(&user_key(&req.name))?
             .ok_or_else(failed_authentication)?;
         if user.password_hash.is_empty() {
@@ -377,12 +387,13 @@ impl PbAuthService for Api {
             return Err(failed_authentication());
         }
         let secret = self
+            .api
             .mvcc
             .auth_row("secret")
             .map_err(internal)?
             .ok_or_else(|| internal("auth is on but has no token secret"))?;
         Ok(Response::new(PbAuthenticateResponse {
-            header: self.current_header(),
+            header: self.api.current_header(),
             token: sign(&secret, &user),
         }))
     }
@@ -392,30 +403,33 @@ impl PbAuthService for Api {
         request: Request<PbAuthUserAddRequest>,
     ) -> Result<Response<PbAuthUserAddResponse>, Status> {
         let token = token_of(request.metadata());
-        self.require_root(token.as_deref())?;
+        self.api.require_root(token.as_deref())?;
         let mut req = request.into_inner();
         let no_password = req.options.as_ref().is_some_and(|o| o.no_password);
         if req.hashed_password.is_empty() && !no_password {
             req.hashed_password = hash_password(std::mem::take(&mut req.password)).await?;
         }
         req.password.clear();
-        self.change(token, AuthOp::UserAdd(req), |header| {
-            PbAuthUserAddResponse { header }
-        })
-        .await
+        self.api
+            .change(token, AuthOp::UserAdd(req), |header| {
+                PbAuthUserAddResponse { header }
+            })
+            .await
     }
 
     async fn user_get(
         &self,
         request: Request<PbAuthUserGetRequest>,
     ) -> Result<Response<PbAuthUserGetResponse>, Status> {
-        self.require_root(token_of(request.metadata()).as_deref())?;
+        self.api
+            .require_root(token_of(request.metadata()).as_deref())?;
         let name = &request.get_ref().name;
         let user = self
+            .api
             .stored::<StoredUser>(&user_key(name))?
             .ok_or_else(|| Status::failed_precondition("etcdserver: user name not found"))?;
         Ok(Response::new(PbAuthUserGetResponse {
-            header: self.current_header(),
+            header: self.api.current_header(),
             roles: user.roles,
         }))
     }
@@ -424,10 +438,11 @@ impl PbAuthService for Api {
         &self,
         request: Request<PbAuthUserListRequest>,
     ) -> Result<Response<PbAuthUserListResponse>, Status> {
-        self.require_root(token_of(request.metadata()).as_deref())?;
+        self.api
+            .require_root(token_of(request.metadata()).as_deref())?;
         Ok(Response::new(PbAuthUserListResponse {
-            header: self.current_header(),
-            users: self.names("user/")?,
+            header: self.api.current_header(),
+            users: self.api.names("user/")?,
         }))
     }
 
@@ -437,7 +452,8 @@ impl PbAuthService for Api {
     ) -> Result<Response<PbAuthUserDeleteResponse>, Status> {
         let token = token_of(request.metadata());
         let op = AuthOp::UserDelete(request.into_inner());
-        self.change(token, op, |header| PbAuthUserDeleteResponse { header })
+        self.api
+            .change(token, op, |header| PbAuthUserDeleteResponse { header })
             .await
     }
 
@@ -446,17 +462,18 @@ impl PbAuthService for Api {
         request: Request<PbAuthUserChangePasswordRequest>,
     ) -> Result<Response<PbAuthUserChangePasswordResponse>, Status> {
         let token = token_of(request.metadata());
-        self.require_root(token.as_deref())?;
+        self.api.require_root(token.as_deref())?;
         let mut req = request.into_inner();
         if req.hashed_password.is_empty() {
             req.hashed_password = hash_password(std::mem::take(&mut req.password)).await?;
         }
         req.password.clear();
         let op = AuthOp::UserChangePassword(req);
-        self.change(token, op, |header| PbAuthUserChangePasswordResponse {
-            header,
-        })
-        .await
+        self.api
+            .change(token, op, |header| PbAuthUserChangePasswordResponse {
+                header,
+            })
+            .await
     }
 
     async fn user_grant_role(
@@ -465,7 +482,8 @@ impl PbAuthService for Api {
     ) -> Result<Response<PbAuthUserGrantRoleResponse>, Status> {
         let token = token_of(request.metadata());
         let op = AuthOp::UserGrantRole(request.into_inner());
-        self.change(token, op, |header| PbAuthUserGrantRoleResponse { header })
+        self.api
+            .change(token, op, |header| PbAuthUserGrantRoleResponse { header })
             .await
     }
 
@@ -475,7 +493,8 @@ impl PbAuthService for Api {
     ) -> Result<Response<PbAuthUserRevokeRoleResponse>, Status> {
         let token = token_of(request.metadata());
         let op = AuthOp::UserRevokeRole(request.into_inner());
-        self.change(token, op, |header| PbAuthUserRevokeRoleResponse { header })
+        self.api
+            .change(token, op, |header| PbAuthUserRevokeRoleResponse { header })
             .await
     }
 
@@ -485,7 +504,8 @@ impl PbAuthService for Api {
     ) -> Result<Response<PbAuthRoleAddResponse>, Status> {
         let token = token_of(request.metadata());
         let op = AuthOp::RoleAdd(request.into_inner());
-        self.change(token, op, |header| PbAuthRoleAddResponse { header })
+        self.api
+            .change(token, op, |header| PbAuthRoleAddResponse { header })
             .await
     }
 
@@ -493,9 +513,11 @@ impl PbAuthService for Api {
         &self,
         request: Request<PbAuthRoleGetRequest>,
     ) -> Result<Response<PbAuthRoleGetResponse>, Status> {
-        self.require_root(token_of(request.metadata()).as_deref())?;
+        self.api
+            .require_root(token_of(request.metadata()).as_deref())?;
         let name = &request.get_ref().role;
         let role = self
+            .api
             .stored::<StoredRole>(&role_key(name))?
             .ok_or_else(|| Status::failed_precondition("etcdserver: role name not found"))?;
         // etcd's Permission has the same fields and numbers as ours.
@@ -506,7 +528,7 @@ impl PbAuthService for Api {
             .collect::<Result<_, _>>()
             .map_err(internal)?;
         Ok(Response::new(PbAuthRoleGetResponse {
-            header: self.current_header(),
+            header: self.api.current_header(),
             perm,
         }))
     }
@@ -515,10 +537,11 @@ impl PbAuthService for Api {
         &self,
         request: Request<PbAuthRoleListRequest>,
     ) -> Result<Response<PbAuthRoleListResponse>, Status> {
-        self.require_root(token_of(request.metadata()).as_deref())?;
+        self.api
+            .require_root(token_of(request.metadata()).as_deref())?;
         Ok(Response::new(PbAuthRoleListResponse {
-            header: self.current_header(),
-            roles: self.names("role/")?,
+            header: self.api.current_header(),
+            roles: self.api.names("role/")?,
         }))
     }
 
@@ -528,7 +551,8 @@ impl PbAuthService for Api {
     ) -> Result<Response<PbAuthRoleDeleteResponse>, Status> {
         let token = token_of(request.metadata());
         let op = AuthOp::RoleDelete(request.into_inner());
-        self.change(token, op, |header| PbAuthRoleDeleteResponse { header })
+        self.api
+            .change(token, op, |header| PbAuthRoleDeleteResponse { header })
             .await
     }
 
@@ -538,10 +562,11 @@ impl PbAuthService for Api {
     ) -> Result<Response<PbAuthRoleGrantPermissionResponse>, Status> {
         let token = token_of(request.metadata());
         let op = AuthOp::RoleGrantPermission(request.into_inner());
-        self.change(token, op, |header| PbAuthRoleGrantPermissionResponse {
-            header,
-        })
-        .await
+        self.api
+            .change(token, op, |header| PbAuthRoleGrantPermissionResponse {
+                header,
+            })
+            .await
     }
 
     async fn role_revoke_permission(
@@ -550,10 +575,11 @@ impl PbAuthService for Api {
     ) -> Result<Response<PbAuthRoleRevokePermissionResponse>, Status> {
         let token = token_of(request.metadata());
         let op = AuthOp::RoleRevokePermission(request.into_inner());
-        self.change(token, op, |header| PbAuthRoleRevokePermissionResponse {
-            header,
-        })
-        .await
+        self.api
+            .change(token, op, |header| PbAuthRoleRevokePermissionResponse {
+                header,
+            })
+            .await
     }
 }
 

@@ -1,0 +1,219 @@
+//! The handle every client service shares: the way into the Raft loop (`server::contract`),
+//! this member's key space, and the helpers the services have in common (proposing a write,
+//! waiting for a linearizable read's index, response headers, `/health`).
+
+use std::sync::Arc;
+use std::sync::mpsc::Sender;
+use std::time::Duration;
+
+use etcd_client::proto::*;
+use tokio::sync::{oneshot, watch as status_watch};
+use tonic::{Request, Status};
+
+use crate::mvcc::{ApiError, Mvcc, Op, Proposal, Response as Applied, check, needs_space};
+use crate::raft::NodeId;
+use crate::server::contract::{Announced, ClientUrls, Input, Status as NodeStatus, no_leader};
+use crate::server::metrics::Metrics;
+use crate::server::watch_hub::WatchHub;
+
+/// etcd's default `--max-request-bytes`.
+pub const MAX_REQUEST_BYTES: usize = 1536 * 1024;
+/// How long Status reports a failed witness step (unless a later step succeeds).
+pub(super) const WITNESS_ERROR_WINDOW: Duration = Duration::from_secs(30);
+/// The version reported by Status: etcd clients check it (this API matches etcd 3.5's).
+pub const VERSION: &str = "3.5.17";
+
+/// What every API handler shares.
+#[derive(Debug, Clone)]
+pub struct Api {
+    pub inputs: Sender<Input>,
+    pub status: status_watch::Receiver<NodeStatus>,
+    pub mvcc: Arc<Mvcc>,
+    pub cluster_id: u64,
+    pub member_id: NodeId,
+    pub client_urls: ClientUrls,
+    /// This member's name and client URLs.
+    pub own: Announced,
+    pub metrics: Arc<Metrics>,
+    pub request_timeout: Duration,
+    pub watches: WatchHub,
+    /// The shortest TTL a lease is granted (a shorter request gets this).
+    pub min_lease_ttl: i64,
+    /// How often watchers that asked for it get a progress notification.
+    pub watch_progress: Duration,
+    /// `--quota-backend-bytes`: past it, writes are refused and NOSPACE is raised.
+    pub quota_bytes: u64,
+    /// `--election-timeout` (a require-leader watch ends after three of them without a leader).
+    pub election_timeout: Duration,
+    /// Where this member finds a blob witness's SAS token.
+    pub credentials: crate::server::witness_slot::Credentials,
+}
+
+/// Did the client ask for etcd's `WithRequireLeader` (metadata `hasleader: true`)?
+pub fn requires_leader(metadata: &tonic::metadata::MetadataMap) -> bool {
+    metadata.get("hasleader").is_some_and(|v| v == "true")
+}
+
+/// etcd's require-leader check, run before every client call: a call that asks for it fails
+/// with `etcdserver: no leader` while this member knows no leader, serializable reads and the
+/// opening of streams included (without it, a serializable read is served without a leader).
+pub fn leader_check(
+    status: status_watch::Receiver<NodeStatus>,
+) -> impl FnMut(Request<()>) -> Result<Request<()>, Status> + Clone {
+    move |request| {
+        if requires_leader(request.metadata()) && status.borrow().leader == 0 {
+            return Err(no_leader().into());
+        }
+        Ok(request)
+    }
+}
+
+pub(super) fn internal(e: impl std::fmt::Display) -> Status {
+    Status::internal(e.to_string())
+}
+
+pub(super) fn timed_out() -> Status {
+    Status::unavailable("etcdserver: request timed out")
+}
+
+/// The Raft loop is gone: the server is stopping.
+pub(super) fn stopped() -> Status {
+    Status::unavailable("etcdserver: server stopped")
+}
+
+impl Api {
+    pub(super) fn header(&self, revision: i64) -> Option<PbResponseHeader> {
+        Some(PbResponseHeader {
+            cluster_id: self.cluster_id,
+            member_id: self.member_id,
+            revision,
+            raft_term: self.status.borrow().term,
+        })
+    }
+
+    /// A header at this member's newest revision.
+    pub(super) fn current_header(&self) -> Option<PbResponseHeader> {
+        let revision = self.mvcc.position().map_or(0, |p| p.revision);
+        self.header(revision as i64)
+    }
+
+    /// Fails at once when there is no leader (etcd's "no leader", not a hang).
+    pub(super) fn require_leader(&self) -> Result<(), Status> {
+        if self.status.borrow().leader == 0 {
+            return Err(no_leader().into());
+        }
+        Ok(())
+    }
+
+    /// Hands the Raft loop `input` (built around the reply channel) and waits for its answer,
+    /// at most the request timeout.
+    pub(super) async fn ask<T>(
+        &self,
+        input: impl FnOnce(oneshot::Sender<Result<T, ApiError>>) -> Input,
+    ) -> Result<T, Status> {
+        let (reply, rx) = oneshot::channel();
+        self.inputs.send(input(reply)).map_err(|_| stopped())?;
+        match tokio::time::timeout(self.request_timeout, rx).await {
+            Ok(Ok(r)) => Ok(r?),
+            Ok(Err(_)) | Err(_) => Err(timed_out()),
+        }
+    }
+
+    pub(super) async fn propose(&self, op: Op) -> Result<Applied, Status> {
+        check(&op)?;
+        self.require_leader()?;
+        let space = needs_space(&op);
+        let proposal = Proposal {
+            id: 0,
+            op: Some(op),
+        };
+        let size = prost::Message::encoded_len(&proposal);
+        if size > MAX_REQUEST_BYTES {
+            return Err(ApiError::invalid("etcdserver: request is too large").into());
+        }
+        // As etcd: a write that would take the file past the quota raises NOSPACE for this
+        // member (through Raft, so every member then refuses such writes) and is refused.
+        // (Twice the request: the record goes into the history and the live-key table.)
+        if space && self.mvcc.db_size() + 2 * size as u64 > self.quota_bytes {
+            let raise = PbAlarmRequest {
+                action: 1,
+                member_id: self.member_id,
+                alarm: 1,
+            };
+            let raised = self.mvcc.alarms().map_err(internal)?;
+            let mine = |a: &PbAlarmMember| (a.member_id, a.alarm) == (raise.member_id, raise.alarm);
+            if !raised.iter().any(mine)
+                && let Err(e) = Box::pin(self.propose(Op::Alarm(raise))).await
+            {
+                tracing::warn!(error = %e, "could not raise the NOSPACE alarm");
+            }
+            tracing::warn!(
+                quota = self.quota_bytes,
+                size = self.mvcc.db_size(),
+                "refused a write: the key space reached --quota-backend-bytes (NOSPACE raised)"
+            );
+            return Err(ApiError::no_space().into());
+        }
+        let mut applied = self.ask(|reply| Input::Propose { proposal, reply }).await?;
+        let h = applied.header_mut();
+        *h = self.header(h.as_ref().map_or(0, |h| h.revision));
+        Ok(applied)
+    }
+
+    /// Waits until this member has applied everything committed before the call: after it,
+    /// a local read is linearizable.
+    pub async fn barrier(&self) -> Result<(), Status> {
+        self.require_leader()?;
+        let (reply, rx) = oneshot::channel();
+        self.inputs
+            .send(Input::Read { reply })
+            .map_err(|_| stopped())?;
+        let wait = async {
+            let index = rx.await.map_err(|_| timed_out())??;
+            let mut status = self.status.clone();
+            status
+                .wait_for(|s| s.applied >= index)
+                .await
+                .map_err(|_| stopped())?;
+            Ok::<_, Status>(())
+        };
+        tokio::time::timeout(self.request_timeout, wait)
+            .await
+            .map_err(|_| timed_out())?
+    }
+
+    /// `/health`: healthy when there is a leader, the witness (if any) is well, and a
+    /// linearizable read succeeds. A witness that is unreadable or lost makes the member
+    /// unhealthy although it serves: the cluster has lost its tie-breaker, which it needs as soon
+    /// as a member fails.
+    pub async fn health(&self) -> (bool, String) {
+        let witness = self.metrics.witness_problem(WITNESS_ERROR_WINDOW);
+        if self.status.borrow().leader == 0 {
+            // etcd's reason, then why the witness cannot help (e.g. it refused this member's
+            // vote: which member must come back).
+            let reason = match witness {
+                Some(why) => format!("RAFT NO LEADER; WITNESS: {why}"),
+                None => "RAFT NO LEADER".into(),
+            };
+            return (false, reason);
+        }
+        if let Some(why) = witness {
+            return (false, format!("WITNESS: {why}"));
+        }
+        match self.barrier().await {
+            Ok(()) => (true, String::new()),
+            Err(s) => (false, s.message().to_string()),
+        }
+    }
+
+    pub fn metrics_text(&self) -> String {
+        self.metrics
+            .render(&self.status.borrow(), self.mvcc.db_size())
+    }
+}
+
+pub(super) fn not_yet(what: &str) -> Status {
+    Status::unimplemented(format!(
+        "etcd-node does not support {what} yet (docs/operations.md lists what is supported)"
+    ))
+}

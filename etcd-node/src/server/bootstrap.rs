@@ -1,0 +1,629 @@
+//! Starting and stopping a member: opens its storage (WAL, snapshots, key space), joins or
+//! bootstraps the cluster, starts the Raft loop thread, the peer transport and the client API
+//! on the client URLs (gRPC plus `/health` and `/metrics`), and stops them on shutdown.
+
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use axum::routing::get;
+use etcd_client::proto::PbMember;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tonic::service::Routes;
+use tonic::transport::server::TcpIncoming;
+
+use super::api::{self, Api};
+use super::contract::{self, Announced, Input, Status};
+use super::driver::Driver;
+use super::lessor::Lessor;
+use super::metrics::Metrics;
+use super::node::{Effects, Pending, RaftLoop};
+use super::peer::{self, Identity, MAX_FRAME_BYTES, PeerService, Peers};
+use super::watch_hub::WatchHub;
+use super::witness_probe;
+use super::witness_slot::{Credentials, WitnessSlot};
+use crate::config::{ClusterState, HttpUrl, PeerUrls, ServerConfig};
+use crate::mvcc::Mvcc;
+use crate::raft::{self, KnownWitness, Membership, Raft, Storage};
+use crate::storage::disk::DiskStorage;
+use crate::witness::{Unread, load_within};
+
+/// Accepted connections without Nagle's algorithm: a small response must not wait for the
+/// peer's delayed ACK (40-200 ms per request for a lone client otherwise).
+fn incoming(listener: TcpListener) -> TcpIncoming {
+    TcpIncoming::from(listener).with_nodelay(Some(true))
+}
+
+/// Binds every address of every URL of `flag`.
+async fn bind(flag: &str, urls: &[HttpUrl]) -> anyhow::Result<Vec<TcpListener>> {
+    let mut listeners = Vec::new();
+    for url in urls {
+        let addrs: Vec<SocketAddr> = url.socket_addrs().map_err(anyhow::Error::msg)?;
+        for addr in addrs {
+            let l = TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("{flag} {}: cannot listen on {addr}", url.text))?;
+            listeners.push(l);
+        }
+    }
+    Ok(listeners)
+}
+
+/// This member's and its cluster's ids.
+#[derive(Debug, Clone, Copy)]
+struct Ids {
+    member: u64,
+    cluster: u64,
+}
+
+/// The member's storage, opened (bootstrapped for a new cluster, or set up to join a running
+/// one), and the ids it stores.
+async fn open_storage(cfg: &ServerConfig) -> anyhow::Result<(DiskStorage, Arc<Mvcc>, Ids)> {
+    let member_dir = cfg.data_dir.join("member");
+    std::fs::create_dir_all(&member_dir)
+        .with_context(|| format!("--data-dir: cannot create {}", member_dir.display()))?;
+    let (mut disk, report) = DiskStorage::open(&member_dir)?;
+    if report.torn_bytes > 0 {
+        tracing::warn!(
+            bytes = report.torn_bytes,
+            "discarded a torn WAL tail (a batch never acknowledged)"
+        );
+    }
+    for s in &report.rejected_snapshots {
+        tracing::warn!(snapshot = %s, "skipped a snapshot file that failed its checks");
+    }
+    let mvcc = Arc::new(Mvcc::open(&member_dir.join("kv.redb"))?);
+    let bootstrapped_now = disk.is_empty();
+    if bootstrapped_now {
+        match cfg.initial_cluster_state {
+            ClusterState::New => {
+                // Everything is checked before anything is written: a start that fails here
+                // leaves no bootstrapped data directory behind (the next start, with corrected
+                // flags, bootstraps afresh).
+                let membership = initial_membership(cfg)?;
+                let witness = read_witness_at_bootstrap(cfg, cfg.cluster_id).await?;
+                mvcc.seed_members(&initial_members(cfg))?;
+                mvcc.set_identity(cfg.member_id, cfg.cluster_id)?;
+                disk.bootstrap(membership, witness, Vec::new())?;
+                tracing::info!(
+                    members = cfg.initial_cluster.len(),
+                    "bootstrapped a new cluster"
+                );
+            }
+            ClusterState::Existing => {
+                let (ids, members) = join(cfg).await?;
+                mvcc.seed_members(&members)?;
+                mvcc.set_identity(ids.member, ids.cluster)?;
+                tracing::info!(
+                    member = format!("{:x}", ids.member),
+                    cluster = format!("{:x}", ids.cluster),
+                    "joining a running cluster; waiting for the leader's snapshot"
+                );
+            }
+        }
+    }
+    let ids = match mvcc.identity()? {
+        (0, _) => {
+            // A data directory from before the ids were stored: they are the flags' ones.
+            mvcc.seed_members(&initial_members(cfg))?;
+            mvcc.set_identity(cfg.member_id, cfg.cluster_id)?;
+            Ids {
+                member: cfg.member_id,
+                cluster: cfg.cluster_id,
+            }
+        }
+        (member, cluster) => Ids { member, cluster },
+    };
+    if !bootstrapped_now {
+        warn_if_flags_ignored(cfg, &mvcc.members()?);
+    }
+    let snapshot = disk.snapshot();
+    if mvcc.position()?.applied < snapshot.meta.index && !snapshot.data.is_empty() {
+        // A crash between saving a received snapshot and restoring the key space from it.
+        mvcc.restore(&snapshot.data, snapshot.meta.index)?;
+    }
+    if cfg.force_new_cluster {
+        if bootstrapped_now {
+            bail!(
+                "--force-new-cluster restarts an existing member from its data; {} holds none \
+                 (point --data-dir at the member's data directory)",
+                cfg.data_dir.display()
+            );
+        }
+        super::force::force_new_cluster(&mut disk, &mvcc, ids.member, &credentials(cfg)).await?;
+    }
+    // Only a key space that has applied everything the log committed knows the final member
+    // list (a member whose own addition is still to be replayed is not missing from it); a
+    // removal still in the log stops the member when it is replayed.
+    let caught_up = mvcc.position()?.applied >= disk.hard_state().commit;
+    if !disk.is_empty() && caught_up && !mvcc.members()?.iter().any(|m| m.id == ids.member) {
+        bail!(
+            "member {:x} was removed from the cluster; its data directory {} must not be used \
+             again (remove it, then `etcdctl member add` and start with \
+             --initial-cluster-state existing to rejoin)",
+            ids.member,
+            cfg.data_dir.display()
+        );
+    }
+    Ok((disk, mvcc, ids))
+}
+
+/// A new member's first reading of the witness `--initial-cluster` names, before it writes
+/// anything: the witness must be initialised, readable and not bound to another cluster. Its
+/// generation is what the member is bound to from now on: a witness wiped and initialised again
+/// later is refused (`witness_core::rules::check_history`).
+pub(crate) async fn read_witness_at_bootstrap(
+    cfg: &ServerConfig,
+    cluster_id: u64,
+) -> anyhow::Result<Option<KnownWitness>> {
+    let Some((member, url)) = cfg.witness() else {
+        return Ok(None);
+    };
+    let name = &member.name;
+    let nothing_written = format!(
+        "nothing was written to --data-dir {}; fix this and start again",
+        cfg.data_dir.display()
+    );
+    let resolved = credentials(cfg)
+        .resolve(url)
+        .map_err(|e| anyhow::anyhow!("--initial-cluster {name}={url}: {e}; {nothing_written}"))?;
+    let (location, loaded) = load_within(&resolved, BOOTSTRAP_WITNESS_TIMEOUT)
+        .await
+        .map_err(|unread| match unread {
+            Unread::TimedOut { .. } => anyhow::anyhow!(
+                "--initial-cluster {name}={url}: the witness storage did not answer within {:?} (share not mounted, blob host unreachable?); {nothing_written}",
+                BOOTSTRAP_WITNESS_TIMEOUT
+            ),
+            Unread::Open(e) | Unread::Load(e) => anyhow::Error::from(e)
+                .context(format!("--initial-cluster {name}={url}: {nothing_written}")),
+        })?;
+    let Some(loaded) = loaded else {
+        bail!(
+            "--initial-cluster {name}={url}: the witness is not initialised; initialise it once, before the cluster's first start: `etcdutl witness init --name {name} --advertise-peer-url '{url}'`; {nothing_written}"
+        );
+    };
+    let state = loaded.state;
+    if state.cluster_id != 0 && state.cluster_id != cluster_id {
+        bail!(
+            "--initial-cluster {name}={url}: {}; {nothing_written}",
+            witness_core::Error::WrongCluster {
+                location,
+                stored: state.cluster_id,
+                requested: cluster_id,
+            }
+        );
+    }
+    tracing::info!(
+        witness = %name,
+        generation = format!("{:x}", state.generation),
+        "read the witness: this member is bound to its generation"
+    );
+    Ok(Some(KnownWitness {
+        id: member.id,
+        seen: witness_core::Seen::of(&state),
+    }))
+}
+
+/// Where this member finds its witness's SAS token (never in the replicated member list).
+pub(crate) fn credentials(cfg: &ServerConfig) -> Credentials {
+    Credentials {
+        sas_file: cfg.witness_sas_file.clone(),
+        initial: cfg.witness().map(|(_, u)| u.clone()),
+    }
+}
+
+/// How long a new member waits for its first reading of the witness.
+const BOOTSTRAP_WITNESS_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// A data directory's stored member list wins over `--initial-cluster` (as in etcd): when the
+/// flag names other members or URLs, say so, and how to change the members, rather than let a
+/// corrected flag be ignored in silence.
+fn warn_if_flags_ignored(cfg: &ServerConfig, stored: &[PbMember]) {
+    let urls = |members: &[PbMember]| -> BTreeSet<String> {
+        members
+            .iter()
+            .flat_map(|m| {
+                m.peer_ur_ls
+                    .iter()
+                    .map(|u| format!("{}={}", m.name, witness_core::url::redact(u)))
+            })
+            .collect()
+    };
+    let (flags, stored) = (urls(&initial_members(cfg)), urls(stored));
+    let ignored: Vec<&String> = flags.difference(&stored).collect();
+    if ignored.is_empty() {
+        return;
+    }
+    tracing::warn!(
+        "--data-dir {} already holds this member's data: its stored member list wins, and \
+         --initial-cluster entries it does not hold ({}) are ignored, as etcd does. Change \
+         members with `etcdctl member add|remove` (for the witness: docs/operations.md, \
+         \"Moving or replacing the witness\"), or start from an empty --data-dir to bootstrap anew",
+        cfg.data_dir.display(),
+        ignored
+            .iter()
+            .map(|u| u.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+}
+
+/// The members `--initial-cluster` names, as the key space stores them.
+pub(crate) fn initial_members(cfg: &ServerConfig) -> Vec<PbMember> {
+    cfg.initial_cluster
+        .iter()
+        .map(|m| PbMember {
+            id: m.id,
+            name: m.name.clone(),
+            peer_ur_ls: m.peer_texts.clone(),
+            ..Default::default()
+        })
+        .collect()
+}
+
+/// The voters `--initial-cluster` names.
+pub(crate) fn initial_membership(cfg: &ServerConfig) -> anyhow::Result<Membership> {
+    let regular = cfg
+        .initial_cluster
+        .iter()
+        .filter(|m| matches!(m.peer, PeerUrls::Regular(_)))
+        .map(|m| m.id);
+    let witness = cfg.witness().map(|(m, _)| m.id);
+    Membership::new(regular, witness).map_err(|e| anyhow::anyhow!("--initial-cluster: {e}"))
+}
+
+/// For `--initial-cluster-state existing` on an empty data directory: asks the running members
+/// named in `--initial-cluster` for the cluster's id and members, and finds this member among
+/// them by its peer URLs (it must have been added with `etcdctl member add`).
+async fn join(cfg: &ServerConfig) -> anyhow::Result<(Ids, Vec<PbMember>)> {
+    let mine: BTreeSet<&str> = cfg
+        .initial_advertise_peer_urls
+        .iter()
+        .map(|u| u.text.as_str())
+        .collect();
+    let mut tried = Vec::new();
+    for m in &cfg.initial_cluster {
+        let PeerUrls::Regular(urls) = &m.peer else {
+            continue;
+        };
+        for url in urls.iter().filter(|u| !mine.contains(u.text.as_str())) {
+            match peer::fetch_members(&url.text).await {
+                Ok((cluster, members)) => {
+                    let me = members.iter().find(|x| {
+                        x.peer_ur_ls
+                            .iter()
+                            .map(String::as_str)
+                            .collect::<BTreeSet<_>>()
+                            == mine
+                    });
+                    let Some(me) = me else {
+                        bail!(
+                            "--initial-cluster-state existing: the cluster (asked at {}) has no \
+                             member with peer URLs {}; add it first on a running member: \
+                             etcdctl member add {} --peer-urls={}",
+                            url.text,
+                            mine.iter().copied().collect::<Vec<_>>().join(","),
+                            cfg.name,
+                            mine.iter().copied().collect::<Vec<_>>().join(",")
+                        );
+                    };
+                    let ids = Ids {
+                        member: me.id,
+                        cluster,
+                    };
+                    return Ok((ids, members));
+                }
+                Err(e) => tried.push(format!("{} ({e})", url.text)),
+            }
+        }
+    }
+    bail!(
+        "--initial-cluster-state existing: no running member named in --initial-cluster answered \
+         (tried: {}); list the cluster's running members there, or use \
+         --initial-cluster-state new for a new cluster",
+        if tried.is_empty() {
+            "none".to_string()
+        } else {
+            tried.join(", ")
+        }
+    )
+}
+
+/// Runs the member until `shutdown` completes or the Raft loop stops on a storage failure.
+pub async fn run(
+    cfg: ServerConfig,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> anyhow::Result<()> {
+    // Every port first: a port in use refuses the start before the data directory is touched.
+    let peer_listeners = bind("--listen-peer-urls", &cfg.listen_peer_urls).await?;
+    let client_listeners = bind("--listen-client-urls", &cfg.listen_client_urls).await?;
+    let metrics_listeners = bind("--listen-metrics-urls", &cfg.listen_metrics_urls).await?;
+    let (disk, mvcc, ids) = open_storage(&cfg).await?;
+    let tick = cfg.heartbeat_interval;
+    let mut rc = raft::Config::new(ids.member);
+    rc.cluster_id = ids.cluster;
+    rc.heartbeat_tick = 1;
+    rc.election_tick = (cfg.election_timeout.as_millis() / tick.as_millis().max(1)) as u64;
+    rc.seed = rand::random();
+    #[cfg(feature = "mutations")]
+    if let Ok(name) = std::env::var("ETCD_NODE_MUTATION") {
+        rc.mutation = Some(raft::Mutation::named(&name).ok_or_else(|| {
+            anyhow::anyhow!("ETCD_NODE_MUTATION={name}: no such mutation (raft/mutation.rs)")
+        })?);
+        tracing::warn!("deliberate bug {name} switched on (a test build)");
+    }
+    let raft = Raft::new(rc, &disk).map_err(anyhow::Error::msg)?;
+
+    let members = mvcc.members()?;
+    let own_client_urls: Vec<String> = cfg
+        .advertise_client_urls
+        .iter()
+        .map(|u| u.text.clone())
+        .collect();
+    let me = Identity {
+        cluster_id: ids.cluster,
+        member_id: ids.member,
+        client_urls: own_client_urls.clone(),
+        name: cfg.name.clone(),
+    };
+    let peer_list: Vec<(u64, String)> = members
+        .iter()
+        .filter(|m| m.id != ids.member)
+        .filter_map(|m| Some((m.id, contract::regular_peer_url(m)?.to_string())))
+        .collect();
+    let runtime = tokio::runtime::Handle::current();
+    let (inputs_tx, inputs_rx) = std::sync::mpsc::channel();
+    let peers = Peers::start(
+        &me,
+        &peer_list,
+        &runtime,
+        inputs_tx.clone(),
+        disk.snap_dir(),
+    );
+    let (status_tx, status_rx) = watch::channel(Status::default());
+    let metrics = Arc::new(Metrics::default());
+    let witness = Arc::new(WitnessSlot::new(metrics.clone(), credentials(&cfg)));
+    witness.follow(&members);
+    let client_urls = Arc::new(Mutex::new(Default::default()));
+    let watches = WatchHub::default();
+
+    let raft_loop = RaftLoop {
+        member: Driver::new(raft, rand::random()),
+        fx: Effects {
+            disk,
+            mvcc: mvcc.clone(),
+            peers,
+            witness: witness.clone(),
+            runtime: runtime.clone(),
+            feedback: inputs_tx.clone(),
+            metrics: metrics.clone(),
+            watches: watches.clone(),
+            lessor: Lessor::load(&mvcc.leases()?, std::time::Instant::now()),
+            pending: Pending::default(),
+        },
+        inputs: inputs_rx,
+        status: status_tx,
+        tick,
+        snapshot_count: cfg.snapshot_count.max(1),
+        election_timeout: cfg.election_timeout,
+    };
+    let (done_tx, done_rx) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new()
+        .name("raft".into())
+        .spawn(move || {
+            let _ = done_tx.send(raft_loop.run());
+        })
+        .context("starting the Raft thread")?;
+
+    let api = Api {
+        inputs: inputs_tx.clone(),
+        status: status_rx,
+        mvcc: mvcc.clone(),
+        cluster_id: ids.cluster,
+        member_id: ids.member,
+        client_urls: client_urls.clone(),
+        own: Announced {
+            name: cfg.name.clone(),
+            client_urls: own_client_urls,
+        },
+        metrics,
+        request_timeout: Duration::from_secs(5) + 2 * cfg.election_timeout,
+        watches,
+        min_lease_ttl: api::lease::min_lease_ttl(cfg.election_timeout),
+        watch_progress: cfg.watch_progress_notify_interval,
+        quota_bytes: cfg.quota_backend_bytes,
+        election_timeout: cfg.election_timeout,
+        credentials: credentials(&cfg),
+    };
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let stopped = move || {
+        let mut rx = stop_rx.clone();
+        async move {
+            let _ = rx.wait_for(|s| *s).await;
+        }
+    };
+    let mut servers = tokio::task::JoinSet::new();
+    for l in peer_listeners {
+        let svc = peer::pb::peer_server::PeerServer::new(PeerService {
+            me: me.clone(),
+            mvcc: mvcc.clone(),
+            inputs: inputs_tx.clone(),
+            client_urls: client_urls.clone(),
+        })
+        .max_decoding_message_size(MAX_FRAME_BYTES);
+        let stop = stopped();
+        servers.spawn(async move {
+            grpc_server()
+                .add_service(svc)
+                .serve_with_incoming_shutdown(incoming(l), stop)
+                .await
+        });
+    }
+    let client_routes = || {
+        let grpc = api::routes(&api);
+        let router = grpc
+            .into_axum_router()
+            .layer(axum::middleware::map_response(etcd_size_error));
+        with_http(router, &api)
+    };
+    for l in client_listeners {
+        servers.spawn(serve(l, client_routes(), stopped()));
+    }
+    let metrics_routes = || with_http(axum::Router::new(), &api);
+    for l in metrics_listeners {
+        servers.spawn(serve(l, metrics_routes(), stopped()));
+    }
+    tracing::info!(
+        name = %cfg.name,
+        member = format!("{:x}", ids.member),
+        cluster = format!("{:x}", ids.cluster),
+        "serving"
+    );
+    if let Some(every) = cfg.witness_probe {
+        tokio::spawn(witness_probe::run(
+            witness,
+            api.status.clone(),
+            api.metrics.clone(),
+            every,
+        ));
+    }
+    if let Some(every) = cfg.corrupt_check {
+        // (ends with the runtime, like the other background tasks)
+        tokio::spawn(api::corruption::run(api.clone(), every));
+    }
+
+    let result = tokio::select! {
+        () = shutdown => Ok(()),
+        r = done_rx => match r {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(anyhow::anyhow!(
+                "storage failure in --data-dir {}, stopping: {e}. Nothing more is \
+                 acknowledged; what was acknowledged is durable. Fix the disk (a full one: \
+                 free space on it) and start this member again on the same data \
+                 directory: it catches up from the others",
+                cfg.data_dir.display()
+            )),
+            Err(_) => Err(anyhow::anyhow!("the Raft thread stopped unexpectedly")),
+        },
+    };
+    let _ = stop_tx.send(true);
+    let _ = inputs_tx.send(Input::Stop);
+    // Requests in flight get a moment to finish; open streams (watches, keep-alives) and idle
+    // client connections would hold a graceful stop forever: they are closed after it.
+    let drained = tokio::time::timeout(SHUTDOWN_GRACE, async {
+        while let Some(r) = servers.join_next().await {
+            if let Ok(Err(e)) = r {
+                tracing::warn!(error = %e, "a listener stopped with an error");
+            }
+        }
+    })
+    .await;
+    if drained.is_err() {
+        tracing::info!(
+            grace = ?SHUTDOWN_GRACE,
+            "closing the client connections still open after the grace period"
+        );
+        servers.abort_all();
+    }
+    result
+}
+
+/// How long a stopping member waits for its requests in flight before closing its connections.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
+
+/// Adds `/health` and `/metrics` to a router.
+/// etcd (grpc-go) refuses a request over the size limit with RESOURCE_EXHAUSTED "grpc: received
+/// message larger than max (N vs. M)"; tonic with OUT_OF_RANGE "Error, decoded message length
+/// too large: found N bytes, the limit is: M bytes". Clients act on etcd's code (not retrying a
+/// request that cannot fit): the answer is rewritten to etcd's.
+async fn etcd_size_error(mut r: axum::response::Response) -> axum::response::Response {
+    let Some(status) = tonic::Status::from_header_map(r.headers()) else {
+        return r;
+    };
+    let Some(sizes) = (status.code() == tonic::Code::OutOfRange)
+        .then(|| {
+            status
+                .message()
+                .strip_prefix("Error, decoded message length too large: found ")
+        })
+        .flatten()
+    else {
+        return r;
+    };
+    let numbers: Vec<&str> = sizes
+        .split(|c: char| !c.is_ascii_digit())
+        .filter(|n| !n.is_empty())
+        .collect();
+    let [found, limit] = numbers[..] else {
+        return r;
+    };
+    let etcd = tonic::Status::resource_exhausted(format!(
+        "grpc: received message larger than max ({found} vs. {limit})"
+    ));
+    let _ = etcd.add_header(r.headers_mut());
+    r
+}
+
+fn with_http(router: axum::Router, api: &Api) -> Routes {
+    let (a, b) = (api.clone(), api.clone());
+    Routes::from(
+        router
+            .route(
+                "/health",
+                get(move || {
+                    let api = a.clone();
+                    async move {
+                        let (healthy, reason) = api.health().await;
+                        let code = if healthy {
+                            axum::http::StatusCode::OK
+                        } else {
+                            axum::http::StatusCode::SERVICE_UNAVAILABLE
+                        };
+                        let body = serde_json::json!({
+                            "health": healthy.to_string(),
+                            "reason": reason,
+                        })
+                        .to_string();
+                        (code, body)
+                    }
+                }),
+            )
+            .route(
+                "/metrics",
+                get(move || {
+                    let api = b.clone();
+                    async move { api.metrics_text() }
+                }),
+            ),
+    )
+}
+
+/// How many streams a client may reset before the server accepted them, per connection.
+/// Clients cancel requests all the time (deadlines): after a pause of this process (SIGSTOP, a
+/// VM stall, swapping) every cancellation of the pause arrives at once, and h2's default of 20
+/// would answer GOAWAY ENHANCE_YOUR_CALM "too_many_resets", failing every request on the
+/// connection. The count drains as streams are accepted, so a flood still costs only this many
+/// queued entries; the bound keeps h2's guard against reset floods (CVE-2023-44487) while
+/// covering the cancellations of a pause (the fault campaign saw about 100 per pause).
+const MAX_PENDING_RESETS: usize = 10_000;
+
+/// The HTTP/2 server every listener (client and peer) uses.
+fn grpc_server() -> tonic::transport::Server {
+    tonic::transport::Server::builder()
+        .http2_max_pending_accept_reset_streams(Some(MAX_PENDING_RESETS))
+}
+
+async fn serve(
+    listener: TcpListener,
+    routes: Routes,
+    stop: impl std::future::Future<Output = ()>,
+) -> Result<(), tonic::transport::Error> {
+    grpc_server()
+        .accept_http1(true)
+        .add_routes(routes)
+        .serve_with_incoming_shutdown(incoming(listener), stop)
+        .await
+}
