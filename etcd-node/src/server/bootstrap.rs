@@ -447,7 +447,7 @@ pub async fn run(
     };
     let mut servers = tokio::task::JoinSet::new();
     for l in peer_listeners {
-        let svc = peer::pb::peer_server::PeerServer::new(PeerService {
+        let svc = super::wire::pb::peer_server::PeerServer::new(PeerService {
             me: me.clone(),
             mvcc: mvcc.clone(),
             inputs: inputs_tx.clone(),

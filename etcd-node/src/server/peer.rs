@@ -24,15 +24,10 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::contract::{Announced, ClientUrls, Input};
-use super::wire::Envelope;
+use super::wire::{Envelope, pb};
 use crate::mvcc::Mvcc;
 use crate::raft::{Body, Message, NodeId, Snapshot};
 use crate::storage::snap::DataReader;
-
-#[allow(clippy::all, clippy::pedantic, missing_debug_implementations)]
-pub mod pb {
-    tonic::include_proto!("etcdnode.peer");
-}
 
 use pb::peer_client::PeerClient;
 use pb::peer_server::Peer;

@@ -1,71 +1,23 @@
-//! Protobuf encodings (prost) of what the node persists and sends: entries, hard state,
-//! snapshot metadata with its configuration. Field numbers are part of the on-disk format
-//! (`docs/formats.md`); never renumber. Decoding validates: a record that does not describe a
-//! valid entry or configuration is an error, never a panic.
+//! Protobuf encodings of what the node persists and sends: entries, hard state, snapshot
+//! metadata with its configuration, defined in `proto/raft.proto` (field numbers are part of
+//! the on-disk format, `docs/formats.md`: never renumber). Decoding validates: a record that
+//! does not describe a valid entry or configuration is an error, never a panic.
 
 use prost::Message;
+
+/// The messages of `proto/raft.proto`.
+pub mod pb {
+    tonic::include_proto!("etcdnode.raft");
+}
+pub use pb::{
+    Change as PbChange, Entry as PbEntry, HardState as PbHardState, KnownWitness as PbKnownWitness,
+    SnapshotMeta as PbSnapshotMeta, Voters as PbVoters,
+};
 
 use crate::raft::{
     Change, ChangeKind, ConfChange, Entry, EntryData, HardState, KnownWitness, Membership,
     SnapshotMeta, Voters,
 };
-
-#[derive(Clone, PartialEq, prost::Message)]
-pub struct PbChange {
-    /// 1 add voter, 2 add learner, 3 add witness, 4 remove.
-    #[prost(uint32, tag = "1")]
-    pub kind: u32,
-    #[prost(uint64, tag = "2")]
-    pub node: u64,
-}
-
-#[derive(Clone, PartialEq, prost::Message)]
-pub struct PbEntry {
-    #[prost(uint64, tag = "1")]
-    pub term: u64,
-    #[prost(uint64, tag = "2")]
-    pub subterm: u64,
-    #[prost(uint64, tag = "3")]
-    pub index: u64,
-    /// 0 empty, 1 normal, 2 configuration change.
-    #[prost(uint32, tag = "4")]
-    pub kind: u32,
-    #[prost(bytes = "vec", tag = "5")]
-    pub data: Vec<u8>,
-    #[prost(message, repeated, tag = "6")]
-    pub changes: Vec<PbChange>,
-    /// A configuration change's witness generation (see `ConfChange::witness_generation`).
-    #[prost(uint64, tag = "7")]
-    pub witness_generation: u64,
-}
-
-#[derive(Clone, PartialEq, prost::Message)]
-pub struct PbHardState {
-    #[prost(uint64, tag = "1")]
-    pub term: u64,
-    #[prost(uint64, tag = "2")]
-    pub vote: u64,
-    #[prost(uint64, tag = "3")]
-    pub commit: u64,
-    /// What the member knows of its witness (absent: nothing).
-    #[prost(message, optional, tag = "4")]
-    pub witness: Option<PbKnownWitness>,
-}
-
-/// A [`KnownWitness`]: in the hard state, and on a leader's messages.
-#[derive(Clone, PartialEq, prost::Message)]
-pub struct PbKnownWitness {
-    #[prost(uint64, tag = "1")]
-    pub id: u64,
-    #[prost(uint64, tag = "2")]
-    pub generation: u64,
-    #[prost(uint64, tag = "3")]
-    pub term: u64,
-    #[prost(uint64, tag = "4")]
-    pub log_term: u64,
-    #[prost(uint64, tag = "5")]
-    pub log_subterm: u64,
-}
 
 impl From<KnownWitness> for PbKnownWitness {
     fn from(k: KnownWitness) -> Self {
@@ -91,31 +43,6 @@ impl From<PbKnownWitness> for KnownWitness {
             },
         }
     }
-}
-
-#[derive(Clone, PartialEq, prost::Message)]
-pub struct PbVoters {
-    #[prost(uint64, repeated, tag = "1")]
-    pub regular: Vec<u64>,
-    /// 0: no witness.
-    #[prost(uint64, tag = "2")]
-    pub witness: u64,
-}
-
-#[derive(Clone, PartialEq, prost::Message)]
-pub struct PbSnapshotMeta {
-    #[prost(uint64, tag = "1")]
-    pub index: u64,
-    #[prost(uint64, tag = "2")]
-    pub term: u64,
-    #[prost(uint64, tag = "3")]
-    pub subterm: u64,
-    #[prost(message, optional, tag = "4")]
-    pub voters: Option<PbVoters>,
-    #[prost(message, optional, tag = "5")]
-    pub outgoing: Option<PbVoters>,
-    #[prost(uint64, repeated, tag = "6")]
-    pub learners: Vec<u64>,
 }
 
 /// A record that does not decode into a valid value.
@@ -334,5 +261,49 @@ mod tests {
             ..Default::default()
         };
         assert!(Entry::try_from(bad).is_err());
+    }
+
+    /// The bytes of the WAL's records and of snapshot metadata are those earlier releases wrote
+    /// (an existing data directory must still read): a change of the definitions that changes
+    /// the encoding fails here.
+    #[test]
+    fn the_encoding_is_that_of_earlier_releases() {
+        let witness = KnownWitness {
+            id: 3,
+            seen: witness_core::Seen {
+                generation: 0xfeed,
+                term: 6,
+                log_term: 6,
+                log_subterm: 2,
+            },
+        };
+        let mut change = ConfChange::single(ChangeKind::AddWitness, 7);
+        change.witness_generation = 0xfeed;
+        change.context = b"member".to_vec();
+        let entry = Entry {
+            term: 3,
+            subterm: 2,
+            index: 11,
+            data: EntryData::ConfChange(change),
+        };
+        let hard_state = HardState {
+            term: 4,
+            vote: 1,
+            commit: 9,
+            witness: Some(witness),
+        };
+        let mut membership = Membership::new([1, 2], Some(3)).unwrap();
+        membership.learners.insert(5);
+        membership.outgoing = Some(Membership::new([1, 2, 4], None).unwrap().voters);
+        let meta = SnapshotMeta {
+            index: 5,
+            term: 2,
+            subterm: 1,
+            membership,
+        };
+        let mut all = encode(&PbEntry::from(&entry));
+        all.extend(encode(&PbHardState::from(hard_state)));
+        all.extend(encode(&PbSnapshotMeta::from(&meta)));
+        assert_eq!((all.len(), crc32c::crc32c(&all)), (70, 2730460092));
     }
 }
