@@ -9,6 +9,9 @@
 //!   re-reads and re-runs the rule: the rules are idempotent, so if our write took effect the
 //!   rule now answers the same without writing, and if another writer came after us the answer
 //!   is computed from the newer state, which is always safe;
+//! - a state that says the witness lost its state (replaced, reverted) is loaded again, up to
+//!   [`LOST_STATE_LOADS`] times, before the step reports it: a mount's attribute or directory
+//!   cache can serve an older version, which looks reverted to a member that saw a newer one;
 //! - attempts are bounded ([`RetryPolicy::max_attempts`]); backoff is exponential with jitter.
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -20,6 +23,10 @@ use crate::error::{Error, Result};
 use crate::rules::{self, AppendReply, AppendRequest, Caller, Outcome, VoteReply, VoteRequest};
 use crate::state::WitnessState;
 use crate::store::{CasOutcome, Loaded, Version, WitnessStore};
+
+/// Loads in one step that must all find the witness's state lost before the step says so
+/// (the first one and the re-reads of a possibly cached version).
+pub const LOST_STATE_LOADS: u32 = 3;
 
 /// How hard the client tries before giving up.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -139,9 +146,15 @@ impl<S: WitnessStore> Witness<S> {
         let mut conflicts = 0u32;
         let mut pending_nonce: Option<u64> = None;
         let mut last_transient: Option<Error> = None;
+        let mut lost_verdicts = 0u32;
         for attempt in 1..=self.policy.max_attempts {
-            if attempt > 1 {
-                tokio::time::sleep(self.backoff(attempt - 1)).await;
+            let pause = if attempt > 1 {
+                self.backoff(attempt - 1)
+            } else {
+                Duration::ZERO
+            };
+            if !pause.is_zero() {
+                tokio::time::sleep(pause).await;
             }
             let loaded = match self.load(&location).await {
                 Ok(l) => l,
@@ -155,7 +168,15 @@ impl<S: WitnessStore> Witness<S> {
                 let ours = loaded.state.writer_nonce == nonce;
                 tracing::info!(op, %location, ours, "re-read after an unknown write outcome");
             }
-            let Outcome { reply, write } = rule(&loaded.state, &location)?;
+            let Outcome { reply, write } = match rule(&loaded.state, &location) {
+                Ok(outcome) => outcome,
+                Err(e) if e.is_lost_state() && lost_verdicts + 1 < LOST_STATE_LOADS => {
+                    lost_verdicts += 1;
+                    tracing::info!(op, %location, error = %e, "the witness looks reset; loading again in case the load was served from a cache");
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
             let Some(next) = write else {
                 let stepped = Stepped {
                     reply,
@@ -248,6 +269,10 @@ impl<S: WitnessStore> Witness<S> {
             .initial_backoff
             .saturating_mul(1u32 << retry.min(16))
             .min(self.policy.max_backoff);
+        if cap.is_zero() {
+            // (a policy without backoff: the simulator's, whose clock is not this one)
+            return Duration::ZERO;
+        }
         let micros = cap.as_micros().max(1) as u64;
         Duration::from_micros(rand::rng().random_range(0..=micros))
     }

@@ -37,7 +37,7 @@ pub mod state;
 pub mod store;
 pub mod url;
 
-pub use client::{RetryPolicy, Stepped, Witness, WitnessCounters};
+pub use client::{LOST_STATE_LOADS, RetryPolicy, Stepped, Witness, WitnessCounters};
 pub use error::{Error, Result};
 pub use memory::{Fault, MemoryStore};
 pub use rules::{AppendReply, AppendRequest, Caller, Outcome, Refusal, VoteReply, VoteRequest};

@@ -26,6 +26,10 @@ pub enum Fault {
     LostReply,
     /// The next operation waits this long first.
     Delay(Duration),
+    /// The next load returns the version this many before the newest (the oldest if there
+    /// are fewer), as a mount's attribute or directory cache may; a write computed from it
+    /// loses its compare-and-swap.
+    StaleLoad(usize),
 }
 
 #[derive(Debug, Default)]
@@ -48,6 +52,13 @@ impl MemoryStore {
         Self::default()
     }
 
+    /// A store holding `states` as its versions, oldest first (the last is the newest).
+    pub fn with_states(states: &[WitnessState]) -> Self {
+        let store = Self::new();
+        store.lock().versions = states.iter().map(codec::encode).collect();
+        store
+    }
+
     /// Queues a fault for a coming operation.
     pub fn inject(&self, fault: Fault) {
         self.lock().faults.push_back(fault);
@@ -61,6 +72,16 @@ impl MemoryStore {
             .last_mut()
             .expect("a stored record to corrupt");
         f(last);
+    }
+
+    /// Every stored state, oldest first (records that do not decode are left out).
+    pub fn states(&self) -> Vec<WitnessState> {
+        let inner = self.lock();
+        inner
+            .versions
+            .iter()
+            .filter_map(|b| codec::decode(b).ok())
+            .collect()
     }
 
     /// (loads, successful writes) so far.
@@ -90,6 +111,7 @@ impl MemoryStore {
                 let mut inner = self.lock();
                 match inner.faults.front() {
                     Some(Fault::Conflict | Fault::LostReply) if !write => None,
+                    Some(Fault::StaleLoad(_)) if write => None,
                     _ => inner.faults.pop_front(),
                 }
             };
@@ -139,15 +161,19 @@ impl WitnessStore for MemoryStore {
     }
 
     async fn load(&self) -> Result<Option<Loaded>> {
-        if let Some(Fault::Error) = self.next_fault(false).await {
-            return Err(Self::transient("load"));
-        }
+        let back = match self.next_fault(false).await {
+            Some(Fault::Error) => return Err(Self::transient("load")),
+            Some(Fault::StaleLoad(back)) => back,
+            _ => 0,
+        };
         let mut inner = self.lock();
         inner.loads += 1;
-        let Some(bytes) = inner.versions.last() else {
+        let Some(newest) = inner.versions.len().checked_sub(1) else {
             return Ok(None);
         };
-        let version = Version::new((inner.versions.len() - 1).to_string());
+        let at = newest.saturating_sub(back);
+        let bytes = &inner.versions[at];
+        let version = Version::new(at.to_string());
         let state = codec::decode(bytes).map_err(|source: DecodeError| Error::Corrupt {
             location: "memory".into(),
             version: version.clone(),

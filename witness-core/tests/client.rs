@@ -214,3 +214,63 @@ async fn create_does_not_overwrite() {
     let bytes = codec::encode(&store.load().await.unwrap().unwrap().state);
     assert!(codec::decode(&bytes).is_ok());
 }
+
+/// What a member that saw `state` knows of it.
+fn seen_after(state: &WitnessState) -> Caller {
+    Caller {
+        seen: witness_core::Seen::of(state),
+        ..CALLER
+    }
+}
+
+#[tokio::test]
+async fn a_stale_load_loses_its_write_and_the_step_loads_again() {
+    let store = initialised().await;
+    let w = Witness::with_policy(store.clone(), quick());
+    w.append(&req(1)).await.unwrap();
+    w.append(&req(2)).await.unwrap();
+    store.inject(Fault::StaleLoad(1));
+    let s = w.append(&req(3)).await.unwrap();
+    assert_eq!(s.reply, AppendReply::Ack { term: 1, index: 4 });
+    assert_eq!((s.attempts, s.conflicts, s.wrote), (2, 1, true));
+    let states = store.states();
+    assert_eq!(states.len(), 4, "create and three appends, none lost");
+    assert_eq!(states[3].last_log_subterm, 3);
+}
+
+#[tokio::test]
+async fn a_stale_load_is_not_taken_for_a_reverted_witness() {
+    let store = initialised().await;
+    let w = Witness::with_policy(store.clone(), quick());
+    w.append(&req(1)).await.unwrap();
+    let newest = w.append(&req(2)).await.unwrap();
+    assert!(newest.wrote);
+    let caller = seen_after(&store.states()[2]);
+    // The member saw subterm 2; a cache serves the state of subterm 1: it looks reverted.
+    store.inject(Fault::StaleLoad(1));
+    let s = w.read_term(caller).await.unwrap();
+    assert_eq!(s.reply, 1);
+    assert_eq!(s.attempts, 2, "answered from the second, fresh load");
+    // Two stale loads in a row are still not a verdict.
+    store.inject(Fault::StaleLoad(2));
+    store.inject(Fault::StaleLoad(1));
+    assert_eq!(w.read_term(caller).await.unwrap().attempts, 3);
+}
+
+#[tokio::test]
+async fn a_reverted_witness_is_reported_after_loading_again() {
+    let store = initialised().await;
+    let w = Witness::with_policy(store.clone(), quick());
+    w.append(&req(1)).await.unwrap();
+    let mut ahead = store.states()[1].clone();
+    ahead.last_log_subterm = 5;
+    let caller = seen_after(&ahead);
+    let (loads, _) = store.counts();
+    let err = w.read_term(caller).await.unwrap_err();
+    assert!(matches!(err, Error::Reverted { .. }), "{err}");
+    assert_eq!(
+        store.counts().0 - loads,
+        u64::from(witness_core::LOST_STATE_LOADS),
+        "loaded again before the verdict"
+    );
+}
