@@ -84,6 +84,7 @@ fn main() -> ExitCode {
                 total.crashes_after_persist += s.crashes_after_persist;
                 total.held += s.held;
                 total.stale_answers += s.stale_answers;
+                total.lost_replies += s.lost_replies;
                 total.removed_stopped += s.removed_stopped;
             }
             Err(e) => {
@@ -95,7 +96,7 @@ fn main() -> ExitCode {
     let secs = started.elapsed().as_secs_f64();
     let t = &total;
     println!(
-        "{} seeds passed ({run:?}) in {secs:.1} s: {} ticks ({:.0} ticks/s), {} entries applied, {} witness writes, {} configuration changes, {} snapshots installed, {} reads served, {} leader transfers, {} crashes ({} between early sends and the fsync, {} between the fsync and the rest of a Ready), {} deliveries held 10-60 ticks, {} witness answers from stale loads, {} removed members stopped",
+        "{} seeds passed ({run:?}) in {secs:.1} s: {} ticks ({:.0} ticks/s), {} entries applied, {} witness writes, {} configuration changes, {} snapshots installed, {} reads served, {} leader transfers, {} crashes ({} between early sends and the fsync, {} between the fsync and the rest of a Ready), {} deliveries held 10-60 ticks, {} witness answers from stale loads, {} witness writes with their reply lost, {} removed members stopped",
         a.seeds,
         t.ticks,
         t.ticks as f64 / secs,
@@ -110,6 +111,7 @@ fn main() -> ExitCode {
         t.crashes_after_persist,
         t.held,
         t.stale_answers,
+        t.lost_replies,
         t.removed_stopped
     );
     ExitCode::SUCCESS

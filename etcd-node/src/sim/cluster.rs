@@ -1,11 +1,11 @@
 //! The simulated cluster: nodes, storage, network and the witness register.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::mpsc;
+use std::sync::{Arc, mpsc};
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use witness_core::{Seen, WitnessState};
+use witness_core::{Fault, MemoryStore, RetryPolicy, Seen, Witness, WitnessState};
 
 use super::invariants::{Checker, Violation};
 use super::trace::Trace;
@@ -43,6 +43,11 @@ pub struct Faults {
     /// loses its compare-and-swap and runs again on the current state; one that answers without
     /// writing answers from the stale state.
     pub stale_loads: f64,
+    /// Per witness step that writes: the write takes effect but its reply is lost, and the
+    /// client loads again to learn the outcome (the rules answer the same from the state
+    /// written; a read-term confirmation writes it back once more). Drawn from a random
+    /// sequence of its own.
+    pub lost_replies: f64,
 }
 
 impl Faults {
@@ -57,6 +62,7 @@ impl Faults {
             hold: 0.0,
             drift: 0.0,
             stale_loads: 0.0,
+            lost_replies: 0.0,
         }
     }
 }
@@ -78,6 +84,8 @@ pub struct Stats {
     pub held: u64,
     /// Witness steps answered from a stale load.
     pub stale_answers: u64,
+    /// Witness writes whose reply was lost (the client loaded again to learn the outcome).
+    pub lost_replies: u64,
     pub snapshots_installed: u64,
     pub reads_served: u64,
     pub conf_changes: u64,
@@ -193,6 +201,10 @@ pub struct Cluster {
     answers: (mpsc::Sender<Answer>, mpsc::Receiver<Answer>),
     /// Where the nodes' client writes are answered.
     writes: (mpsc::Sender<WriteAnswer>, mpsc::Receiver<WriteAnswer>),
+    /// Runs witness steps through witness-core's client (its retries back off on the clock).
+    runtime: tokio::runtime::Runtime,
+    /// Draws the witness store's lost replies (apart from `rng`: see [`Faults::lost_replies`]).
+    store_rng: StdRng,
     now: u64,
     /// (deliver at, sequence, event): delivered in order of time, then sequence.
     queue: BTreeMap<(u64, u64), Event>,
@@ -269,6 +281,11 @@ impl Cluster {
             reads: 0,
             answers: mpsc::channel(),
             writes: mpsc::channel(),
+            runtime: tokio::runtime::Builder::new_current_thread()
+                .enable_time()
+                .build()
+                .expect("a tokio runtime for the witness client"),
+            store_rng: StdRng::seed_from_u64(seed ^ 0x5707e),
             checker: Checker::new(
                 &MemStorage::bootstrap(membership.clone(), known)
                     .snapshot()
@@ -698,7 +715,10 @@ impl Cluster {
         }
     }
 
-    /// Executes a witness step on the register: the rule runs on the current state, atomically.
+    /// Executes a witness step with witness-core's own client (load, rule, compare-and-swap,
+    /// retried), against the register held in a [`MemoryStore`] with its last states as older
+    /// versions: a stale load is one of them, a lost reply a write whose answer the client
+    /// never gets.
     fn witness_step(&mut self, node: NodeId, request: WitnessRequest) {
         self.stats.witness_steps += 1;
         let id = request.witness_id();
@@ -708,44 +728,60 @@ impl Cluster {
             self.schedule(Event::WitnessReply { node, response }, WITNESS_LINK, node);
             return;
         };
-        let stale = match self.witness_history.get(&id) {
-            Some(h)
-                if self.faults.stale_loads > 0.0
-                    && self.rng.random_bool(self.faults.stale_loads) =>
-            {
-                h.get(self.rng.random_range(0..h.len())).cloned()
-            }
-            _ => None,
-        };
-        let register = register.clone();
-        let from_stale = stale
-            .and_then(|old| apply_rule(&self.witness_view(&old, &request), &request, "sim").ok())
-            .filter(|out| out.write.is_none());
-        if from_stale.is_some() {
-            self.stats.stale_answers += 1;
+        let mut versions = self.witness_history.get(&id).cloned().unwrap_or_default();
+        versions.push(register.clone());
+        let older = versions.len() - 1;
+        let store = Arc::new(MemoryStore::with_states(&versions));
+        let stale = older > 0
+            && self.faults.stale_loads > 0.0
+            && self.rng.random_bool(self.faults.stale_loads);
+        if stale {
+            store.inject(Fault::StaleLoad(older - self.rng.random_range(0..older)));
         }
-        let view = self.witness_view(&register, &request);
-        let rule = from_stale.map_or_else(|| apply_rule(&view, &request, "sim"), Ok);
-        let (response, write) = match rule {
-            Ok(out) => (out.reply, out.write),
+        let lost_reply =
+            self.faults.lost_replies > 0.0 && self.store_rng.random_bool(self.faults.lost_replies);
+        if lost_reply {
+            store.inject(Fault::LostReply);
+        }
+        let policy = RetryPolicy {
+            initial_backoff: std::time::Duration::ZERO,
+            max_backoff: std::time::Duration::ZERO,
+            ..RetryPolicy::default()
+        };
+        let witness = Witness::with_policy(store.clone(), policy);
+        let this = &*self;
+        let stepped = self
+            .runtime
+            .block_on(witness.step("sim", |state, location| {
+                let mut out = apply_rule(&this.witness_view(state, &request), &request, location)?;
+                out.write = out.write.map(|next| this.witness_written(state, next));
+                Ok(out)
+            }));
+        let written: Vec<WitnessState> = store.states().split_off(versions.len());
+        let response = match stepped {
+            Ok(s) => {
+                if stale && s.attempts == 1 && !s.wrote {
+                    self.stats.stale_answers += 1;
+                }
+                s.reply
+            }
             Err(e) => {
                 if e.is_lost_state() {
                     self.stats.witness_refusals += 1;
                 }
-                (
-                    WitnessResponse::Failed {
-                        request: request.clone(),
-                    },
-                    None,
-                )
+                WitnessResponse::Failed {
+                    request: request.clone(),
+                }
             }
         };
         if let Some(t) = self.trace.as_mut() {
-            t.witness(self.now, node, &request, &response, write.is_some());
+            t.witness(self.now, node, &request, &response, !written.is_empty());
         }
-        if let Some(next) = write {
+        if lost_reply && !written.is_empty() {
+            self.stats.lost_replies += 1;
+        }
+        for next in written {
             let old = &self.witnesses[&id];
-            let next = self.witness_written(old, next);
             self.stats.witness_writes += 1;
             self.checker.witness_write(id, old, &next, node, &request);
             let history = self.witness_history.entry(id).or_default();

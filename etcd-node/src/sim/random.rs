@@ -73,8 +73,8 @@ pub struct RandomRun {
     /// Timing faults: deliveries held 10-60 ticks (witness steps and replies too) and clocks
     /// that drift (each at a rate the seed picks).
     pub timing: bool,
-    /// Witness loads that may return one of the register's last states (a cached mount), at a
-    /// rate the seed picks.
+    /// Witness loads that may return one of the register's last states (a cached mount), and
+    /// witness writes whose reply is lost, at a rate the seed picks.
     pub stale_loads: bool,
     /// A deliberate bug on every node and the witness (tests of the simulator only).
     #[cfg(feature = "mutations")]
@@ -181,6 +181,7 @@ pub fn run_seed(seed: u64, run: &RandomRun) -> Result<Stats, String> {
         hold,
         drift,
         stale_loads,
+        lost_replies: stale_loads,
     };
     let mut payload = 0u64;
     let mut next_id: NodeId = 10;
