@@ -10,7 +10,7 @@
 //!   rule now answers the same without writing, and if another writer came after us the answer
 //!   is computed from the newer state, which is always safe;
 //! - a state that says the witness lost its state (replaced, reverted) is loaded again, up to
-//!   [`LOST_STATE_LOADS`] times, before the step reports it: a mount's attribute or directory
+//!   [`LOST_STATE_LOADS`] loads in all, before the step reports it: a mount's attribute or directory
 //!   cache can serve an older version, which looks reverted to a member that saw a newer one;
 //! - attempts are bounded ([`RetryPolicy::max_attempts`]); backoff is exponential with jitter.
 
@@ -148,13 +148,11 @@ impl<S: WitnessStore> Witness<S> {
         let mut last_transient: Option<Error> = None;
         let mut lost_verdicts = 0u32;
         for attempt in 1..=self.policy.max_attempts {
-            let pause = if attempt > 1 {
-                self.backoff(attempt - 1)
-            } else {
-                Duration::ZERO
-            };
-            if !pause.is_zero() {
-                tokio::time::sleep(pause).await;
+            if attempt > 1 {
+                let pause = self.backoff(attempt - 1);
+                if !pause.is_zero() {
+                    tokio::time::sleep(pause).await;
+                }
             }
             let loaded = match self.load(&location).await {
                 Ok(l) => l,

@@ -91,7 +91,7 @@ impl<W: Waiter, R: Waiter<Answer = u64>> Driver<W, R> {
     ) {
         self.proposals
             .submit(&mut self.raft, id, data, waiter, &mut self.outbox);
-        self.flush(world);
+        flush(world, &mut self.outbox);
     }
 
     /// A proposal of the member's own, with no waiter (or a follower's forwarded one):
@@ -125,7 +125,7 @@ impl<W: Waiter, R: Waiter<Answer = u64>> Driver<W, R> {
             Envelope::ReadIndexResp { ctx, index } => self.reads.answered(ctx, index),
             other => world.receive(&mut self.raft, from, other),
         }
-        self.flush(world);
+        flush(world, &mut self.outbox);
     }
 
     /// Forgets the waiters whose clients gave up.
@@ -139,7 +139,7 @@ impl<W: Waiter, R: Waiter<Answer = u64>> Driver<W, R> {
     /// is left awaiting `advance`: the caller must stop it (restart it from storage).
     pub fn turn<H: World<Write = W>>(&mut self, world: &mut H) -> Result<bool, H::Error> {
         self.reads.start(&mut self.raft, &mut self.outbox);
-        self.flush(world);
+        flush(world, &mut self.outbox);
         loop {
             self.proposals.release_held(&mut self.raft);
             if !self.raft.has_ready() {
@@ -156,16 +156,16 @@ impl<W: Waiter, R: Waiter<Answer = u64>> Driver<W, R> {
                 },
             )?;
             self.reads.settle(&self.raft, &mut self.outbox);
-            self.flush(world);
+            flush(world, &mut self.outbox);
             world.after_ready(&self.raft);
         }
     }
+}
 
-    /// Sends what the reads and writes put in the outbox.
-    fn flush<H: World<Write = W>>(&mut self, world: &mut H) {
-        for (to, envelope) in self.outbox.drain(..) {
-            world.send(to, envelope);
-        }
+/// Sends what the reads and writes put in the outbox.
+fn flush<H: World>(world: &mut H, outbox: &mut Outbox) {
+    for (to, envelope) in outbox.drain(..) {
+        world.send(to, envelope);
     }
 }
 
@@ -208,9 +208,7 @@ impl<H: World, R: Waiter<Answer = u64>> Host for Turn<'_, H, R> {
 
     fn read_ready(&mut self, _: &Raft, read: &ReadState) {
         self.reads.ready(read, self.outbox);
-        for (to, envelope) in self.outbox.drain(..) {
-            self.world.send(to, envelope);
-        }
+        flush(self.world, self.outbox);
     }
 }
 

@@ -245,14 +245,6 @@ impl SnapshotSender {
             },
             ..m.clone()
         };
-        let mut first = SnapshotChunk {
-            cluster_id: self.me.cluster_id,
-            from: self.me.member_id,
-            to: self.to,
-            envelope: Envelope::Raft(head).encode(),
-            data_length: snapshot.data.len() as u64,
-            data: bytes::Bytes::new(),
-        };
         // No data in memory: the loop released it, and the file has it. A missing file is an
         // error, never an empty snapshot (the follower would install an empty key space).
         let reader = if snapshot.data.is_empty() {
@@ -267,19 +259,28 @@ impl SnapshotSender {
         } else {
             None
         };
-        let length = reader.as_ref().map_or(first.data_length, |r| r.data_len);
+        let length = reader
+            .as_ref()
+            .map_or(snapshot.data.len() as u64, |r| r.data_len);
+        let first = SnapshotChunk {
+            cluster_id: self.me.cluster_id,
+            from: self.me.member_id,
+            to: self.to,
+            envelope: Envelope::Raft(head).encode(),
+            data_length: length,
+            data: bytes::Bytes::new(),
+        };
         let outcome = match reader {
             // From the file, a few pieces in memory at a time.
             Some(reader) => {
-                first.data_length = reader.data_len;
                 let (tx, rx) = mpsc::channel(2);
                 let reading = tokio::task::spawn_blocking(move || read_pieces(reader, first, &tx));
                 let sent = client.snapshot(ReceiverStream::new(rx)).await;
-                match reading.await {
-                    Ok(Ok(())) => sent,
-                    Ok(Err(e)) => return Err(e.to_string()),
-                    Err(e) => return Err(e.to_string()),
-                }
+                reading
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .map_err(|e| e.to_string())?;
+                sent
             }
             // From memory: slices of the shared buffer.
             None => {

@@ -264,15 +264,7 @@ mod tests {
                 to: 2,
                 term: 7,
                 body,
-                witness: Some(crate::raft::KnownWitness {
-                    id: 3,
-                    seen: witness_core::Seen {
-                        generation: 0xfeed,
-                        term: 6,
-                        log_term: 6,
-                        log_subterm: 2,
-                    },
-                }),
+                witness: Some(crate::storage::codec::sample_known_witness()),
             })
         };
         let entry = Entry {

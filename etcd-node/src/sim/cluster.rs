@@ -201,7 +201,7 @@ pub struct Cluster {
     answers: (mpsc::Sender<Answer>, mpsc::Receiver<Answer>),
     /// Where the nodes' client writes are answered.
     writes: (mpsc::Sender<WriteAnswer>, mpsc::Receiver<WriteAnswer>),
-    /// Runs witness steps through witness-core's client (its retries back off on the clock).
+    /// Runs witness steps through witness-core's client (with no backoff: nothing sleeps).
     runtime: tokio::runtime::Runtime,
     /// Draws the witness store's lost replies (apart from `rng`: see [`Faults::lost_replies`]).
     store_rng: StdRng,
@@ -344,10 +344,9 @@ impl Cluster {
     }
     /// The configuration the leader (else the first live node) has in effect.
     pub fn membership(&self) -> Membership {
-        let live = self.nodes.keys().filter_map(|&id| self.raft(id));
         self.leader()
             .and_then(|l| self.raft(l))
-            .or_else(|| live.clone().next())
+            .or_else(|| live(&self.nodes).into_iter().next())
             .map_or_else(Membership::empty, |r| r.membership().clone())
     }
     pub fn rng(&mut self) -> &mut StdRng {

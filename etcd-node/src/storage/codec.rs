@@ -209,6 +209,20 @@ pub fn decode<M: Message + Default>(what: &str, bytes: &[u8]) -> Result<M, Inval
     M::decode(bytes).map_err(|e| Invalid(format!("{what}: {e}")))
 }
 
+/// What a member saw of its witness, for the encoding tests here and of the peer messages.
+#[cfg(test)]
+pub(crate) fn sample_known_witness() -> KnownWitness {
+    KnownWitness {
+        id: 3,
+        seen: witness_core::Seen {
+            generation: 0xfeed,
+            term: 6,
+            log_term: 6,
+            log_subterm: 2,
+        },
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -268,15 +282,7 @@ mod tests {
     /// the encoding fails here.
     #[test]
     fn the_encoding_is_that_of_earlier_releases() {
-        let witness = KnownWitness {
-            id: 3,
-            seen: witness_core::Seen {
-                generation: 0xfeed,
-                term: 6,
-                log_term: 6,
-                log_subterm: 2,
-            },
-        };
+        let witness = sample_known_witness();
         let mut change = ConfChange::single(ChangeKind::AddWitness, 7);
         change.witness_generation = 0xfeed;
         change.context = b"member".to_vec();
