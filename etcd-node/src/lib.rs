@@ -23,4 +23,5 @@ pub mod raft;
 pub mod server;
 pub mod sim;
 pub mod storage;
+pub mod tls;
 pub mod witness;

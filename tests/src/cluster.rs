@@ -25,6 +25,8 @@ pub struct Member {
     listen_peer_port: u16,
     /// Joins a running cluster (`--initial-cluster-state existing`) instead of bootstrapping.
     join: bool,
+    /// "http" or "https" (client and peer URLs).
+    pub scheme: &'static str,
     child: Option<Child>,
 }
 
@@ -33,13 +35,13 @@ impl Member {
         format!("127.0.0.1:{}", self.client_port)
     }
     pub fn url(&self) -> String {
-        format!("http://{}", self.endpoint())
+        format!("{}://{}", self.scheme, self.endpoint())
     }
     pub fn is_running(&self) -> bool {
         self.child.is_some()
     }
     pub fn peer_url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.peer_port)
+        format!("{}://127.0.0.1:{}", self.scheme, self.peer_port)
     }
 }
 
@@ -58,6 +60,9 @@ pub struct Cluster {
     /// A command each member is started through (its arguments follow: the member's binary,
     /// then its flags), such as a mount namespace with the member's own mount of the witness.
     wrapper: Vec<String>,
+    /// TLS on every URL: the directory with `ca.crt` and each member's `<name>.crt` and
+    /// `<name>.key` (see [`Cluster::start_tls`]).
+    pki: Option<PathBuf>,
 }
 
 /// A temporary directory with a `witness` directory in it, and the witness URL of that.
@@ -82,6 +87,33 @@ pub fn data_dir(dir: &Path, name: &str) -> PathBuf {
 
 /// The names of the two members a cluster starts with.
 pub const MEMBERS: [&str; 2] = ["n1", "n2"];
+
+/// A member's TLS flags: its certificate `<pki>/<name>.crt` for clients and peers, client
+/// certificates signed by `<pki>/ca.crt` required on both.
+fn tls_flags(pki: &Path, name: &str) -> Vec<String> {
+    let file = |f: String| pki.join(f).to_string_lossy().into_owned();
+    let (cert, key, ca) = (
+        file(format!("{name}.crt")),
+        file(format!("{name}.key")),
+        file("ca.crt".into()),
+    );
+    [
+        ["--cert-file", &cert],
+        ["--key-file", &key],
+        ["--trusted-ca-file", &ca],
+        ["--peer-cert-file", &cert],
+        ["--peer-key-file", &key],
+        ["--peer-trusted-ca-file", &ca],
+    ]
+    .into_iter()
+    .flatten()
+    .map(String::from)
+    .chain([
+        "--client-cert-auth".into(),
+        "--peer-client-cert-auth".into(),
+    ])
+    .collect()
+}
 
 /// Runs `etcdutl witness init` for `url`; panics with its output on failure.
 pub fn init_witness(etcdutl: &Path, name: &str, url: &str) {
@@ -126,6 +158,25 @@ impl Cluster {
             flags,
             false,
             Vec::new(),
+            None,
+        )
+    }
+
+    /// Two members with TLS on every client and peer URL, client certificates required on
+    /// both, a witness in a local directory, and `flags`. Each member's certificate is
+    /// `<pki>/<name>.crt` (with `<name>.key`), signed by `<pki>/ca.crt`: the caller writes them
+    /// (and may replace them while the cluster runs).
+    pub fn start_tls(node_bin: &Path, etcdutl: &Path, pki: &Path, flags: &[&str]) -> Cluster {
+        let (dir, url) = witness_dir();
+        Self::assemble(
+            dir,
+            node_bin,
+            etcdutl,
+            url,
+            flags,
+            false,
+            Vec::new(),
+            Some(pki.to_path_buf()),
         )
     }
 
@@ -140,9 +191,19 @@ impl Cluster {
         witness_url: String,
         wrapper: Vec<String>,
     ) -> Cluster {
-        Self::assemble(dir, node_bin, etcdutl, witness_url, &[], true, wrapper)
+        Self::assemble(
+            dir,
+            node_bin,
+            etcdutl,
+            witness_url,
+            &[],
+            true,
+            wrapper,
+            None,
+        )
     }
 
+    #[allow(clippy::too_many_arguments)] // (private: the public constructors name the cases)
     fn assemble(
         dir: tempfile::TempDir,
         node_bin: &Path,
@@ -151,7 +212,9 @@ impl Cluster {
         flags: &[&str],
         proxied: bool,
         wrapper: Vec<String>,
+        pki: Option<PathBuf>,
     ) -> Cluster {
+        let scheme = if pki.is_some() { "https" } else { "http" };
         init_witness(etcdutl, "w", &witness_url);
         let members: Vec<Member> = MEMBERS
             .iter()
@@ -163,6 +226,7 @@ impl Cluster {
                     peer_port,
                     listen_peer_port: if proxied { free_port() } else { peer_port },
                     join: false,
+                    scheme,
                     child: None,
                 }
             })
@@ -174,7 +238,7 @@ impl Cluster {
             .collect();
         let initial_cluster = members
             .iter()
-            .map(|m| format!("{}=http://127.0.0.1:{}", m.name, m.peer_port))
+            .map(|m| format!("{}={}", m.name, m.peer_url()))
             .chain([format!("w={witness_url}")])
             .collect::<Vec<_>>()
             .join(",");
@@ -187,6 +251,7 @@ impl Cluster {
             flags: flags.iter().map(|f| f.to_string()).collect(),
             proxies,
             wrapper,
+            pki,
         };
         for i in 0..c.members.len() {
             c.start_member(i);
@@ -234,6 +299,7 @@ impl Cluster {
             peer_port,
             listen_peer_port: peer_port,
             join: true,
+            scheme: self.members[0].scheme,
             child: None,
         };
         self.initial_cluster = format!("{},{}={}", self.initial_cluster, name, m.peer_url());
@@ -273,8 +339,9 @@ impl Cluster {
             .args(["--advertise-client-urls", &m.url()])
             .args([
                 "--listen-peer-urls",
-                &format!("http://127.0.0.1:{}", m.listen_peer_port),
+                &format!("{}://127.0.0.1:{}", m.scheme, m.listen_peer_port),
             ])
+            .args(self.pki.iter().flat_map(|pki| tls_flags(pki, &m.name)))
             .args(["--initial-advertise-peer-urls", &peer])
             .args(["--initial-cluster", &self.initial_cluster])
             .args(["--initial-cluster-state", state])
@@ -382,8 +449,27 @@ impl Cluster {
 
     /// GET `path` on member `i`'s client URL.
     pub fn http_get(&self, i: usize, path: &str) -> Option<(u16, String)> {
+        let url = format!("{}{path}", self.members[i].url());
+        if let Some(pki) = &self.pki {
+            // (with the member's own certificate as the client's)
+            let name = &self.members[i].name;
+            let out = Command::new("curl")
+                .args(["-sS", "--max-time", "10", "-w", "\n%{http_code}"])
+                .arg("--cacert")
+                .arg(pki.join("ca.crt"))
+                .arg("--cert")
+                .arg(pki.join(format!("{name}.crt")))
+                .arg("--key")
+                .arg(pki.join(format!("{name}.key")))
+                .arg(&url)
+                .output()
+                .ok()?;
+            let text = String::from_utf8_lossy(&out.stdout).into_owned();
+            let (body, code) = text.rsplit_once('\n')?;
+            return Some((code.parse().ok().filter(|c| *c != 0)?, body.to_string()));
+        }
         let r = reqwest::blocking::Client::new()
-            .get(format!("{}{path}", self.members[i].url()))
+            .get(url)
             .timeout(Duration::from_secs(10))
             .send()
             .ok()?;

@@ -10,6 +10,7 @@ pub mod azurite;
 pub mod cluster;
 pub mod faults;
 pub mod linearizable;
+pub mod pki;
 pub mod proxy;
 pub mod python;
 pub mod sshfs;

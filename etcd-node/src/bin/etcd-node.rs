@@ -4,15 +4,18 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use etcd_node::config::{Flags, ServerConfig};
+use etcd_node::config::{Flags, ServerConfig, strip_etcd_args};
 
 fn main() -> ExitCode {
-    let flags = Flags::parse();
-    let cfg = match &flags.config_file {
-        Some(path) => ServerConfig::from_file(path),
-        None => ServerConfig::validate(flags),
+    // (etcd's flags that have no effect here are taken out first, to be named in a warning)
+    let (args, ignored) = match strip_etcd_args(std::env::args().collect()) {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("etcd-node: {e}");
+            return ExitCode::from(2);
+        }
     };
-    let cfg = match cfg {
+    let cfg = match ServerConfig::from_flags(Flags::parse_from(args), ignored) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("etcd-node: {e}");
@@ -31,6 +34,12 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
+    if !cfg.ignored.is_empty() {
+        tracing::warn!(
+            keys = cfg.ignored.join(","),
+            "these etcd flags or config keys have no effect in etcd-node (docs/operations.md)"
+        );
+    }
     if let Err(e) = etcd_node::failpoint::setup() {
         eprintln!("etcd-node: {e}");
         return ExitCode::from(2);

@@ -7,6 +7,7 @@
 //! most one, never this node, never in a `--listen-*` flag, and only beside at least two regular
 //! members.
 
+mod etcd_keys;
 mod ids;
 
 use std::net::{SocketAddr, ToSocketAddrs};
@@ -17,6 +18,9 @@ use clap::Parser;
 use serde::Deserialize;
 use witness_core::WitnessUrl;
 
+use crate::tls;
+
+pub use etcd_keys::strip_args as strip_etcd_args;
 pub use ids::{cluster_id, member_id};
 
 /// etcd's flags (the subset etcd-node understands), with etcd's defaults.
@@ -124,6 +128,75 @@ pub struct Flags {
     /// Additional URLs to serve /metrics and /health on.
     #[arg(long, env = "ETCD_LISTEN_METRICS_URLS", default_value = "")]
     pub listen_metrics_urls: String,
+    /// Path to the client server TLS certificate file.
+    #[arg(long, env = "ETCD_CERT_FILE")]
+    pub cert_file: Option<PathBuf>,
+    /// Path to the client server TLS key file.
+    #[arg(long, env = "ETCD_KEY_FILE")]
+    pub key_file: Option<PathBuf>,
+    /// Enable client certificate authentication (clients must present a certificate signed by
+    /// --trusted-ca-file).
+    #[arg(long, env = "ETCD_CLIENT_CERT_AUTH", action = clap::ArgAction::Set, default_value_t = false, num_args = 0..=1, default_missing_value = "true")]
+    pub client_cert_auth: bool,
+    /// Path to the client certificate revocation list file.
+    #[arg(long, env = "ETCD_CLIENT_CRL_FILE")]
+    pub client_crl_file: Option<PathBuf>,
+    /// Path to the client server TLS trusted CA certificate file.
+    #[arg(long, env = "ETCD_TRUSTED_CA_FILE")]
+    pub trusted_ca_file: Option<PathBuf>,
+    /// Client TLS using generated certificates (kept in <data-dir>/fixtures/client).
+    #[arg(long, env = "ETCD_AUTO_TLS", action = clap::ArgAction::Set, default_value_t = false, num_args = 0..=1, default_missing_value = "true")]
+    pub auto_tls: bool,
+    /// Path to the peer server TLS certificate file (also presented to peers as this member's
+    /// client certificate).
+    #[arg(long, env = "ETCD_PEER_CERT_FILE")]
+    pub peer_cert_file: Option<PathBuf>,
+    /// Path to the peer server TLS key file.
+    #[arg(long, env = "ETCD_PEER_KEY_FILE")]
+    pub peer_key_file: Option<PathBuf>,
+    /// Enable peer client certificate authentication.
+    #[arg(long, env = "ETCD_PEER_CLIENT_CERT_AUTH", action = clap::ArgAction::Set, default_value_t = false, num_args = 0..=1, default_missing_value = "true")]
+    pub peer_client_cert_auth: bool,
+    /// Path to the peer certificate revocation list file.
+    #[arg(long, env = "ETCD_PEER_CRL_FILE")]
+    pub peer_crl_file: Option<PathBuf>,
+    /// Path to the peer server TLS trusted CA file.
+    #[arg(long, env = "ETCD_PEER_TRUSTED_CA_FILE")]
+    pub peer_trusted_ca_file: Option<PathBuf>,
+    /// Peer TLS using generated certificates (kept in <data-dir>/fixtures/peer).
+    #[arg(long, env = "ETCD_PEER_AUTO_TLS", action = clap::ArgAction::Set, default_value_t = false, num_args = 0..=1, default_missing_value = "true")]
+    pub peer_auto_tls: bool,
+    /// Allowed CommonName for inter-peer authentication.
+    #[arg(long, env = "ETCD_PEER_CERT_ALLOWED_CN")]
+    pub peer_cert_allowed_cn: Option<String>,
+    /// Allowed TLS hostname (a DNS name in the certificate) for inter-peer authentication.
+    #[arg(long, env = "ETCD_PEER_CERT_ALLOWED_HOSTNAME")]
+    pub peer_cert_allowed_hostname: Option<String>,
+    /// Comma-separated list of supported TLS 1.2 cipher suites between client/server and
+    /// peers (empty: rustls's defaults). TLS 1.3's suites are not configurable, as in etcd.
+    #[arg(long, env = "ETCD_CIPHER_SUITES", default_value = "")]
+    pub cipher_suites: String,
+    /// Minimum TLS version supported by etcd-node: TLS1.2 or TLS1.3.
+    #[arg(long, env = "ETCD_TLS_MIN_VERSION", default_value = "TLS1.2")]
+    pub tls_min_version: String,
+    /// Maximum TLS version supported by etcd-node: TLS1.2 or TLS1.3 (empty: the newest).
+    #[arg(long, env = "ETCD_TLS_MAX_VERSION", default_value = "")]
+    pub tls_max_version: String,
+    /// The validity period of the client and peer certificates made by --auto-tls and
+    /// --peer-auto-tls, in years.
+    #[arg(long, env = "ETCD_SELF_SIGNED_CERT_VALIDITY", default_value_t = 1)]
+    pub self_signed_cert_validity: u32,
+    /// Reject requests larger than this many bytes (etcd's default: 1.5 MiB).
+    #[arg(long, env = "ETCD_MAX_REQUEST_BYTES", default_value_t = 1536 * 1024)]
+    pub max_request_bytes: u64,
+    /// Interpret --auto-compaction-retention as a time ("periodic") or a number of revisions
+    /// ("revision").
+    #[arg(long, env = "ETCD_AUTO_COMPACTION_MODE", default_value = "periodic")]
+    pub auto_compaction_mode: String,
+    /// Auto compaction retention: for "periodic" a Go duration or a number of hours, for
+    /// "revision" a number of revisions; 0 turns auto compaction off.
+    #[arg(long, env = "ETCD_AUTO_COMPACTION_RETENTION", default_value = "0")]
+    pub auto_compaction_retention: String,
     /// Read the configuration from this YAML file (etcd's keys); flags and environment
     /// variables are then ignored.
     #[arg(long, env = "ETCD_CONFIG_FILE")]
@@ -137,13 +210,15 @@ impl Default for Flags {
     }
 }
 
-/// A `http://host:port` URL as given, with the address it names.
+/// A `http://host:port` or `https://host:port` URL as given, with the address it names.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HttpUrl {
     /// The URL as written (what member ids hash, as etcd's do).
     pub text: String,
     pub host: String,
     pub port: u16,
+    /// `https://`: TLS.
+    pub tls: bool,
 }
 
 impl HttpUrl {
@@ -151,15 +226,16 @@ impl HttpUrl {
         let bad = |why: &str| format!("--{flag}: {s:?} {why}");
         let parsed = url::Url::parse(s)
             .map_err(|e| bad(&format!("is not a URL ({e}); write http://host:port")))?;
-        match parsed.scheme() {
-            "http" => {}
-            "https" | "unixs" => {
+        let tls = match parsed.scheme() {
+            "http" => false,
+            "https" => true,
+            "unix" | "unixs" => {
                 return Err(bad(
-                    "uses TLS, which etcd-node does not support yet; use http://",
+                    "is a unix socket, which etcd-node does not serve; use http:// or https://",
                 ));
             }
-            _ => return Err(bad("must be an http://host:port URL")),
-        }
+            _ => return Err(bad("must be an http://host:port or https://host:port URL")),
+        };
         let host = parsed
             .host_str()
             .ok_or_else(|| bad("has no host; write http://host:port"))?
@@ -176,6 +252,7 @@ impl HttpUrl {
             text: s.to_string(),
             host,
             port,
+            tls,
         })
     }
 
@@ -239,6 +316,55 @@ pub struct ServerConfig {
     /// Where a blob witness's SAS token is (see `--witness-sas-file`).
     pub witness_sas_file: Option<PathBuf>,
     pub force_new_cluster: bool,
+    /// TLS on the client listeners (and for this member's calls to other members' client URLs).
+    pub client_tls: tls::Side,
+    /// TLS on the peer listeners and links.
+    pub peer_tls: tls::Side,
+    pub tls_policy: tls::Policy,
+    /// Years the auto-TLS certificates are valid.
+    pub self_signed_cert_validity: u32,
+    pub max_request_bytes: usize,
+    pub auto_compaction: Option<AutoCompaction>,
+    /// etcd flags or keys that were set but have no effect here (named in a WARN at start).
+    pub ignored: Vec<String>,
+}
+
+/// `--auto-compaction-mode` with its `--auto-compaction-retention`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AutoCompaction {
+    /// Keep this much history.
+    Periodic(Duration),
+    /// Keep this many revisions.
+    Revision(u64),
+}
+
+fn parse_auto_compaction(mode: &str, retention: &str) -> Result<Option<AutoCompaction>, String> {
+    let retention = retention.trim();
+    let off = retention.is_empty() || retention.parse::<f64>().is_ok_and(|n| n == 0.0);
+    match mode {
+        "periodic" | "revision" if off => Ok(None),
+        "periodic" => {
+            // (etcd: a bare number is hours)
+            let d = match retention.parse::<f64>() {
+                Ok(hours) => Duration::try_from_secs_f64(hours * 3600.0).map_err(|_| {
+                    format!("--auto-compaction-retention: {retention:?} is not a number of hours")
+                })?,
+                Err(_) => parse_go_duration("auto-compaction-retention", retention)?,
+            };
+            Ok(Some(AutoCompaction::Periodic(d)))
+        }
+        "revision" => retention
+            .parse::<u64>()
+            .map(|n| Some(AutoCompaction::Revision(n)))
+            .map_err(|_| {
+                format!(
+                    "--auto-compaction-retention: {retention:?} is not a number of revisions (--auto-compaction-mode revision)"
+                )
+            }),
+        other => Err(format!(
+            "--auto-compaction-mode: {other:?} is neither \"periodic\" nor \"revision\""
+        )),
+    }
 }
 
 /// A Go duration (`10m`, `1m30s`, `500ms`, `2h`): what etcd's duration flags take.
@@ -273,6 +399,10 @@ pub fn parse_go_duration(flag: &str, s: &str) -> Result<Duration, String> {
     }
     Ok(total)
 }
+
+/// The largest --max-request-bytes (etcd warns above 10 MiB; a request is held in memory
+/// several times over, and a Raft entry this large slows every member).
+pub const MAX_REQUEST_BYTES_LIMIT: usize = 64 * 1024 * 1024;
 
 /// etcd's default backend quota.
 pub const DEFAULT_QUOTA_BYTES: u64 = 2 * 1024 * 1024 * 1024;
@@ -352,20 +482,28 @@ fn parse_initial_cluster(s: &str, token: &str) -> Result<Vec<InitialMember>, Str
 impl ServerConfig {
     /// Parses the command line (and environment, or the config file) and validates it.
     pub fn from_args(args: impl IntoIterator<Item = String>) -> Result<Self, String> {
+        let (args, ignored) = strip_etcd_args(args.into_iter().collect())?;
         let flags = Flags::try_parse_from(args).map_err(|e| e.to_string())?;
+        Self::from_flags(flags, ignored)
+    }
+
+    /// The configuration the flags give (or their `--config-file`); `ignored`: the etcd flags
+    /// [`strip_etcd_args`] took out.
+    pub fn from_flags(flags: Flags, ignored: Vec<String>) -> Result<Self, String> {
         match &flags.config_file {
             Some(path) => Self::from_file(path),
-            None => Self::validate(flags),
+            None => Self::validate(flags).map(|c| ServerConfig { ignored, ..c }),
         }
     }
 
     /// Reads a YAML config file with etcd's keys.
     pub fn from_file(path: &std::path::Path) -> Result<Self, String> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| format!("--config-file {}: {e}", path.display()))?;
-        let flags: Flags = serde_norway::from_str(&text)
-            .map_err(|e| format!("--config-file {}: {e}", path.display()))?;
-        Self::validate(flags)
+        let bad = |e: String| format!("--config-file {}: {e}", path.display());
+        let text = std::fs::read_to_string(path).map_err(|e| bad(e.to_string()))?;
+        let (keys, ignored) = etcd_keys::flatten_file(&text).map_err(bad)?;
+        let flags: Flags = serde_norway::from_value(serde_norway::Value::Mapping(keys))
+            .map_err(|e| bad(e.to_string()))?;
+        Self::validate(flags).map(|c| ServerConfig { ignored, ..c })
     }
 
     /// Checks a set of flags; the error names the flag and the fix.
@@ -420,6 +558,66 @@ impl ServerConfig {
             &f.initial_advertise_peer_urls,
         )?;
         let listen_metrics_urls = url_list("listen-metrics-urls", &f.listen_metrics_urls)?;
+        let client_tls = tls::Side {
+            name: "client",
+            prefix: "",
+            cert_file: f.cert_file.clone(),
+            key_file: f.key_file.clone(),
+            trusted_ca_file: f.trusted_ca_file.clone(),
+            crl_file: f.client_crl_file.clone(),
+            client_cert_auth: f.client_cert_auth,
+            auto_tls: f.auto_tls,
+            allowed_cn: None,
+            allowed_hostname: None,
+        };
+        let peer_tls = tls::Side {
+            name: "peer",
+            prefix: "peer-",
+            cert_file: f.peer_cert_file.clone(),
+            key_file: f.peer_key_file.clone(),
+            trusted_ca_file: f.peer_trusted_ca_file.clone(),
+            crl_file: f.peer_crl_file.clone(),
+            client_cert_auth: f.peer_client_cert_auth,
+            auto_tls: f.peer_auto_tls,
+            allowed_cn: f.peer_cert_allowed_cn.clone(),
+            allowed_hostname: f.peer_cert_allowed_hostname.clone(),
+        };
+        client_tls.check()?;
+        peer_tls.check()?;
+        for (flag, urls, side) in [
+            ("listen-client-urls", &listen_client_urls, &client_tls),
+            ("listen-metrics-urls", &listen_metrics_urls, &client_tls),
+            ("listen-peer-urls", &listen_peer_urls, &peer_tls),
+        ] {
+            if let Some(u) = urls.iter().find(|u| u.tls)
+                && !side.serves_tls()
+            {
+                let p = side.prefix;
+                return Err(format!(
+                    "--{flag}: {} is https://, which needs --{p}cert-file and --{p}key-file (or --{p}auto-tls)",
+                    u.text
+                ));
+            }
+        }
+        let cipher_suites: Vec<String> = f
+            .cipher_suites
+            .split(',')
+            .map(str::trim)
+            .filter(|c| !c.is_empty())
+            .map(String::from)
+            .collect();
+        let tls_policy = tls::Policy::new(&cipher_suites, &f.tls_min_version, &f.tls_max_version)?;
+        let auto_compaction =
+            parse_auto_compaction(&f.auto_compaction_mode, &f.auto_compaction_retention)?;
+        if f.max_request_bytes == 0 {
+            return Err("--max-request-bytes must be above 0 (etcd's default: 1572864)".into());
+        }
+        let max_request_bytes = usize::try_from(f.max_request_bytes)
+            .ok()
+            .filter(|n| *n <= MAX_REQUEST_BYTES_LIMIT)
+            .ok_or_else(|| {
+                format!("--max-request-bytes must be at most {MAX_REQUEST_BYTES_LIMIT}")
+            })?;
         for (flag, urls) in [
             ("listen-client-urls", &listen_client_urls),
             ("listen-peer-urls", &listen_peer_urls),
@@ -481,6 +679,18 @@ impl ServerConfig {
         if !witnesses.is_empty() && regular < 2 {
             return Err("--initial-cluster: a witness needs at least two regular members beside it (with one, it could never acknowledge anything)".into());
         }
+        let https_peer = members.iter().find(|m| {
+            m.name != f.name && matches!(&m.peer, PeerUrls::Regular(u) if u.iter().any(|u| u.tls))
+        });
+        if let Some(m) = https_peer
+            && peer_tls.trusted_ca_file.is_none()
+            && !peer_tls.auto_tls
+        {
+            return Err(format!(
+                "--initial-cluster: member {:?} has an https:// peer URL; give --peer-trusted-ca-file (the CA that signed the members' certificates) to verify it, or --peer-auto-tls",
+                m.name
+            ));
+        }
         let mut ids: Vec<u64> = members.iter().map(|m| m.id).collect();
         ids.sort_unstable();
         if ids.windows(2).any(|w| w[0] == w[1]) {
@@ -516,6 +726,13 @@ impl ServerConfig {
             witness_probe: (!witness_probe.is_zero()).then_some(witness_probe),
             witness_sas_file: f.witness_sas_file.clone(),
             force_new_cluster: f.force_new_cluster,
+            client_tls,
+            peer_tls,
+            tls_policy,
+            self_signed_cert_validity: f.self_signed_cert_validity,
+            max_request_bytes,
+            auto_compaction,
+            ignored: Vec::new(),
         })
     }
 
@@ -638,7 +855,12 @@ mod tests {
                 "witness:mount?path=%2Fvar%2Fwitness",
                 "--listen-peer-urls",
             ),
-            ("--listen-client-urls", "https://10.0.1.10:2379", "TLS"),
+            (
+                "--listen-client-urls",
+                "https://10.0.1.10:2379",
+                "--cert-file",
+            ),
+            ("--listen-client-urls", "unixs://x:1", "unix socket"),
             ("--listen-client-urls", "http://10.0.1.10", "no port"),
             (
                 "--initial-advertise-peer-urls",
@@ -662,6 +884,81 @@ mod tests {
             let e = err(with(flag, value));
             assert!(e.contains(expect), "{flag} {value}: {e}");
         }
+    }
+
+    #[test]
+    fn etcds_flags_without_an_effect_are_accepted_and_named() {
+        let mut args: Vec<&str> = SEED.to_vec();
+        args.extend([
+            "--logger=zap",
+            "--enable-v2",
+            "--log-outputs",
+            "stderr",
+            "--experimental-initial-corrupt-check=true",
+            "--snapshot-count=10000",
+        ]);
+        let c = parse(&args).unwrap();
+        for key in [
+            "logger",
+            "enable-v2",
+            "log-outputs",
+            "experimental-initial-corrupt-check",
+        ] {
+            assert!(c.ignored.iter().any(|k| k == key), "{key}: {:?}", c.ignored);
+        }
+        assert_eq!(
+            c.snapshot_count, 10_000,
+            "the flag after them is still read"
+        );
+        let e = err(with("--discovery", "https://discovery.etcd.io/x"));
+        assert!(
+            e.contains("--discovery") && e.contains("--initial-cluster"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn tls_and_compaction_flags_are_checked() {
+        let tls_peer = "infra0=https://10.0.1.10:2380,infra1=https://10.0.1.11:2380,infra2=witness:mount?path=%2Fw";
+        let mut peer = with("--initial-cluster", tls_peer);
+        let mut set = |flag: &str| {
+            let i = peer.iter().position(|a| a == flag).unwrap();
+            peer[i + 1] = "https://10.0.1.10:2380".into();
+            peer.clone()
+        };
+        let e = err(set("--initial-advertise-peer-urls"));
+        assert!(e.contains("--peer-trusted-ca-file"), "{e}");
+        let e = err(set("--listen-peer-urls"));
+        assert!(e.contains("--peer-cert-file"), "{e}");
+        peer.push("--peer-auto-tls".into());
+        let refs: Vec<&str> = peer.iter().map(String::as_str).collect();
+        let c = parse(&refs).unwrap();
+        assert!(c.listen_peer_urls[0].tls && c.peer_tls.auto_tls);
+        for (flag, value, expect) in [
+            ("--client-cert-auth", "true", "needs --trusted-ca-file"),
+            ("--cert-file", "/x.crt", "--cert-file needs --key-file"),
+            ("--tls-min-version", "TLS1.0", "--tls-min-version"),
+            ("--cipher-suites", "RC4", "--cipher-suites"),
+            ("--auto-compaction-mode", "hourly", "--auto-compaction-mode"),
+            ("--max-request-bytes", "0", "--max-request-bytes"),
+            (
+                "--listen-client-urls",
+                "https://10.0.1.10:2379",
+                "--cert-file",
+            ),
+        ] {
+            let e = err(with(flag, value));
+            assert!(e.contains(expect), "{flag} {value}: {e}");
+        }
+        let mut revision = with("--auto-compaction-mode", "revision");
+        revision.extend(["--auto-compaction-retention".into(), "1h".into()]);
+        assert!(err(revision).contains("number of revisions"));
+        let c = parse(&[SEED, &["--auto-compaction-retention", "1"]].concat()).unwrap();
+        assert_eq!(
+            c.auto_compaction,
+            Some(AutoCompaction::Periodic(Duration::from_secs(3600))),
+            "a bare number is hours, as in etcd"
+        );
     }
 
     #[test]
@@ -696,5 +993,26 @@ mod tests {
         std::fs::write(&path, "name: x\nlisten-client-urlz: http://a:1\n").unwrap();
         let e = parse(&["--config-file", path.to_str().unwrap()]).unwrap_err();
         assert!(e.contains("listen-client-urlz"), "{e}");
+        // A narrowing key etcd-node does not honour is refused, not ignored.
+        std::fs::write(
+            &path,
+            "name: x\nclient-transport-security:\n  allowed-cn: admin\n",
+        )
+        .unwrap();
+        let e = parse(&["--config-file", path.to_str().unwrap()]).unwrap_err();
+        assert!(e.contains("client-transport-security.allowed-cn"), "{e}");
+        std::fs::write(
+            &path,
+            "name: x\npeer-transport-security:\n  auto-tls: true\n  allowed-cn: [etcd-peer]\n  client-cert-auth: true\n  trusted-ca-file: /ca.crt\nlogger: zap\nauto-compaction-retention: 2\n",
+        )
+        .unwrap();
+        let c = parse(&["--config-file", path.to_str().unwrap()]).unwrap();
+        assert_eq!(c.peer_tls.allowed_cn.as_deref(), Some("etcd-peer"));
+        assert!(c.peer_tls.auto_tls && c.peer_tls.client_cert_auth);
+        assert_eq!(c.ignored, ["logger"]);
+        assert_eq!(
+            c.auto_compaction,
+            Some(AutoCompaction::Periodic(Duration::from_secs(7200)))
+        );
     }
 }

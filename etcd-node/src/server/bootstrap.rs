@@ -29,6 +29,7 @@ use crate::config::{ClusterState, HttpUrl, PeerUrls, ServerConfig};
 use crate::mvcc::Mvcc;
 use crate::raft::{self, KnownWitness, Membership, Raft, Storage};
 use crate::storage::disk::DiskStorage;
+use crate::tls::{self, Dialer, ServerTls};
 use crate::witness::{Unread, load_within};
 
 /// Accepted connections without Nagle's algorithm: a small response must not wait for the
@@ -37,8 +38,8 @@ fn incoming(listener: TcpListener) -> TcpIncoming {
     TcpIncoming::from(listener).with_nodelay(Some(true))
 }
 
-/// Binds every address of every URL of `flag`.
-async fn bind(flag: &str, urls: &[HttpUrl]) -> anyhow::Result<Vec<TcpListener>> {
+/// Binds every address of every URL of `flag`; each listener with whether it is TLS.
+async fn bind(flag: &str, urls: &[HttpUrl]) -> anyhow::Result<Vec<(TcpListener, bool)>> {
     let mut listeners = Vec::new();
     for url in urls {
         let addrs: Vec<SocketAddr> = url.socket_addrs().map_err(anyhow::Error::msg)?;
@@ -46,10 +47,69 @@ async fn bind(flag: &str, urls: &[HttpUrl]) -> anyhow::Result<Vec<TcpListener>> 
             let l = TcpListener::bind(addr)
                 .await
                 .with_context(|| format!("{flag} {}: cannot listen on {addr}", url.text))?;
-            listeners.push(l);
+            listeners.push((l, url.tls));
         }
     }
     Ok(listeners)
+}
+
+/// A member's TLS: what its TLS listeners serve, and how it dials other members.
+#[derive(Debug)]
+struct Tls {
+    client: Option<Arc<ServerTls>>,
+    peer: Option<Arc<ServerTls>>,
+    client_dialer: Dialer,
+    peer_dialer: Dialer,
+}
+
+/// Reads the certificates (making the auto-TLS ones first): a file that is missing or does
+/// not fit refuses the start, naming its flag.
+fn setup_tls(cfg: &ServerConfig) -> anyhow::Result<Tls> {
+    let side = |side: &tls::Side, listen: &[&[HttpUrl]], advertise: &[HttpUrl]| {
+        let mut side = side.clone();
+        if side.auto_tls && side.cert_file.is_none() {
+            let mut hosts: Vec<String> = listen
+                .iter()
+                .flat_map(|urls| urls.iter())
+                .chain(advertise)
+                .map(|u| u.host.clone())
+                .collect();
+            hosts.sort();
+            hosts.dedup();
+            let dir = cfg.data_dir.join("fixtures").join(side.name);
+            let (cert, key) = tls::self_signed(&dir, &hosts, cfg.self_signed_cert_validity)
+                .map_err(|e| anyhow::anyhow!("--{}auto-tls: {e}", side.prefix))?;
+            (side.cert_file, side.key_file) = (Some(cert), Some(key));
+        }
+        anyhow::Ok(side)
+    };
+    let client = side(
+        &cfg.client_tls,
+        &[&cfg.listen_client_urls, &cfg.listen_metrics_urls],
+        &cfg.advertise_client_urls,
+    )?;
+    let peer = side(
+        &cfg.peer_tls,
+        &[&cfg.listen_peer_urls],
+        &cfg.initial_advertise_peer_urls,
+    )?;
+    let serves = |urls: &[&[HttpUrl]]| urls.iter().any(|u| u.iter().any(|u| u.tls));
+    let policy = &cfg.tls_policy;
+    let listener = |side: &tls::Side, alpn: &[&[u8]]| {
+        ServerTls::new(side, policy, alpn, tls::RECHECK)
+            .map(Arc::new)
+            .map_err(anyhow::Error::msg)
+    };
+    Ok(Tls {
+        client: serves(&[&cfg.listen_client_urls, &cfg.listen_metrics_urls])
+            .then(|| listener(&client, &[b"h2", b"http/1.1"]))
+            .transpose()?,
+        peer: serves(&[&cfg.listen_peer_urls])
+            .then(|| listener(&peer, &[b"h2"]))
+            .transpose()?,
+        client_dialer: Dialer::new(&client, policy, tls::RECHECK).map_err(anyhow::Error::msg)?,
+        peer_dialer: Dialer::new(&peer, policy, tls::RECHECK).map_err(anyhow::Error::msg)?,
+    })
 }
 
 /// This member's and its cluster's ids.
@@ -61,7 +121,10 @@ struct Ids {
 
 /// The member's storage, opened (bootstrapped for a new cluster, or set up to join a running
 /// one), and the ids it stores.
-async fn open_storage(cfg: &ServerConfig) -> anyhow::Result<(DiskStorage, Arc<Mvcc>, Ids)> {
+async fn open_storage(
+    cfg: &ServerConfig,
+    dialer: &Dialer,
+) -> anyhow::Result<(DiskStorage, Arc<Mvcc>, Ids)> {
     let member_dir = cfg.data_dir.join("member");
     std::fs::create_dir_all(&member_dir)
         .with_context(|| format!("--data-dir: cannot create {}", member_dir.display()))?;
@@ -94,7 +157,7 @@ async fn open_storage(cfg: &ServerConfig) -> anyhow::Result<(DiskStorage, Arc<Mv
                 );
             }
             ClusterState::Existing => {
-                let (ids, members) = join(cfg).await?;
+                let (ids, members) = join(cfg, dialer).await?;
                 mvcc.seed_members(&members)?;
                 mvcc.set_identity(ids.member, ids.cluster)?;
                 tracing::info!(
@@ -278,7 +341,7 @@ pub(crate) fn initial_membership(cfg: &ServerConfig) -> anyhow::Result<Membershi
 /// For `--initial-cluster-state existing` on an empty data directory: asks the running members
 /// named in `--initial-cluster` for the cluster's id and members, and finds this member among
 /// them by its peer URLs (it must have been added with `etcdctl member add`).
-async fn join(cfg: &ServerConfig) -> anyhow::Result<(Ids, Vec<PbMember>)> {
+async fn join(cfg: &ServerConfig, dialer: &Dialer) -> anyhow::Result<(Ids, Vec<PbMember>)> {
     let mine: BTreeSet<&str> = cfg
         .initial_advertise_peer_urls
         .iter()
@@ -290,7 +353,7 @@ async fn join(cfg: &ServerConfig) -> anyhow::Result<(Ids, Vec<PbMember>)> {
             continue;
         };
         for url in urls.iter().filter(|u| !mine.contains(u.text.as_str())) {
-            match peer::fetch_members(&url.text).await {
+            match peer::fetch_members(dialer, &url.text).await {
                 Ok((cluster, members)) => {
                     let me = members.iter().find(|x| {
                         x.peer_ur_ls
@@ -341,7 +404,8 @@ pub async fn run(
     let peer_listeners = bind("--listen-peer-urls", &cfg.listen_peer_urls).await?;
     let client_listeners = bind("--listen-client-urls", &cfg.listen_client_urls).await?;
     let metrics_listeners = bind("--listen-metrics-urls", &cfg.listen_metrics_urls).await?;
-    let (disk, mvcc, ids) = open_storage(&cfg).await?;
+    let tls = setup_tls(&cfg)?;
+    let (disk, mvcc, ids) = open_storage(&cfg, &tls.peer_dialer).await?;
     let tick = cfg.heartbeat_interval;
     let mut rc = raft::Config::new(ids.member);
     rc.cluster_id = ids.cluster;
@@ -368,6 +432,7 @@ pub async fn run(
         member_id: ids.member,
         client_urls: own_client_urls.clone(),
         name: cfg.name.clone(),
+        dialer: tls.peer_dialer.clone(),
     };
     let peer_list: Vec<(u64, String)> = members
         .iter()
@@ -437,6 +502,8 @@ pub async fn run(
         quota_bytes: cfg.quota_backend_bytes,
         election_timeout: cfg.election_timeout,
         credentials: credentials(&cfg),
+        max_request_bytes: cfg.max_request_bytes,
+        client_dialer: tls.client_dialer.clone(),
     };
     let (stop_tx, stop_rx) = watch::channel(false);
     let stopped = move || {
@@ -446,7 +513,7 @@ pub async fn run(
         }
     };
     let mut servers = tokio::task::JoinSet::new();
-    for l in peer_listeners {
+    for (l, secure) in peer_listeners {
         let svc = super::wire::pb::peer_server::PeerServer::new(PeerService {
             me: me.clone(),
             mvcc: mvcc.clone(),
@@ -454,13 +521,14 @@ pub async fn run(
             client_urls: client_urls.clone(),
         })
         .max_decoding_message_size(MAX_FRAME_BYTES);
-        let stop = stopped();
-        servers.spawn(async move {
-            grpc_server()
-                .add_service(svc)
-                .serve_with_incoming_shutdown(incoming(l), stop)
-                .await
-        });
+        let routes = Routes::new(svc);
+        servers.spawn(serve(
+            l,
+            routes,
+            stopped(),
+            secure.then(|| tls.peer.clone()).flatten(),
+            false,
+        ));
     }
     let client_routes = || {
         let grpc = api::routes(&api);
@@ -469,12 +537,25 @@ pub async fn run(
             .layer(axum::middleware::map_response(etcd_size_error));
         with_http(router, &api)
     };
-    for l in client_listeners {
-        servers.spawn(serve(l, client_routes(), stopped()));
+    let client_tls = |secure: bool| secure.then(|| tls.client.clone()).flatten();
+    for (l, secure) in client_listeners {
+        servers.spawn(serve(
+            l,
+            client_routes(),
+            stopped(),
+            client_tls(secure),
+            true,
+        ));
     }
     let metrics_routes = || with_http(axum::Router::new(), &api);
-    for l in metrics_listeners {
-        servers.spawn(serve(l, metrics_routes(), stopped()));
+    for (l, secure) in metrics_listeners {
+        servers.spawn(serve(
+            l,
+            metrics_routes(),
+            stopped(),
+            client_tls(secure),
+            true,
+        ));
     }
     tracing::info!(
         name = %cfg.name,
@@ -489,6 +570,9 @@ pub async fn run(
             api.metrics.clone(),
             every,
         ));
+    }
+    if let Some(mode) = cfg.auto_compaction {
+        tokio::spawn(api::compactor::run(api.clone(), mode));
     }
     if let Some(every) = cfg.corrupt_check {
         // (ends with the runtime, like the other background tasks)
@@ -616,14 +700,26 @@ fn grpc_server() -> tonic::transport::Server {
         .http2_max_pending_accept_reset_streams(Some(MAX_PENDING_RESETS))
 }
 
+/// Serves `routes` on `listener`, over TLS when given its configuration; `http1`: also
+/// HTTP/1.1 (client listeners: `/health` and `/metrics` for curl and Prometheus).
 async fn serve(
     listener: TcpListener,
     routes: Routes,
     stop: impl std::future::Future<Output = ()>,
+    tls: Option<Arc<ServerTls>>,
+    http1: bool,
 ) -> Result<(), tonic::transport::Error> {
-    grpc_server()
-        .accept_http1(true)
-        .add_routes(routes)
-        .serve_with_incoming_shutdown(incoming(listener), stop)
-        .await
+    let server = grpc_server().accept_http1(http1).add_routes(routes);
+    match tls {
+        Some(tls) => {
+            server
+                .serve_with_incoming_shutdown(tls::incoming(listener, tls), stop)
+                .await
+        }
+        None => {
+            server
+                .serve_with_incoming_shutdown(incoming(listener), stop)
+                .await
+        }
+    }
 }

@@ -28,6 +28,7 @@ use super::wire::{Envelope, pb};
 use crate::mvcc::Mvcc;
 use crate::raft::{Body, Message, NodeId, Snapshot};
 use crate::storage::snap::DataReader;
+use crate::tls::Dialer;
 
 use pb::peer_client::PeerClient;
 use pb::peer_server::Peer;
@@ -51,6 +52,8 @@ pub struct Identity {
     pub member_id: NodeId,
     pub client_urls: Vec<String>,
     pub name: String,
+    /// How it connects to its peers (TLS for `https://` peer URLs).
+    pub dialer: Dialer,
 }
 
 /// The sending side: one queue per peer, and one slot for a snapshot.
@@ -152,17 +155,18 @@ impl Peers {
 
 /// Connects to the peer at `url`, with HTTP/2 pings that find a connection that died without
 /// a reset (a peer cut off or paused, a middlebox that dropped it).
-async fn connect(url: &str) -> Result<PeerClient<tonic::transport::Channel>, String> {
-    let channel = tonic::transport::Endpoint::from_shared(url.to_string())
+async fn connect(
+    dialer: &Dialer,
+    url: &str,
+) -> Result<PeerClient<tonic::transport::Channel>, String> {
+    let endpoint = tonic::transport::Endpoint::from_shared(url.to_string())
         .map_err(|e| format!("bad peer URL {url}: {e}"))?
         .connect_timeout(Duration::from_secs(1))
         .tcp_nodelay(true)
         .http2_keep_alive_interval(Duration::from_secs(1))
         .keep_alive_timeout(Duration::from_secs(3))
-        .keep_alive_while_idle(true)
-        .connect()
-        .await
-        .map_err(|e| e.to_string())?;
+        .keep_alive_while_idle(true);
+    let channel = dialer.connect(endpoint).await?;
     Ok(PeerClient::new(channel)
         .max_encoding_message_size(MAX_FRAME_BYTES)
         .max_decoding_message_size(MAX_FRAME_BYTES))
@@ -235,7 +239,7 @@ impl SnapshotSender {
 
     /// Sends the snapshot of `m`; returns the bytes of data sent.
     async fn send(&self, m: &Message, snapshot: &Snapshot) -> Result<u64, String> {
-        let mut client = connect(&self.url).await?;
+        let mut client = connect(&self.me.dialer, &self.url).await?;
         let head = Message {
             body: Body::Snapshot {
                 snapshot: Snapshot {
@@ -325,15 +329,16 @@ fn read_pieces(
 }
 
 /// Asks the member at `url` for the cluster's id and members.
-pub async fn fetch_members(url: &str) -> Result<(u64, Vec<etcd_client::proto::PbMember>), String> {
+pub async fn fetch_members(
+    dialer: &Dialer,
+    url: &str,
+) -> Result<(u64, Vec<etcd_client::proto::PbMember>), String> {
     use prost::Message as _;
-    let channel = tonic::transport::Endpoint::from_shared(url.to_string())
+    let endpoint = tonic::transport::Endpoint::from_shared(url.to_string())
         .map_err(|e| e.to_string())?
         .connect_timeout(Duration::from_secs(2))
-        .timeout(Duration::from_secs(5))
-        .connect()
-        .await
-        .map_err(|e| e.to_string())?;
+        .timeout(Duration::from_secs(5));
+    let channel = dialer.connect(endpoint).await?;
     let reply = PeerClient::new(channel)
         .members(MembersRequest {})
         .await
@@ -356,7 +361,7 @@ async fn run_link(me: Identity, to: NodeId, url: String, mut rx: mpsc::Receiver<
     loop {
         // A dead connection ends the stream and the link reconnects, instead of queueing
         // behind it.
-        let mut client = match connect(&url).await {
+        let mut client = match connect(&me.dialer, &url).await {
             Ok(c) => c,
             Err(e) => {
                 tracing::debug!(peer = %url, error = %e, "peer unreachable; retrying");

@@ -118,8 +118,27 @@ fn failed_authentication() -> Status {
     Status::invalid_argument("etcdserver: authentication failed, invalid user ID or password")
 }
 
-/// The token a client sent (etcd's clients send it as `token` metadata).
-pub fn token_of(metadata: &MetadataMap) -> Option<String> {
+/// Who a request comes from, as auth sees it.
+#[derive(Debug, Clone)]
+pub enum Caller {
+    /// The token it carries (etcd's clients send it as `token` metadata).
+    Token(String),
+    /// With `--client-cert-auth`, the CommonName of its verified client certificate.
+    Certificate(String),
+}
+
+/// The request's caller: its token or, with none, its client certificate's CommonName (etcd's
+/// rule, which lets kube-apiserver use a certificate and no password).
+pub fn caller_of<T>(request: &tonic::Request<T>) -> Option<Caller> {
+    if let Some(token) = token_of(request.metadata()) {
+        return Some(Caller::Token(token));
+    }
+    let tls = request.extensions().get::<crate::tls::ConnInfo>()?;
+    let cn = tls.common_name.as_deref()?;
+    Some(Caller::Certificate(cn.to_string()))
+}
+
+fn token_of(metadata: &MetadataMap) -> Option<String> {
     metadata
         .get("token")
         .and_then(|v| v.to_str().ok())
@@ -164,14 +183,18 @@ impl Api {
     }
 
     /// The rights of the token's user; None while auth is off (everything is allowed).
-    pub(super) fn rights(&self, token: Option<&str>) -> Result<Option<Rights>, Status> {
+    pub(super) fn rights(&self, token: Option<&Caller>) -> Result<Option<Rights>, Status> {
         if !self.mvcc.auth_enabled() {
             return Ok(None);
         }
-        let Some(token) = token else {
-            return Err(Status::invalid_argument("etcdserver: user name is empty"));
+        let user = match token {
+            None => return Err(Status::invalid_argument("etcdserver: user name is empty")),
+            Some(Caller::Token(token)) => self.verify(token)?.ok_or_else(invalid_token)?,
+            // (as etcd: a certificate naming no user may do nothing)
+            Some(Caller::Certificate(name)) => self
+                .stored::<StoredUser>(&user_key(name))?
+                .ok_or_else(permission_denied)?,
         };
-        let user = self.verify(token)?.ok_or_else(invalid_token)?;
         let mut rights = Rights {
             root: user.roles.iter().any(|r| r == ROOT),
             perms: Vec::new(),
@@ -216,7 +239,11 @@ impl Api {
     }
 
     /// Refuses the request unless auth is off or the token's user may do all of `needs`.
-    pub(super) fn authorize(&self, token: Option<&str>, needs: &[Need<'_>]) -> Result<(), Status> {
+    pub(super) fn authorize(
+        &self,
+        token: Option<&Caller>,
+        needs: &[Need<'_>],
+    ) -> Result<(), Status> {
         let Some(rights) = self.rights(token)? else {
             return Ok(());
         };
@@ -240,7 +267,7 @@ impl Api {
     /// keys checked, for a caller that lists them (never a list read again after the check).
     pub(super) fn authorize_lease_keys(
         &self,
-        token: Option<&str>,
+        token: Option<&Caller>,
         leases: &[i64],
         write: bool,
     ) -> Result<Vec<Vec<u8>>, Status> {
@@ -273,7 +300,7 @@ impl Api {
     }
 
     /// Refuses the request unless auth is off or the token's user has the root role.
-    pub(super) fn require_root(&self, token: Option<&str>) -> Result<(), Status> {
+    pub(super) fn require_root(&self, token: Option<&Caller>) -> Result<(), Status> {
         match self.rights(token)? {
             Some(r) if !r.root => Err(permission_denied()),
             _ => Ok(()),
@@ -283,11 +310,11 @@ impl Api {
     /// Proposes an auth change (as root, when auth is on).
     async fn change<T>(
         &self,
-        token: Option<String>,
+        token: Option<Caller>,
         op: AuthOp,
         done: impl FnOnce(Option<PbResponseHeader>) -> T,
     ) -> Result<Response<T>, Status> {
-        self.require_root(token.as_deref())?;
+        self.require_root(token.as_ref())?;
         let change = AuthChange { op: Some(op) };
         match self.propose(Op::Auth(change)).await? {
             Applied::Auth(header) => Ok(Response::new(done(header))),
@@ -320,7 +347,7 @@ impl PbAuthService for Auth {
         request: Request<PbAuthEnableRequest>,
     ) -> Result<Response<PbAuthEnableResponse>, Status> {
         let secret: [u8; 32] = rand::random();
-        let token = token_of(request.metadata());
+        let token = caller_of(&request);
         self.api
             .change(token, AuthOp::Enable(secret.to_vec()), |header| {
                 PbAuthEnableResponse { header }
@@ -332,7 +359,7 @@ impl PbAuthService for Auth {
         &self,
         request: Request<PbAuthDisableRequest>,
     ) -> Result<Response<PbAuthDisableResponse>, Status> {
-        let token = token_of(request.metadata());
+        let token = caller_of(&request);
         self.api
             .change(token, AuthOp::Disable(true), |header| {
                 PbAuthDisableResponse { header }
@@ -402,8 +429,8 @@ impl PbAuthService for Auth {
         &self,
         request: Request<PbAuthUserAddRequest>,
     ) -> Result<Response<PbAuthUserAddResponse>, Status> {
-        let token = token_of(request.metadata());
-        self.api.require_root(token.as_deref())?;
+        let token = caller_of(&request);
+        self.api.require_root(token.as_ref())?;
         let mut req = request.into_inner();
         let no_password = req.options.as_ref().is_some_and(|o| o.no_password);
         if req.hashed_password.is_empty() && !no_password {
@@ -421,8 +448,7 @@ impl PbAuthService for Auth {
         &self,
         request: Request<PbAuthUserGetRequest>,
     ) -> Result<Response<PbAuthUserGetResponse>, Status> {
-        self.api
-            .require_root(token_of(request.metadata()).as_deref())?;
+        self.api.require_root(caller_of(&request).as_ref())?;
         let name = &request.get_ref().name;
         let user = self
             .api
@@ -438,8 +464,7 @@ impl PbAuthService for Auth {
         &self,
         request: Request<PbAuthUserListRequest>,
     ) -> Result<Response<PbAuthUserListResponse>, Status> {
-        self.api
-            .require_root(token_of(request.metadata()).as_deref())?;
+        self.api.require_root(caller_of(&request).as_ref())?;
         Ok(Response::new(PbAuthUserListResponse {
             header: self.api.current_header(),
             users: self.api.names("user/")?,
@@ -450,7 +475,7 @@ impl PbAuthService for Auth {
         &self,
         request: Request<PbAuthUserDeleteRequest>,
     ) -> Result<Response<PbAuthUserDeleteResponse>, Status> {
-        let token = token_of(request.metadata());
+        let token = caller_of(&request);
         let op = AuthOp::UserDelete(request.into_inner());
         self.api
             .change(token, op, |header| PbAuthUserDeleteResponse { header })
@@ -461,8 +486,8 @@ impl PbAuthService for Auth {
         &self,
         request: Request<PbAuthUserChangePasswordRequest>,
     ) -> Result<Response<PbAuthUserChangePasswordResponse>, Status> {
-        let token = token_of(request.metadata());
-        self.api.require_root(token.as_deref())?;
+        let token = caller_of(&request);
+        self.api.require_root(token.as_ref())?;
         let mut req = request.into_inner();
         if req.hashed_password.is_empty() {
             req.hashed_password = hash_password(std::mem::take(&mut req.password)).await?;
@@ -480,7 +505,7 @@ impl PbAuthService for Auth {
         &self,
         request: Request<PbAuthUserGrantRoleRequest>,
     ) -> Result<Response<PbAuthUserGrantRoleResponse>, Status> {
-        let token = token_of(request.metadata());
+        let token = caller_of(&request);
         let op = AuthOp::UserGrantRole(request.into_inner());
         self.api
             .change(token, op, |header| PbAuthUserGrantRoleResponse { header })
@@ -491,7 +516,7 @@ impl PbAuthService for Auth {
         &self,
         request: Request<PbAuthUserRevokeRoleRequest>,
     ) -> Result<Response<PbAuthUserRevokeRoleResponse>, Status> {
-        let token = token_of(request.metadata());
+        let token = caller_of(&request);
         let op = AuthOp::UserRevokeRole(request.into_inner());
         self.api
             .change(token, op, |header| PbAuthUserRevokeRoleResponse { header })
@@ -502,7 +527,7 @@ impl PbAuthService for Auth {
         &self,
         request: Request<PbAuthRoleAddRequest>,
     ) -> Result<Response<PbAuthRoleAddResponse>, Status> {
-        let token = token_of(request.metadata());
+        let token = caller_of(&request);
         let op = AuthOp::RoleAdd(request.into_inner());
         self.api
             .change(token, op, |header| PbAuthRoleAddResponse { header })
@@ -513,8 +538,7 @@ impl PbAuthService for Auth {
         &self,
         request: Request<PbAuthRoleGetRequest>,
     ) -> Result<Response<PbAuthRoleGetResponse>, Status> {
-        self.api
-            .require_root(token_of(request.metadata()).as_deref())?;
+        self.api.require_root(caller_of(&request).as_ref())?;
         let name = &request.get_ref().role;
         let role = self
             .api
@@ -537,8 +561,7 @@ impl PbAuthService for Auth {
         &self,
         request: Request<PbAuthRoleListRequest>,
     ) -> Result<Response<PbAuthRoleListResponse>, Status> {
-        self.api
-            .require_root(token_of(request.metadata()).as_deref())?;
+        self.api.require_root(caller_of(&request).as_ref())?;
         Ok(Response::new(PbAuthRoleListResponse {
             header: self.api.current_header(),
             roles: self.api.names("role/")?,
@@ -549,7 +572,7 @@ impl PbAuthService for Auth {
         &self,
         request: Request<PbAuthRoleDeleteRequest>,
     ) -> Result<Response<PbAuthRoleDeleteResponse>, Status> {
-        let token = token_of(request.metadata());
+        let token = caller_of(&request);
         let op = AuthOp::RoleDelete(request.into_inner());
         self.api
             .change(token, op, |header| PbAuthRoleDeleteResponse { header })
@@ -560,7 +583,7 @@ impl PbAuthService for Auth {
         &self,
         request: Request<PbAuthRoleGrantPermissionRequest>,
     ) -> Result<Response<PbAuthRoleGrantPermissionResponse>, Status> {
-        let token = token_of(request.metadata());
+        let token = caller_of(&request);
         let op = AuthOp::RoleGrantPermission(request.into_inner());
         self.api
             .change(token, op, |header| PbAuthRoleGrantPermissionResponse {
@@ -573,7 +596,7 @@ impl PbAuthService for Auth {
         &self,
         request: Request<PbAuthRoleRevokePermissionRequest>,
     ) -> Result<Response<PbAuthRoleRevokePermissionResponse>, Status> {
-        let token = token_of(request.metadata());
+        let token = caller_of(&request);
         let op = AuthOp::RoleRevokePermission(request.into_inner());
         self.api
             .change(token, op, |header| PbAuthRoleRevokePermissionResponse {

@@ -7,7 +7,7 @@ use etcd_client::proto::*;
 use tonic::{Request, Response, Status};
 use witness_core::WitnessUrl;
 
-use super::auth::token_of;
+use super::auth::caller_of;
 use super::handle::{Api, internal, not_yet};
 use crate::config::HttpUrl;
 use crate::mvcc::MemberChange;
@@ -25,8 +25,7 @@ impl PbClusterService for Cluster {
         &self,
         request: Request<PbMemberAddRequest>,
     ) -> Result<Response<PbMemberAddResponse>, Status> {
-        self.api
-            .require_root(token_of(request.metadata()).as_deref())?;
+        self.api.require_root(caller_of(&request).as_ref())?;
         let r = request.into_inner();
         if r.peer_ur_ls.is_empty() {
             return Err(bad_urls(
@@ -101,8 +100,7 @@ impl PbClusterService for Cluster {
         &self,
         request: Request<PbMemberRemoveRequest>,
     ) -> Result<Response<PbMemberRemoveResponse>, Status> {
-        self.api
-            .require_root(token_of(request.metadata()).as_deref())?;
+        self.api.require_root(caller_of(&request).as_ref())?;
         let member = self.api.member(request.get_ref().id)?;
         if member.id == self.api.status.borrow().leader {
             return Err(Status::failed_precondition(format!(
@@ -127,8 +125,7 @@ impl PbClusterService for Cluster {
         &self,
         request: Request<PbMemberPromoteRequest>,
     ) -> Result<Response<PbMemberPromoteResponse>, Status> {
-        self.api
-            .require_root(token_of(request.metadata()).as_deref())?;
+        self.api.require_root(caller_of(&request).as_ref())?;
         let mut member = self.api.member(request.get_ref().id)?;
         if !member.is_learner {
             return Err(Status::failed_precondition(

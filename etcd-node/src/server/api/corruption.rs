@@ -1,6 +1,7 @@
 //! The periodic corruption check (etcd's `--experimental-corrupt-check-time`): the leader
 //! hashes its key space at its newest revision (HashKV) and asks every other member, over
-//! its client URLs, for the hash at the same revision. Members that applied the same log
+//! its client URLs (over TLS for `https://` ones, presenting `--cert-file`), for the hash at
+//! the same revision. Members that applied the same log
 //! answer the same hash; a different hash at the same compacted revision means one key space
 //! diverged (a disk or a bug changed data behind Raft's back): the leader logs it and raises
 //! the CORRUPT alarm for that member, which stops every write until an operator looks (as
@@ -18,6 +19,7 @@ use tonic::transport::Endpoint;
 use super::handle::Api;
 use crate::mvcc::Op;
 use crate::raft::NodeId;
+use crate::tls::Dialer;
 
 /// etcd's alarm type CORRUPT.
 const CORRUPT: i32 = 2;
@@ -102,7 +104,14 @@ async fn check(api: &Api) -> Vec<(NodeId, Outcome)> {
     };
     let mut out = Vec::new();
     for (member, urls) in others {
-        let outcome = match ask(&urls, revision, token.as_deref(), api.request_timeout).await {
+        let asked = ask(
+            &api.client_dialer,
+            &urls,
+            revision,
+            token.as_deref(),
+            api.request_timeout,
+        );
+        let outcome = match asked.await {
             Err(why) => Outcome::Skipped(why),
             Ok((_, theirs_compacted)) if theirs_compacted != compacted => Outcome::Skipped(
                 format!("compacted at {theirs_compacted}, this member at {compacted}"),
@@ -123,6 +132,7 @@ async fn check(api: &Api) -> Vec<(NodeId, Outcome)> {
 /// URLs that answers (etcd's Maintenance.HashKV, called as a plain gRPC request so it can
 /// carry the member's token).
 async fn ask(
+    dialer: &Dialer,
     urls: &[String],
     revision: u64,
     token: Option<&str>,
@@ -130,7 +140,7 @@ async fn ask(
 ) -> Result<(u32, u64), String> {
     let mut why = String::from("no client URL");
     for url in urls {
-        match ask_one(url, revision, token, timeout).await {
+        match ask_one(dialer, url, revision, token, timeout).await {
             Ok(r) => return Ok((r.hash, u64::try_from(r.compact_revision).unwrap_or(0))),
             Err(e) => why = format!("{url}: {e}"),
         }
@@ -139,18 +149,17 @@ async fn ask(
 }
 
 async fn ask_one(
+    dialer: &Dialer,
     url: &str,
     revision: u64,
     token: Option<&str>,
     timeout: Duration,
 ) -> Result<PbHashKvResponse, String> {
-    let channel = Endpoint::from_shared(url.to_string())
+    let endpoint = Endpoint::from_shared(url.to_string())
         .map_err(|e| e.to_string())?
         .connect_timeout(timeout)
-        .timeout(timeout)
-        .connect()
-        .await
-        .map_err(|e| e.to_string())?;
+        .timeout(timeout);
+    let channel = dialer.connect(endpoint).await?;
     let mut grpc = tonic::client::Grpc::new(channel);
     grpc.ready().await.map_err(|e| e.to_string())?;
     let mut request = tonic::Request::new(PbHashKvRequest {

@@ -16,8 +16,6 @@ use crate::server::contract::{Announced, ClientUrls, Input, Status as NodeStatus
 use crate::server::metrics::Metrics;
 use crate::server::watch_hub::WatchHub;
 
-/// etcd's default `--max-request-bytes`.
-pub const MAX_REQUEST_BYTES: usize = 1536 * 1024;
 /// How long Status reports a failed witness step (unless a later step succeeds).
 pub(super) const WITNESS_ERROR_WINDOW: Duration = Duration::from_secs(30);
 /// The version reported by Status: etcd clients check it (this API matches etcd 3.5's).
@@ -47,6 +45,10 @@ pub struct Api {
     pub election_timeout: Duration,
     /// Where this member finds a blob witness's SAS token.
     pub credentials: crate::server::witness_slot::Credentials,
+    /// `--max-request-bytes`: the largest write proposed (and watch response fragment).
+    pub max_request_bytes: usize,
+    /// How this member calls other members' client URLs (the corruption check).
+    pub client_dialer: crate::tls::Dialer,
 }
 
 /// Did the client ask for etcd's `WithRequireLeader` (metadata `hasleader: true`)?
@@ -128,7 +130,7 @@ impl Api {
             op: Some(op),
         };
         let size = prost::Message::encoded_len(&proposal);
-        if size > MAX_REQUEST_BYTES {
+        if size > self.max_request_bytes {
             return Err(ApiError::invalid("etcdserver: request is too large").into());
         }
         // As etcd: a write that would take the file past the quota raises NOSPACE for this

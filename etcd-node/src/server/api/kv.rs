@@ -4,7 +4,7 @@
 use etcd_client::proto::*;
 use tonic::{Request, Response, Status};
 
-use super::auth::{Need, leases_of, needs_of, token_of};
+use super::auth::{Caller, Need, caller_of, leases_of, needs_of};
 use super::handle::{Api, internal, not_yet};
 use crate::mvcc::{Op, Response as Applied};
 
@@ -16,11 +16,11 @@ pub struct Kv {
 
 impl Api {
     /// Proposes a KV write once the request's token allows it (auth).
-    async fn propose_as(&self, token: Option<String>, op: Op) -> Result<Applied, Status> {
-        self.authorize(token.as_deref(), &needs_of(&op))?;
+    async fn propose_as(&self, token: Option<Caller>, op: Op) -> Result<Applied, Status> {
+        self.authorize(token.as_ref(), &needs_of(&op))?;
         let leases = leases_of(&op);
         if !leases.is_empty() && self.mvcc.auth_enabled() {
-            self.authorize_lease_keys(token.as_deref(), &leases, true)?;
+            self.authorize_lease_keys(token.as_ref(), &leases, true)?;
         }
         self.propose(op).await
     }
@@ -32,7 +32,7 @@ impl PbKvService for Kv {
         &self,
         request: Request<PbRangeRequest>,
     ) -> Result<Response<PbRangeResponse>, Status> {
-        let token = token_of(request.metadata());
+        let token = caller_of(&request);
         let req = request.into_inner();
         if !req.serializable {
             self.api.barrier().await?;
@@ -40,7 +40,7 @@ impl PbKvService for Kv {
         // After the barrier: a linearizable read sees every permission change committed
         // before it, revocations included.
         self.api
-            .authorize(token.as_deref(), &[Need::Read(&req.key, &req.range_end)])?;
+            .authorize(token.as_ref(), &[Need::Read(&req.key, &req.range_end)])?;
         let out = self.api.mvcc.range(&req).map_err(internal)??;
         Ok(Response::new(PbRangeResponse {
             header: self.api.header(out.revision as i64),
@@ -51,7 +51,7 @@ impl PbKvService for Kv {
     }
 
     async fn put(&self, request: Request<PbPutRequest>) -> Result<Response<PbPutResponse>, Status> {
-        let token = token_of(request.metadata());
+        let token = caller_of(&request);
         match self
             .api
             .propose_as(token, Op::Put(request.into_inner()))
@@ -66,7 +66,7 @@ impl PbKvService for Kv {
         &self,
         request: Request<PbDeleteRequest>,
     ) -> Result<Response<PbDeleteResponse>, Status> {
-        let token = token_of(request.metadata());
+        let token = caller_of(&request);
         match self
             .api
             .propose_as(token, Op::DeleteRange(request.into_inner()))
@@ -78,7 +78,7 @@ impl PbKvService for Kv {
     }
 
     async fn txn(&self, request: Request<PbTxnRequest>) -> Result<Response<PbTxnResponse>, Status> {
-        let token = token_of(request.metadata());
+        let token = caller_of(&request);
         match self
             .api
             .propose_as(token, Op::Txn(request.into_inner()))
@@ -104,8 +104,7 @@ impl PbKvService for Kv {
         &self,
         request: Request<PbCompactionRequest>,
     ) -> Result<Response<PbCompactionResponse>, Status> {
-        self.api
-            .require_root(token_of(request.metadata()).as_deref())?;
+        self.api.require_root(caller_of(&request).as_ref())?;
         match self
             .api
             .propose(Op::Compaction(request.into_inner()))

@@ -13,7 +13,7 @@ use etcd_client::proto::{
 use tokio::sync::mpsc;
 use tonic::{Request, Response, Status, Streaming};
 
-use super::auth::token_of;
+use super::auth::caller_of;
 use super::handle::{Api, internal};
 use crate::mvcc::{Op, Response as Applied};
 use crate::server::contract::Input;
@@ -44,7 +44,7 @@ impl PbLeaseService for Lease {
         &self,
         request: Request<PbLeaseGrantRequest>,
     ) -> Result<Response<PbLeaseGrantResponse>, Status> {
-        self.api.rights(token_of(request.metadata()).as_deref())?;
+        self.api.rights(caller_of(&request).as_ref())?;
         let mut req = request.into_inner();
         if req.id == 0 {
             // Positive and non-zero, as etcd's generated ids.
@@ -61,10 +61,10 @@ impl PbLeaseService for Lease {
         &self,
         request: Request<PbLeaseRevokeRequest>,
     ) -> Result<Response<PbLeaseRevokeResponse>, Status> {
-        let token = token_of(request.metadata());
+        let token = caller_of(&request);
         if self.api.mvcc.auth_enabled() {
             self.api
-                .authorize_lease_keys(token.as_deref(), &[request.get_ref().id], true)?;
+                .authorize_lease_keys(token.as_ref(), &[request.get_ref().id], true)?;
         }
         match self
             .api
@@ -83,7 +83,7 @@ impl PbLeaseService for Lease {
         &self,
         request: Request<Streaming<PbLeaseKeepAliveRequest>>,
     ) -> Result<Response<Self::LeaseKeepAliveStream>, Status> {
-        self.api.rights(token_of(request.metadata()).as_deref())?;
+        self.api.rights(caller_of(&request).as_ref())?;
         let mut requests = request.into_inner();
         let (out, rx) = mpsc::channel(16);
         let api = self.api.clone();
@@ -113,12 +113,12 @@ impl PbLeaseService for Lease {
         &self,
         request: Request<PbLeaseTimeToLiveRequest>,
     ) -> Result<Response<PbLeaseTimeToLiveResponse>, Status> {
-        let token = token_of(request.metadata());
+        let token = caller_of(&request);
         let req = request.into_inner();
         let listed = if req.keys { vec![req.id] } else { Vec::new() };
         let keys = self
             .api
-            .authorize_lease_keys(token.as_deref(), &listed, false)?;
+            .authorize_lease_keys(token.as_ref(), &listed, false)?;
         let Some((ttl, granted_ttl)) = self.api.ask_lease(req.id, false).await? else {
             // etcd answers an unknown lease with TTL -1, not an error.
             return Ok(Response::new(PbLeaseTimeToLiveResponse {
@@ -141,7 +141,7 @@ impl PbLeaseService for Lease {
         &self,
         request: Request<PbLeaseLeasesRequest>,
     ) -> Result<Response<PbLeaseLeasesResponse>, Status> {
-        self.api.rights(token_of(request.metadata()).as_deref())?;
+        self.api.rights(caller_of(&request).as_ref())?;
         let leases = self.api.mvcc.leases().map_err(internal)?;
         Ok(Response::new(PbLeaseLeasesResponse {
             header: self.api.current_header(),

@@ -4,7 +4,7 @@
 use etcd_client::proto::*;
 use tonic::{Request, Response, Status};
 
-use super::auth::token_of;
+use super::auth::caller_of;
 use super::handle::{Api, VERSION, WITNESS_ERROR_WINDOW, internal, not_yet, stopped, timed_out};
 use crate::mvcc::{Op, Response as Applied};
 use crate::server::contract::Input;
@@ -28,8 +28,7 @@ impl PbMaintenanceService for Maintenance {
         // GET reads the alarms this member has applied; ACTIVATE and DEACTIVATE go through
         // Raft (etcdctl's `alarm disarm` deactivates each listed alarm in turn).
         if request.get_ref().action != 0 {
-            self.api
-                .require_root(token_of(request.metadata()).as_deref())?;
+            self.api.require_root(caller_of(&request).as_ref())?;
         }
         let req = request.into_inner();
         if req.action != 0 {
@@ -100,8 +99,7 @@ impl PbMaintenanceService for Maintenance {
         &self,
         request: Request<PbDefragmentRequest>,
     ) -> Result<Response<PbDefragmentResponse>, Status> {
-        self.api
-            .require_root(token_of(request.metadata()).as_deref())?;
+        self.api.require_root(caller_of(&request).as_ref())?;
         let mvcc = self.api.mvcc.clone();
         let before = mvcc.db_size();
         tokio::task::spawn_blocking(move || mvcc.defragment())
@@ -119,8 +117,7 @@ impl PbMaintenanceService for Maintenance {
         &self,
         request: Request<PbHashRequest>,
     ) -> Result<Response<PbHashResponse>, Status> {
-        self.api
-            .require_root(token_of(request.metadata()).as_deref())?;
+        self.api.require_root(caller_of(&request).as_ref())?;
         let dump = self.api.mvcc.dump().map_err(internal)?;
         Ok(Response::new(PbHashResponse {
             header: self.api.current_header(),
@@ -132,8 +129,7 @@ impl PbMaintenanceService for Maintenance {
         &self,
         request: Request<PbHashKvRequest>,
     ) -> Result<Response<PbHashKvResponse>, Status> {
-        self.api
-            .require_root(token_of(request.metadata()).as_deref())?;
+        self.api.require_root(caller_of(&request).as_ref())?;
         let asked = u64::try_from(request.get_ref().revision).unwrap_or(0);
         let (hash, compacted, at) = self.api.mvcc.hash_kv(asked).map_err(internal)??;
         Ok(Response::new(PbHashKvResponse {
@@ -153,8 +149,7 @@ impl PbMaintenanceService for Maintenance {
         &self,
         request: Request<PbSnapshotRequest>,
     ) -> Result<Response<Self::SnapshotStream>, Status> {
-        self.api
-            .require_root(token_of(request.metadata()).as_deref())?;
+        self.api.require_root(caller_of(&request).as_ref())?;
         let mvcc = self.api.mvcc.clone();
         let (dump, revision) = tokio::task::spawn_blocking(move || mvcc.dump_with_revision())
             .await
@@ -188,8 +183,7 @@ impl PbMaintenanceService for Maintenance {
         &self,
         request: Request<PbMoveLeaderRequest>,
     ) -> Result<Response<PbMoveLeaderResponse>, Status> {
-        self.api
-            .require_root(token_of(request.metadata()).as_deref())?;
+        self.api.require_root(caller_of(&request).as_ref())?;
         let to = request.get_ref().target_id;
         self.api
             .ask(|reply| Input::TransferLeader { to, reply })

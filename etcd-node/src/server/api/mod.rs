@@ -7,6 +7,7 @@
 
 pub mod auth;
 pub mod cluster;
+pub mod compactor;
 pub mod corruption;
 pub mod handle;
 pub mod kv;
@@ -21,38 +22,45 @@ use tonic::service::{Routes, interceptor::InterceptedService};
 
 use auth::Auth;
 use cluster::Cluster;
-pub use handle::{Api, MAX_REQUEST_BYTES, leader_check};
+pub use handle::{Api, leader_check};
 use kv::Kv;
 use lease::Lease;
 use maintenance::Maintenance;
 use watch::Watch;
 
-/// The client API's gRPC services, each behind etcd's require-leader check.
+/// What gRPC adds to a request around its message: a request up to `--max-request-bytes`
+/// must still be received (etcd's grpcOverheadBytes).
+const GRPC_OVERHEAD_BYTES: usize = 512 * 1024;
+
+/// The client API's gRPC services, each behind etcd's require-leader check, each receiving
+/// messages up to `--max-request-bytes` plus gRPC's overhead (as etcd).
 pub fn routes(api: &Api) -> Routes {
     let check = || leader_check(api.status.clone());
-    let kv = Kv { api: api.clone() };
+    let limit = api.max_request_bytes + GRPC_OVERHEAD_BYTES;
+    let api = || api.clone();
     Routes::new(InterceptedService::new(
-        PbKvServer::new(kv).max_decoding_message_size(MAX_REQUEST_BYTES + 512 * 1024),
+        PbKvServer::new(Kv { api: api() }).max_decoding_message_size(limit),
         check(),
     ))
-    .add_service(PbClusterServer::with_interceptor(
-        Cluster { api: api.clone() },
+    .add_service(InterceptedService::new(
+        PbClusterServer::new(Cluster { api: api() }).max_decoding_message_size(limit),
         check(),
     ))
-    .add_service(PbMaintenanceServer::with_interceptor(
-        Maintenance { api: api.clone() },
+    .add_service(InterceptedService::new(
+        PbMaintenanceServer::new(Maintenance { api: api() }).max_decoding_message_size(limit),
         check(),
     ))
-    .add_service(PbWatchServer::with_interceptor(
-        Watch { api: api.clone() },
+    .add_service(InterceptedService::new(
+        PbWatchServer::new(Watch { api: api() }).max_decoding_message_size(limit),
         check(),
     ))
-    .add_service(PbLeaseServer::with_interceptor(
-        Lease { api: api.clone() },
+    .add_service(InterceptedService::new(
+        PbLeaseServer::new(Lease { api: api() }).max_decoding_message_size(limit),
         check(),
     ))
-    .add_service(auth::pb::auth_server::AuthServer::with_interceptor(
-        Auth { api: api.clone() },
+    .add_service(InterceptedService::new(
+        auth::pb::auth_server::AuthServer::new(Auth { api: api() })
+            .max_decoding_message_size(limit),
         check(),
     ))
 }

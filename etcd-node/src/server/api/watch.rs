@@ -18,8 +18,8 @@ use prost::Message;
 use tokio::sync::{broadcast, mpsc};
 use tonic::{Request, Response, Status, Streaming};
 
-use super::auth::{Need, token_of};
-use super::handle::{Api, MAX_REQUEST_BYTES, internal, requires_leader};
+use super::auth::{Caller, Need, caller_of};
+use super::handle::{Api, internal, requires_leader};
 use crate::mvcc::events::{DELETE, PUT};
 use crate::mvcc::request::in_range;
 use crate::server::contract::no_leader;
@@ -97,7 +97,7 @@ struct Stream {
     /// Every event up to this revision was sent to every watcher (that wanted it).
     revision: u64,
     /// The client's auth token (each watch is checked for read access when created).
-    token: Option<String>,
+    token: Option<Caller>,
     /// The client asked for etcd's `WithRequireLeader`: the stream ends with `no leader` once
     /// this member has known no leader for [`NO_LEADER_CHECKS`] election timeouts in a row.
     require_leader: bool,
@@ -137,7 +137,7 @@ impl Stream {
                 .map(|kv| kv.mod_revision);
             let boundary = next_rev != Some(rev);
             let full = size >= REPLAY_CHUNK_BYTES;
-            let split = fragment && size >= MAX_REQUEST_BYTES;
+            let split = fragment && size >= self.api.max_request_bytes;
             if next_rev.is_some() && (split || (full && boundary)) {
                 self.send(PbWatchResponse {
                     header: self.header(revision),
@@ -241,7 +241,7 @@ impl Stream {
                 let taken = c.watch_id != 0 && self.watchers.contains_key(&c.watch_id);
                 let denied = self
                     .api
-                    .authorize(self.token.as_deref(), &[Need::Read(&c.key, &c.range_end)])
+                    .authorize(self.token.as_ref(), &[Need::Read(&c.key, &c.range_end)])
                     .err();
                 let refusal = if let Some(status) = denied {
                     Some(status.message().to_string())
@@ -407,7 +407,7 @@ impl PbWatchService for Watch {
             watchers: BTreeMap::new(),
             next_id: 0,
             revision,
-            token: token_of(request.metadata()),
+            token: caller_of(&request),
             require_leader: requires_leader(request.metadata()),
         };
         let every = self.api.watch_progress;

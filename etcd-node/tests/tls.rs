@@ -1,0 +1,359 @@
+//! End to end, TLS: two members with TLS on every client and peer URL and client
+//! certificates required on both, driven by the real `etcdctl` 3.4 (and curl for `/health`);
+//! certificate identities with auth on; a member whose certificate another CA signed is
+//! refused, then admitted once its certificate files are replaced (no restart); and a real
+//! etcd YAML config file (TLS sections, auto-TLS, auto compaction, keys without an effect).
+//! Certificates are made at run time (`e2e_tests::pki`).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use e2e_tests::cluster::{Cluster, etcdctl};
+use e2e_tests::pki::Ca;
+
+const LEADER_WAIT: Duration = Duration::from_secs(30);
+
+fn bins() -> (&'static Path, &'static Path) {
+    (
+        Path::new(env!("CARGO_BIN_EXE_etcd-node")),
+        Path::new(env!("CARGO_BIN_EXE_etcdutl")),
+    )
+}
+
+fn text(out: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+fn ok(out: Output) -> String {
+    assert!(out.status.success(), "etcdctl failed: {}", text(&out));
+    text(&out)
+}
+
+/// etcdctl's TLS flags for the certificate `<pki>/<name>.crt`.
+fn as_user(pki: &Path, name: &str) -> Vec<String> {
+    let f = |s: String| pki.join(s).to_string_lossy().into_owned();
+    vec![
+        format!("--cacert={}", f("ca.crt".into())),
+        format!("--cert={}", f(format!("{name}.crt"))),
+        format!("--key={}", f(format!("{name}.key"))),
+    ]
+}
+
+fn run(c: &Cluster, tls: &[String], args: &[&str]) -> Output {
+    let all: Vec<&str> = tls
+        .iter()
+        .map(String::as_str)
+        .chain(args.iter().copied())
+        .collect();
+    etcdctl(&c.endpoints(), &all, None)
+}
+
+/// A TLS cluster in a fresh directory whose CA signed n1's and n2's certificates (and the
+/// client certificates `users` name).
+fn tls_cluster(users: &[&str]) -> (tempfile::TempDir, PathBuf, Ca, Cluster) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let pki = dir.path().join("pki");
+    let ca = Ca::new("test CA");
+    for name in ["n1", "n2"] {
+        ca.write(&pki, name, "etcd-member", &["127.0.0.1", "localhost"]);
+    }
+    for user in users {
+        ca.write(&pki, user, user, &[]);
+    }
+    let (node, etcdutl) = bins();
+    let c = Cluster::start_tls(node, etcdutl, &pki, &[]);
+    (dir, pki, ca, c)
+}
+
+#[test]
+fn etcdctl_works_over_tls_with_client_certificates() {
+    let (_dir, pki, _ca, c) = tls_cluster(&["root", "alice"]);
+    c.wait_leader(LEADER_WAIT);
+    let urls = c.endpoints();
+    assert!(urls.iter().all(|u| u.starts_with("https://")), "{urls:?}");
+    let root = as_user(&pki, "root");
+    ok(run(&c, &root, &["put", "k", "v"]));
+    assert!(ok(run(&c, &root, &["get", "k"])).contains("v"));
+    // Every member-to-member call (replication, the commands that ask each member) over TLS.
+    for args in [
+        &["endpoint", "status", "--cluster", "-w", "table"][..],
+        &["endpoint", "health", "--cluster"],
+        &["endpoint", "hashkv", "--cluster"],
+        &["member", "list"],
+    ] {
+        let out = ok(run(&c, &root, args));
+        for m in &c.members {
+            assert!(out.contains(&m.url()), "{args:?}:\n{out}");
+        }
+    }
+    let hashes = ok(run(&c, &root, &["endpoint", "hashkv"]));
+    let values: Vec<&str> = hashes
+        .lines()
+        .filter_map(|l| l.split(", ").nth(1))
+        .collect();
+    assert_eq!(values.len(), 2, "{hashes}");
+    assert_eq!(values[0], values[1], "{hashes}");
+    // /health on the same TLS listener (HTTP/1.1 for curl).
+    let (code, body) = c.http_get(0, "/health").expect("/health over https");
+    assert_eq!(code, 200, "{body}");
+
+    // No client certificate, or plain text to a TLS port: refused.
+    let ca_only = vec![root[0].clone()];
+    assert!(
+        !run(&c, &ca_only, &["--dial-timeout=2s", "get", "k"])
+            .status
+            .success()
+    );
+    let plain: Vec<String> = urls
+        .iter()
+        .map(|u| u.replace("https://", "http://"))
+        .collect();
+    assert!(
+        !etcdctl(
+            &plain,
+            &["--dial-timeout=2s", "--command-timeout=3s", "get", "k"],
+            None
+        )
+        .status
+        .success()
+    );
+
+    // With auth on, the certificate's CommonName is the user (no password).
+    ok(run(&c, &root, &["user", "add", "root:rootpw"]));
+    ok(run(&c, &root, &["user", "grant-role", "root", "root"]));
+    ok(run(&c, &root, &["auth", "enable"]));
+    ok(run(&c, &root, &["put", "k", "by-root"]));
+    let alice = as_user(&pki, "alice");
+    let denied = run(&c, &alice, &["put", "a/1", "x"]);
+    assert!(
+        !denied.status.success(),
+        "a certificate naming no user may do nothing"
+    );
+    assert!(
+        text(&denied).contains("permission denied"),
+        "{}",
+        text(&denied)
+    );
+    ok(run(&c, &root, &["user", "add", "alice:alicepw"]));
+    ok(run(&c, &root, &["role", "add", "a-writer"]));
+    ok(run(
+        &c,
+        &root,
+        &[
+            "role",
+            "grant-permission",
+            "a-writer",
+            "readwrite",
+            "a/",
+            "--prefix=true",
+        ],
+    ));
+    ok(run(&c, &root, &["user", "grant-role", "alice", "a-writer"]));
+    ok(run(&c, &alice, &["put", "a/1", "x"]));
+    assert!(
+        !run(&c, &alice, &["put", "k", "x"]).status.success(),
+        "outside alice's role"
+    );
+    // A password still wins over the certificate, as in etcd (alice's certificate, root's name).
+    let mut alice_as_root = alice.clone();
+    alice_as_root.push("--user=root:rootpw".into());
+    ok(run(&c, &alice_as_root, &["put", "k", "by-root-password"]));
+}
+
+/// Waits until `ready` holds, up to `limit`.
+fn wait_until(limit: Duration, mut ready: impl FnMut() -> bool) -> bool {
+    let started = Instant::now();
+    while started.elapsed() < limit {
+        if ready() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    false
+}
+
+#[test]
+fn a_peer_certificate_from_another_ca_is_refused_until_replaced() {
+    let (_dir, pki, ca, mut c) = tls_cluster(&["root"]);
+    let leader = c.wait_leader(LEADER_WAIT);
+    let other = 1 - leader;
+    let root = as_user(&pki, "root");
+    ok(run(&c, &root, &["put", "before", "1"]));
+    // The other member comes back with a certificate the cluster's CA did not sign (its own
+    // CA file still the cluster's, so it is the leader that must refuse it).
+    c.stop(other);
+    let name = c.members[other].name.clone();
+    let (cert, key) = Ca::new("another CA").issue("etcd-member", &["127.0.0.1", "localhost"]);
+    std::fs::write(pki.join(format!("{name}.crt")), cert).unwrap();
+    std::fs::write(pki.join(format!("{name}.key")), key).unwrap();
+    c.start_member(other);
+    assert!(
+        wait_until(Duration::from_secs(20), || {
+            c.log(leader).contains("refused a TLS connection")
+        }),
+        "the leader did not log the refused peer:\n{}",
+        c.log(leader)
+    );
+    let log = c.log(leader);
+    let line = log
+        .lines()
+        .find(|l| l.contains("refused a TLS connection"))
+        .unwrap();
+    assert!(
+        line.contains("side=\"peer\"") || line.contains("side=peer"),
+        "{line}"
+    );
+    assert!(
+        line.to_lowercase().contains("certificate"),
+        "says why: {line}"
+    );
+    // The leader goes on with the witness; the refused member has not caught up.
+    ok(run(&c, &root, &["put", "during", "2"]));
+    // A certificate from the right CA, written over the files while the member runs: picked up
+    // at its next connection, without a restart.
+    ca.write(&pki, &name, "etcd-member", &["127.0.0.1", "localhost"]);
+    let endpoint = vec![c.members[other].url()];
+    let mut args: Vec<String> = root.clone();
+    args.extend(["--consistency=s", "get", "during", "--print-value-only"].map(String::from));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    assert!(
+        wait_until(Duration::from_secs(30), || {
+            let out = etcdctl(&endpoint, &args, None);
+            out.status.success() && String::from_utf8_lossy(&out.stdout).trim() == "2"
+        }),
+        "the member did not catch up after its certificate was replaced:\n{}",
+        c.log(other)
+    );
+}
+
+/// etcd's own YAML (keys etcd-node ignores, TLS sections, auto-TLS, auto compaction,
+/// max-request-bytes) starts a member; a one-member cluster suffices.
+#[test]
+fn a_real_etcd_config_file_starts_with_a_warning_for_ignored_keys() {
+    let dir = tempfile::tempdir().unwrap();
+    let (client, peer) = (e2e_tests::free_port(), e2e_tests::free_port());
+    let yaml = format!(
+        "name: solo\n\
+         data-dir: {data}\n\
+         wal-dir:\n\
+         snapshot-count: 10000\n\
+         heartbeat-interval: 100\n\
+         election-timeout: 1000\n\
+         quota-backend-bytes: 0\n\
+         listen-peer-urls: http://127.0.0.1:{peer}\n\
+         listen-client-urls: https://127.0.0.1:{client}\n\
+         max-snapshots: 5\n\
+         max-wals: 5\n\
+         cors:\n\
+         initial-advertise-peer-urls: http://127.0.0.1:{peer}\n\
+         advertise-client-urls: https://127.0.0.1:{client}\n\
+         discovery:\n\
+         discovery-fallback: 'proxy'\n\
+         initial-cluster: solo=http://127.0.0.1:{peer}\n\
+         initial-cluster-token: 'etcd-cluster'\n\
+         initial-cluster-state: 'new'\n\
+         strict-reconfig-check: false\n\
+         enable-v2: true\n\
+         enable-pprof: true\n\
+         proxy: 'off'\n\
+         client-transport-security:\n\
+         \x20 cert-file:\n\
+         \x20 key-file:\n\
+         \x20 client-cert-auth: false\n\
+         \x20 trusted-ca-file:\n\
+         \x20 auto-tls: true\n\
+         peer-transport-security:\n\
+         \x20 auto-tls: false\n\
+         log-level: info\n\
+         logger: zap\n\
+         log-outputs: [stderr]\n\
+         force-new-cluster: false\n\
+         auto-compaction-mode: periodic\n\
+         auto-compaction-retention: \"1s\"\n\
+         max-request-bytes: 10000\n\
+         cipher-suites: [TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256, TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256]\n\
+         tls-min-version: 'TLS1.2'\n",
+        data = dir.path().join("solo.etcd").display()
+    );
+    let file = dir.path().join("etcd.conf.yml");
+    std::fs::write(&file, yaml).unwrap();
+    let log_path = dir.path().join("solo.log");
+    let child = Command::new(bins().0)
+        .arg("--config-file")
+        .arg(&file)
+        .stderr(std::fs::File::create(&log_path).unwrap())
+        .spawn()
+        .unwrap();
+    struct Stop(std::process::Child);
+    impl Drop for Stop {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let _member = Stop(child);
+    let endpoint = vec![format!("https://127.0.0.1:{client}")];
+    let insecure = ["--insecure-transport=false", "--insecure-skip-tls-verify"];
+    let put = |k: &str, v: &str| {
+        let mut args = insecure.to_vec();
+        args.extend(["put", k, v]);
+        etcdctl(&endpoint, &args, None)
+    };
+    assert!(
+        wait_until(Duration::from_secs(20), || put("k", "1").status.success()),
+        "the member did not serve:\n{}",
+        std::fs::read_to_string(&log_path).unwrap_or_default()
+    );
+    let log = std::fs::read_to_string(&log_path).unwrap();
+    let warning = log
+        .lines()
+        .find(|l| l.contains("have no effect"))
+        .unwrap_or_else(|| panic!("no warning naming the ignored keys:\n{log}"));
+    for key in [
+        "max-snapshots",
+        "max-wals",
+        "enable-v2",
+        "enable-pprof",
+        "logger",
+        "log-outputs",
+        "proxy",
+    ] {
+        assert!(warning.contains(key), "{key} not named: {warning}");
+    }
+    for unset in ["strict-reconfig-check", "wal-dir", "cors"] {
+        assert!(!warning.contains(unset), "{unset} was not set: {warning}");
+    }
+    // The certificate auto-TLS made is in the data directory.
+    assert!(
+        dir.path()
+            .join("solo.etcd/fixtures/client/cert.pem")
+            .exists()
+    );
+    // --max-request-bytes: a put past it is refused with etcd's error.
+    let big = "x".repeat(20_000);
+    let refused = put("big", &big);
+    assert!(!refused.status.success());
+    assert!(
+        text(&refused).contains("request is too large"),
+        "{}",
+        text(&refused)
+    );
+    // Auto compaction (periodic, 1 s): the first revision is compacted away in a few seconds.
+    put("k", "2");
+    let compacted = wait_until(Duration::from_secs(20), || {
+        put("k", "3");
+        let mut args = insecure.to_vec();
+        args.extend(["get", "k", "--rev=1"]);
+        text(&etcdctl(&endpoint, &args, None)).contains("compacted")
+    });
+    assert!(
+        compacted,
+        "revision 1 was never compacted:\n{}",
+        std::fs::read_to_string(&log_path).unwrap_or_default()
+    );
+}
