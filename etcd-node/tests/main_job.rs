@@ -21,20 +21,32 @@ struct Job {
     printed: Vec<String>,
 }
 
+/// The script, run on `dir` and `ports` with this build's binaries (`TLS=1` with `tls`).
+fn script(dir: &Path, ports: &[u16; 4], tls: bool) -> Command {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/run-cluster.sh");
+    let bin_dir = Path::new(env!("CARGO_BIN_EXE_etcd-node"))
+        .parent()
+        .expect("the binaries' directory");
+    let mut command = Command::new("bash");
+    command
+        .arg(script)
+        .env("CLUSTER_DIR", dir)
+        .env("BIN_DIR", bin_dir)
+        .env("TLS", if tls { "1" } else { "0" })
+        .env(
+            "PORTS",
+            format!("{}:{} {}:{}", ports[0], ports[1], ports[2], ports[3]),
+        );
+    command
+}
+
 impl Job {
     fn start(dir: &Path, ports: &[u16; 4]) -> Job {
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/run-cluster.sh");
-        let bin_dir = Path::new(env!("CARGO_BIN_EXE_etcd-node"))
-            .parent()
-            .expect("the binaries' directory");
-        let mut child = Command::new("bash")
-            .arg(script)
-            .env("CLUSTER_DIR", dir)
-            .env("BIN_DIR", bin_dir)
-            .env(
-                "PORTS",
-                format!("{}:{} {}:{}", ports[0], ports[1], ports[2], ports[3]),
-            )
+        Self::start_with(dir, ports, false)
+    }
+
+    fn start_with(dir: &Path, ports: &[u16; 4], tls: bool) -> Job {
+        let mut child = script(dir, ports, tls)
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
@@ -105,8 +117,8 @@ fn the_main_job_serves_etcdctl_stops_on_ctrl_c_and_keeps_its_data() {
     let dir = tempfile::tempdir().expect("temp dir");
     let ports = [free_port(), free_port(), free_port(), free_port()];
     let endpoints = vec![
-        format!("127.0.0.1:{}", ports[0]),
-        format!("127.0.0.1:{}", ports[2]),
+        format!("http://127.0.0.1:{}", ports[0]),
+        format!("http://127.0.0.1:{}", ports[2]),
     ];
 
     let job = Job::start(dir.path(), &ports);
@@ -157,4 +169,74 @@ fn the_main_job_serves_etcdctl_stops_on_ctrl_c_and_keeps_its_data() {
         "hello"
     );
     job.interrupt();
+}
+
+/// `TLS=1`: https on every URL with a throwaway CA; the etcdctl flags it prints work, and
+/// plain text is refused.
+#[test]
+fn the_main_job_with_tls_prints_working_etcdctl_flags() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let ports = [free_port(), free_port(), free_port(), free_port()];
+    let job = Job::start_with(dir.path(), &ports, true);
+    let example = job
+        .printed
+        .iter()
+        .find(|l| l.contains("put greeting hello"))
+        .expect("an etcdctl example")
+        .clone();
+    let endpoints = vec![
+        format!("https://127.0.0.1:{}", ports[0]),
+        format!("https://127.0.0.1:{}", ports[2]),
+    ];
+    assert!(
+        job.printed
+            .iter()
+            .any(|l| l.contains(&format!("ENDPOINTS={}", endpoints.join(",")))),
+        "{:?}",
+        job.printed
+    );
+    let flags: Vec<&str> = example
+        .split_whitespace()
+        .filter(|w| w.starts_with("--cacert") || w.starts_with("--cert") || w.starts_with("--key"))
+        .collect();
+    assert_eq!(flags.len(), 3, "{example}");
+    ok(etcdctl(
+        &endpoints,
+        &[&flags[..], &["put", "greeting", "hello"]].concat(),
+        None,
+    ));
+    ok(etcdctl(
+        &endpoints,
+        &[&flags[..], &["endpoint", "health", "--cluster"]].concat(),
+        None,
+    ));
+    let without = etcdctl(&endpoints, &["--dial-timeout=2s", "get", "greeting"], None);
+    assert!(!without.status.success(), "no client certificate: refused");
+    job.interrupt();
+}
+
+/// A port already taken (here by a listener of this test): the script says which member
+/// could not start and why, instead of "running".
+#[test]
+fn the_main_job_reports_a_member_that_could_not_start() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("a listener");
+    let ports = [
+        taken.local_addr().expect("its port").port(),
+        free_port(),
+        free_port(),
+        free_port(),
+    ];
+    let out = script(dir.path(), &ports, false)
+        .output()
+        .expect("run the script");
+    let printed = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!out.status.success(), "{printed}");
+    assert!(!printed.contains("cluster running"), "{printed}");
+    assert!(printed.contains("infra0 exited"), "{printed}");
+    assert!(printed.contains("cannot listen"), "{printed}");
 }
