@@ -8,6 +8,8 @@
 #   QUICK=1 bash scripts/bench-compare.sh    # fewer requests
 #   SUITE=api bash scripts/bench-compare.sh  # only watch fan-out and lease churn
 #   SUITE=put bash scripts/bench-compare.sh  # only the puts (1, 16, 64 clients)
+#   SUITE=tls bash scripts/bench-compare.sh  # the cost of TLS: both systems with plain and
+#                                            # TLS URLs (client certificates required)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -25,45 +27,72 @@ n_big=$(( ${scale:-10} * 2000 ))    # 16 and 64 clients
 
 rss_kb() { local t=0; for p in "$@"; do t=$(( t + $(awk '/VmRSS/{print $2}' "/proc/$p/status" 2>/dev/null || echo 0) )); done; echo $t; }
 
+# Plain (the default) or TLS on every URL with client certificates required (SUITE=tls):
+# scheme, the members' TLS flags, and the flags of etcd-bench and curl.
+scheme=http member_tls=() client_tls=() curl_tls=()
+use_tls() {
+  local pki=$work/pki
+  if [ ! -f "$pki/ca.crt" ]; then
+    mkdir -p "$pki"
+    local ec=(-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes)
+    openssl req -x509 "${ec[@]}" -keyout "$pki/ca.key" -out "$pki/ca.crt" -days 2 -subj "/CN=bench CA" 2>/dev/null
+    for who in member client; do
+      openssl req "${ec[@]}" -keyout "$pki/$who.key" -out "$pki/$who.csr" -subj "/CN=$who" 2>/dev/null
+      printf 'subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth,clientAuth\n' > "$pki/$who.ext"
+      openssl x509 -req -in "$pki/$who.csr" -CA "$pki/ca.crt" -CAkey "$pki/ca.key" -CAcreateserial \
+        -days 2 -extfile "$pki/$who.ext" -out "$pki/$who.crt" 2>/dev/null
+    done
+  fi
+  scheme=https
+  member_tls=(--cert-file "$pki/member.crt" --key-file "$pki/member.key" --trusted-ca-file "$pki/ca.crt"
+    --client-cert-auth --peer-cert-file "$pki/member.crt" --peer-key-file "$pki/member.key"
+    --peer-trusted-ca-file "$pki/ca.crt" --peer-client-cert-auth)
+  client_tls=(--cacert "$pki/ca.crt" --cert "$pki/client.crt" --key "$pki/client.key")
+  curl_tls=("${client_tls[@]}")
+}
+use_plain() { scheme=http member_tls=() client_tls=() curl_tls=(); }
+
 start_ours() {
-  mkdir -p "$work/ours/witness"
-  local url="witness:mount?path=$(python3 -c 'import sys,urllib.parse;print(urllib.parse.quote(sys.argv[1],safe=""))' "$work/ours/witness")"
+  local dir=$work/ours-$scheme
+  mkdir -p "$dir/witness"
+  local url="witness:mount?path=$(python3 -c 'import sys,urllib.parse;print(urllib.parse.quote(sys.argv[1],safe=""))' "$dir/witness")"
   "$bin/etcdutl" witness init --name w --advertise-peer-url "$url" >/dev/null 2>&1
-  local ic="n1=http://127.0.0.1:41380,n2=http://127.0.0.1:42380,w=$url"
+  local ic="n1=$scheme://127.0.0.1:41380,n2=$scheme://127.0.0.1:42380,w=$url"
   ours=()
   for i in 1 2; do
-    "$bin/etcd-node" --name n$i --data-dir "$work/ours/n$i" \
-      --listen-client-urls http://127.0.0.1:4${i}379 --advertise-client-urls http://127.0.0.1:4${i}379 \
-      --listen-peer-urls http://127.0.0.1:4${i}380 --initial-advertise-peer-urls http://127.0.0.1:4${i}380 \
-      --initial-cluster "$ic" 2>"$work/ours/n$i.log" &
+    "$bin/etcd-node" --name n$i --data-dir "$dir/n$i" \
+      --listen-client-urls $scheme://127.0.0.1:4${i}379 --advertise-client-urls $scheme://127.0.0.1:4${i}379 \
+      --listen-peer-urls $scheme://127.0.0.1:4${i}380 --initial-advertise-peer-urls $scheme://127.0.0.1:4${i}380 \
+      --initial-cluster "$ic" ${member_tls[@]+"${member_tls[@]}"} 2>"$dir/n$i.log" &
     ours+=($!); pids+=($!)
   done
-  ours_eps=127.0.0.1:41379,127.0.0.1:42379
+  ours_eps=$scheme://127.0.0.1:41379,$scheme://127.0.0.1:42379
   ours_ports=(41379 42379)
 }
 
 start_etcd() {
-  local ic="e1=http://127.0.0.1:51380,e2=http://127.0.0.1:52380,e3=http://127.0.0.1:53380"
+  local ic="e1=$scheme://127.0.0.1:51380,e2=$scheme://127.0.0.1:52380,e3=$scheme://127.0.0.1:53380"
   theirs=()
   for i in 1 2 3; do
-    etcd --name e$i --data-dir "$work/etcd/e$i" \
-      --listen-client-urls http://127.0.0.1:5${i}379 --advertise-client-urls http://127.0.0.1:5${i}379 \
-      --listen-peer-urls http://127.0.0.1:5${i}380 --initial-advertise-peer-urls http://127.0.0.1:5${i}380 \
-      --initial-cluster "$ic" --initial-cluster-state new --log-level error 2>"$work/etcd-e$i.log" &
+    etcd --name e$i --data-dir "$work/etcd-$scheme/e$i" \
+      --listen-client-urls $scheme://127.0.0.1:5${i}379 --advertise-client-urls $scheme://127.0.0.1:5${i}379 \
+      --listen-peer-urls $scheme://127.0.0.1:5${i}380 --initial-advertise-peer-urls $scheme://127.0.0.1:5${i}380 \
+      --initial-cluster "$ic" --initial-cluster-state new --log-level error \
+      ${member_tls[@]+"${member_tls[@]}"} 2>"$work/etcd-e$i.log" &
     theirs+=($!); pids+=($!)
   done
-  theirs_eps=127.0.0.1:51379,127.0.0.1:52379,127.0.0.1:53379
+  theirs_eps=$scheme://127.0.0.1:51379,$scheme://127.0.0.1:52379,$scheme://127.0.0.1:53379
   theirs_ports=(51379 52379 53379)
 }
 
-wait_healthy() { for _ in $(seq 1 150); do curl -fs "http://127.0.0.1:$1/health" >/dev/null 2>&1 && return; sleep 0.2; done; echo "no leader on $1"; exit 1; }
+wait_healthy() { for _ in $(seq 1 150); do curl -fs ${curl_tls[@]+"${curl_tls[@]}"} "$scheme://127.0.0.1:$1/health" >/dev/null 2>&1 && return; sleep 0.2; done; echo "no leader on $1"; exit 1; }
 
 # The index (in the ports array) of the member that leads.
 leader_of() {
   local i=0
   for p in "$@"; do
     # (not curl | grep -q: with pipefail, grep's early exit fails curl on a long page)
-    if grep -q '^etcd_server_is_leader 1' <<<"$(curl -fs "http://127.0.0.1:$p/metrics")"; then echo $i; return; fi
+    if grep -q '^etcd_server_is_leader 1' <<<"$(curl -fs ${curl_tls[@]+"${curl_tls[@]}"} "$scheme://127.0.0.1:$p/metrics")"; then echo $i; return; fi
     i=$((i + 1))
   done
   echo -1
@@ -72,7 +101,7 @@ leader_of() {
 bench() { # label eps pids... -- args
   local label=$1 eps=$2; shift 2
   local ps=(); while [ "$1" != "--" ]; do ps+=("$1"); shift; done; shift
-  "$bin/etcd-bench" --endpoints "$eps" "$@" > "$work/out" 2>&1 &
+  "$bin/etcd-bench" --endpoints "$eps" ${client_tls[@]+"${client_tls[@]}"} "$@" > "$work/out" 2>&1 &
   local b=$! peak=0 r
   while kill -0 $b 2>/dev/null; do r=$(rss_kb "${ps[@]}"); [ "$r" -gt "$peak" ] && peak=$r; sleep 0.2; done
   wait $b || { cat "$work/out"; exit 1; }
@@ -99,6 +128,33 @@ run_suite() { # label eps pids...
   bench "$label" "$eps" "$@" -- --clients 64 --conns 8 range 000 --consistency l --total $n_big
   run_api "$label" "$eps" "$@"
 }
+
+# The cost of TLS: each system plain, then with TLS on every URL, after 100k writes of warm-up,
+# puts at 16 and 64 clients and linearizable ranges at 16 (about 10 s or more each).
+run_tls_points() { # label eps pids...
+  local label=$1 eps=$2; shift 2
+  "$bin/etcd-bench" --endpoints "$eps" ${client_tls[@]+"${client_tls[@]}"} --clients 64 --conns 8 \
+    put --total 100000 --key-size 8 --val-size 256 --key-space-size 100000 >/dev/null
+  bench "$label" "$eps" "$@" -- --clients 16 --conns 4 put --total 40000 --key-size 8 --val-size 256 --key-space-size 100000
+  bench "$label" "$eps" "$@" -- --clients 64 --conns 8 put --total 50000 --key-size 8 --val-size 256 --key-space-size 100000
+  bench "$label" "$eps" "$@" -- --clients 16 --conns 4 range 000 --consistency l --total 100000
+}
+if [ "${SUITE:-all}" = tls ]; then
+  command -v openssl >/dev/null || { echo "needs openssl"; exit 1; }
+  for mode in plain tls; do
+    if [ $mode = tls ]; then use_tls; else use_plain; fi
+    echo "==> etcd-node ($mode): two members + witness"
+    start_ours; wait_healthy 41379; sleep 1
+    run_tls_points "etcd-node-$mode" "$ours_eps" "${ours[@]}"
+    kill -9 "${ours[@]}" 2>/dev/null || true
+    echo "==> etcd 3.4 ($mode): three members"
+    start_etcd; wait_healthy 51379; sleep 1
+    run_tls_points "etcd-3.4-$mode" "$theirs_eps" "${theirs[@]}"
+    kill -9 "${theirs[@]}" 2>/dev/null || true
+    sleep 1
+  done
+  echo; echo "==> all results"; cat "$work/results"; exit 0
+fi
 
 echo "==> etcd-node: two members + witness"
 start_ours; wait_healthy 41379; sleep 1

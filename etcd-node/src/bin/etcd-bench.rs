@@ -37,6 +37,15 @@ struct Cli {
     /// Concurrent clients (each waits for its request before the next).
     #[arg(long, default_value_t = 1)]
     clients: usize,
+    /// The CA that verifies https:// endpoints (etcdctl's --cacert).
+    #[arg(long)]
+    cacert: Option<std::path::PathBuf>,
+    /// A client certificate for https:// endpoints (etcdctl's --cert; with --key).
+    #[arg(long)]
+    cert: Option<std::path::PathBuf>,
+    /// The client certificate's key (etcdctl's --key).
+    #[arg(long)]
+    key: Option<std::path::PathBuf>,
     #[command(subcommand)]
     op: Op,
 }
@@ -149,11 +158,36 @@ fn main() -> ExitCode {
     }
 }
 
-async fn connect(endpoints: &[String], timeout: Duration) -> anyhow::Result<Client> {
-    let opts = ConnectOptions::new()
-        .with_connect_timeout(Duration::from_secs(2))
-        .with_timeout(timeout);
-    Ok(Client::connect(endpoints, Some(opts)).await?)
+/// A client of the endpoints: plain ones balanced by etcd-client, an https:// one (picked at
+/// random) over etcd-node's TLS dialer with `--cacert`, `--cert` and `--key`.
+async fn connect(cli: &Cli, timeout: Duration) -> anyhow::Result<Client> {
+    let endpoints = &cli.endpoints;
+    if !endpoints.iter().any(|e| e.starts_with("https://")) {
+        let opts = ConnectOptions::new()
+            .with_connect_timeout(Duration::from_secs(2))
+            .with_timeout(timeout);
+        return Ok(Client::connect(endpoints, Some(opts)).await?);
+    }
+    let side = etcd_node::tls::Side {
+        name: "client",
+        trusted_ca_file: cli.cacert.clone(),
+        cert_file: cli.cert.clone(),
+        key_file: cli.key.clone(),
+        ..Default::default()
+    };
+    let dialer = etcd_node::tls::Dialer::new(
+        &side,
+        &etcd_node::tls::Policy::default(),
+        etcd_node::tls::RECHECK,
+    )
+    .map_err(anyhow::Error::msg)?;
+    let url = &endpoints[rand::random_range(0..endpoints.len())];
+    let endpoint = tonic::transport::Endpoint::from_shared(url.clone())?
+        .connect_timeout(Duration::from_secs(2))
+        .timeout(timeout)
+        .tcp_nodelay(true);
+    let channel = dialer.connect(endpoint).await.map_err(anyhow::Error::msg)?;
+    Ok(Client::from_channel(etcd_client::Channel::Tonic(channel), None).await?)
 }
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
@@ -162,7 +196,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Op::Range { total, .. } => (*total, "range"),
         Op::TxnPut { writes, .. } => (writes.total, "txn-put"),
         Op::Failover { duration } => {
-            return failover(&cli.endpoints, Duration::from_secs(*duration)).await;
+            return failover(&cli, Duration::from_secs(*duration)).await;
         }
         Op::WatchFanout { watchers, puts } => {
             return watch_fanout(&cli, *watchers, *puts).await;
@@ -171,7 +205,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     };
     let mut conns = Vec::new();
     for _ in 0..cli.conns {
-        conns.push(connect(&cli.endpoints, Duration::from_secs(10)).await?);
+        conns.push(connect(&cli, Duration::from_secs(10)).await?);
     }
     let op = Arc::new(cli.op);
     let next = Arc::new(AtomicU64::new(0));
@@ -304,7 +338,7 @@ where
 {
     let mut conns = Vec::new();
     for _ in 0..cli.conns {
-        conns.push(connect(&cli.endpoints, Duration::from_secs(10)).await?);
+        conns.push(connect(cli, Duration::from_secs(10)).await?);
     }
     let next = Arc::new(AtomicU64::new(0));
     let mut tasks = tokio::task::JoinSet::new();
@@ -344,7 +378,7 @@ async fn watch_fanout(cli: &Cli, watchers: usize, puts: u64) -> anyhow::Result<(
         if n == 0 {
             break;
         }
-        let mut client = connect(&cli.endpoints, Duration::from_secs(10)).await?;
+        let mut client = connect(cli, Duration::from_secs(10)).await?;
         let mut ws = client.watch(key.as_bytes(), None).await?;
         for _ in 1..n {
             ws.watch(key.as_bytes(), None).await?;
@@ -394,7 +428,7 @@ async fn watch_fanout(cli: &Cli, watchers: usize, puts: u64) -> anyhow::Result<(
 
 async fn lease_churn(cli: &Cli, total: u64, ttl: i64) -> anyhow::Result<()> {
     let prefix = format!("churn/{}/", rand::random::<u32>());
-    let mut client = connect(&cli.endpoints, Duration::from_secs(10)).await?;
+    let mut client = connect(cli, Duration::from_secs(10)).await?;
     let mut ws = client
         .watch(prefix.as_bytes(), Some(WatchOptions::new().with_prefix()))
         .await?;
@@ -441,7 +475,7 @@ async fn lease_churn(cli: &Cli, total: u64, ttl: i64) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn failover(endpoints: &[String], duration: Duration) -> anyhow::Result<()> {
+async fn failover(cli: &Cli, duration: Duration) -> anyhow::Result<()> {
     let started = Instant::now();
     let mut last_ok: Option<Instant> = None;
     let mut longest = Duration::ZERO;
@@ -451,7 +485,7 @@ async fn failover(endpoints: &[String], duration: Duration) -> anyhow::Result<()
     while started.elapsed() < duration {
         i += 1;
         if client.is_none() {
-            client = connect(endpoints, Duration::from_millis(500)).await.ok();
+            client = connect(cli, Duration::from_millis(500)).await.ok();
         }
         let ok = match client.as_mut() {
             Some(c) => c.put(format!("failover/{i}"), "x", None).await.is_ok(),
