@@ -147,6 +147,9 @@ pub struct Raft {
     randomized_timeout: u64,
     rng: StdRng,
     votes: BTreeMap<NodeId, bool>,
+    /// When this node last received anything from each peer (the tick; any term, any role):
+    /// a new leader does not count as silent a voter it heard from lately.
+    heard: BTreeMap<NodeId, u64>,
     witness_asked: bool,
     lead: Option<Leading>,
     /// Index of the last configuration change a leader appended (or its first entry).
@@ -198,6 +201,7 @@ impl Raft {
             heartbeat_elapsed: 0,
             randomized_timeout: 0,
             votes: BTreeMap::new(),
+            heard: BTreeMap::new(),
             witness_asked: false,
             lead: None,
             pending_conf_index: 0,
@@ -397,10 +401,14 @@ impl Raft {
             .map(|p| {
                 let mut pr = Progress::new(next, now);
                 if !self.votes.contains_key(&p) {
-                    // Silent through the election: the first adjustment of R may replace it
-                    // at once (a leader elected with the witness's vote while the other
-                    // member is down commits a tick later, not a liveness window later).
-                    pr.last_heard = silent_since;
+                    // Silent through the election: its liveness counts from when this node
+                    // last heard from it. One long silent (down, cut off) may be replaced by
+                    // the first adjustment of R at once (a leader elected with the witness's
+                    // vote while the other member is down commits a tick later, not a
+                    // liveness window later); one heard from lately (it handed leadership
+                    // over, or its vote is merely slower than the witness's over a WAN) keeps
+                    // its place, so the cluster does not depend on the witness for nothing.
+                    pr.last_heard = self.heard.get(&p).map_or(silent_since, |&t| t.min(now));
                 }
                 (p, pr)
             })
@@ -793,6 +801,7 @@ impl Raft {
         if m.to != self.cfg.id {
             return;
         }
+        self.heard.insert(m.from, self.ticks);
         let disruptive_vote = matches!(
             m.body,
             Body::Vote {
@@ -1891,6 +1900,60 @@ mod tests {
         sent.iter()
             .filter(|m| m.to == 2 && matches!(m.body, Body::Snapshot { .. }))
             .count()
+    }
+
+    /// A new leader elected with the witness's vote before the other member's (a leadership
+    /// transfer over a WAN slower than the witness's storage) keeps that member in R when it
+    /// heard from it lately: it does not make the cluster depend on the witness for nothing (a
+    /// loss of its own site would then leave the other member unable to lead). One it did not
+    /// hear from (down) is replaced as it takes office, as before.
+    #[test]
+    fn a_new_leader_keeps_a_member_it_heard_from_lately() {
+        for heard in [true, false] {
+            let mut cfg = Config::new(1);
+            cfg.pre_vote = false;
+            let members = Membership::new([1, 2], Some(3)).unwrap();
+            let mut raft = Raft::new(cfg, &MemStorage::bootstrap(members, None)).unwrap();
+            // (a liveness window into its life, short of its election timeout)
+            for _ in 0..=raft.cfg.liveness_ticks() {
+                raft.tick();
+            }
+            assert_eq!(raft.role(), Role::Follower);
+            if heard {
+                raft.step(from_2(raft.term(), Body::HeartbeatResp { read: 0 }));
+            }
+            raft.campaign();
+            let ready = raft.ready();
+            let request = ready
+                .witness_requests
+                .iter()
+                .find_map(|r| match r {
+                    WitnessRequest::Vote { request, .. } => Some(request.clone()),
+                    _ => None,
+                })
+                .expect("the witness is asked for its vote");
+            raft.advance(&ready);
+            let reply = witness_core::VoteReply {
+                term: raft.term(),
+                granted: true,
+                refusal: None,
+            };
+            raft.step_witness(WitnessResponse::Vote {
+                pre: false,
+                request,
+                reply,
+                seen: Seen::default(),
+            });
+            assert_eq!(raft.role(), Role::Leader, "elected with the witness's vote");
+            turn(&mut raft);
+            let rset = &raft.lead.as_ref().expect("leading").rset;
+            assert_eq!(
+                rset.contains(&2),
+                heard,
+                "heard lately: {heard}, R: {rset:?}"
+            );
+            assert_eq!(rset.contains(&3), !heard, "R: {rset:?}");
+        }
     }
 
     /// A follower that was paused answers, when it resumes, every Append it missed with a
