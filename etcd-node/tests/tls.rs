@@ -98,6 +98,28 @@ fn etcdctl_works_over_tls_with_client_certificates() {
         .collect();
     assert_eq!(values.len(), 2, "{hashes}");
     assert_eq!(values[0], values[1], "{hashes}");
+    // The maintenance commands that dial each member (defrag --cluster), stream a snapshot,
+    // or move the leader, over TLS.
+    let defrag = ok(run(&c, &root, &["defrag", "--cluster"]));
+    assert_eq!(
+        defrag.matches("Finished defragmenting").count(),
+        2,
+        "{defrag}"
+    );
+    let snapshot = pki.join("backup.db");
+    let mut save: Vec<&str> = root.iter().map(String::as_str).collect();
+    save.extend(["snapshot", "save", snapshot.to_str().expect("utf-8 path")]);
+    ok(etcdctl(&urls[..1], &save, None));
+    assert!(
+        std::fs::metadata(&snapshot)
+            .expect("the snapshot file")
+            .len()
+            > 0
+    );
+    let status = ok(run(&c, &root, &["endpoint", "status", "-w", "json"]));
+    let follower = follower_id(&status).expect("a follower's member id");
+    let moved = ok(run(&c, &root, &["move-leader", &follower]));
+    assert!(moved.contains("Leadership transferred"), "{moved}");
     // /health on the same TLS listener (HTTP/1.1 for curl).
     let (code, body) = c.http_get(0, "/health").expect("/health over https");
     assert_eq!(code, 200, "{body}");
@@ -163,6 +185,16 @@ fn etcdctl_works_over_tls_with_client_certificates() {
     let mut alice_as_root = alice.clone();
     alice_as_root.push("--user=root:rootpw".into());
     ok(run(&c, &alice_as_root, &["put", "k", "by-root-password"]));
+}
+
+/// The member id (hex) of a member that is not the leader, from `endpoint status -w json`.
+fn follower_id(json: &str) -> Option<String> {
+    let v: serde_json::Value = serde_json::from_str(json).ok()?;
+    v.as_array()?.iter().find_map(|e| {
+        let header = &e["Status"]["header"];
+        let member = header["member_id"].as_u64()?;
+        (e["Status"]["leader"].as_u64()? != member).then(|| format!("{member:x}"))
+    })
 }
 
 /// Waits until `ready` holds, up to `limit`.

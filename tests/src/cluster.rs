@@ -90,7 +90,7 @@ pub const MEMBERS: [&str; 2] = ["n1", "n2"];
 
 /// A member's TLS flags: its certificate `<pki>/<name>.crt` for clients and peers, client
 /// certificates signed by `<pki>/ca.crt` required on both.
-fn tls_flags(pki: &Path, name: &str) -> Vec<String> {
+pub(crate) fn tls_flags(pki: &Path, name: &str) -> Vec<String> {
     let file = |f: String| pki.join(f).to_string_lossy().into_owned();
     let (cert, key, ca) = (
         file(format!("{name}.crt")),

@@ -14,6 +14,7 @@ pub mod pki;
 pub mod proxy;
 pub mod python;
 pub mod sshfs;
+pub mod two_sites;
 pub mod watch_check;
 
 use std::path::PathBuf;

@@ -1,13 +1,17 @@
-//! A TCP proxy in front of a member's peer port, which a test can cut: its connections are
-//! closed and new ones refused until it is healed. Two members that reach each other only
-//! through their proxies are partitioned by cutting both, while clients and the witness still
-//! reach each of them (no root, no firewall needed).
+//! A TCP proxy in front of a member's peer port (or any TCP service), which a test can cut:
+//! its connections are closed and new ones refused until it is healed. Two members that reach
+//! each other only through their proxies are partitioned by cutting both, while clients and
+//! the witness still reach each of them (no root, no firewall needed). A proxy can also delay
+//! every byte by a fixed time each way, like a WAN link (without limiting its bandwidth).
 
+use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
-use tokio::io::copy_bidirectional;
+use tokio::io::{AsyncReadExt, AsyncWriteExt, copy_bidirectional};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
+use tokio::time::Instant;
 
 /// A running proxy; it stops when dropped.
 #[derive(Debug)]
@@ -19,6 +23,13 @@ pub struct Proxy {
 impl Proxy {
     /// Listens on 127.0.0.1:`listen` and forwards each connection to 127.0.0.1:`target`.
     pub fn start(listen: u16, target: u16) -> Proxy {
+        let local = |port| SocketAddr::from(([127, 0, 0, 1], port));
+        Self::between(local(listen), local(target), Duration::ZERO)
+    }
+
+    /// Listens on `listen` and forwards each connection to `target`, every byte `delay` late
+    /// in each direction.
+    pub fn between(listen: SocketAddr, target: SocketAddr, delay: Duration) -> Proxy {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .enable_all()
@@ -26,14 +37,14 @@ impl Proxy {
             .expect("a runtime for the proxy");
         let cut = Arc::new(watch::channel(false).0);
         let listener = runtime
-            .block_on(TcpListener::bind(("127.0.0.1", listen)))
+            .block_on(TcpListener::bind(listen))
             .expect("bind the proxy's port");
         let accepting = cut.clone();
         runtime.spawn(async move {
             loop {
                 let Ok((inbound, _)) = listener.accept().await else {
                     // (a connection reset before it was accepted, say: keep listening)
-                    tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                    tokio::time::sleep(Duration::from_millis(10)).await;
                     continue;
                 };
                 let mut cut = accepting.subscribe();
@@ -41,12 +52,13 @@ impl Proxy {
                     continue; // dropped: refused
                 }
                 tokio::spawn(async move {
-                    let Ok(mut outbound) = TcpStream::connect(("127.0.0.1", target)).await else {
+                    let Ok(outbound) = TcpStream::connect(target).await else {
                         return;
                     };
-                    let mut inbound = inbound;
+                    let _ = inbound.set_nodelay(true);
+                    let _ = outbound.set_nodelay(true);
                     tokio::select! {
-                        _ = copy_bidirectional(&mut inbound, &mut outbound) => {}
+                        _ = relay(inbound, outbound, delay) => {}
                         _ = cut.wait_for(|&c| c) => {}
                     }
                 });
@@ -62,4 +74,49 @@ impl Proxy {
     pub fn set_cut(&self, cut: bool) {
         self.cut.send_replace(cut);
     }
+}
+
+/// Copies both ways until either side closes.
+async fn relay(mut a: TcpStream, mut b: TcpStream, delay: Duration) {
+    if delay.is_zero() {
+        let _ = copy_bidirectional(&mut a, &mut b).await;
+        return;
+    }
+    let (ar, aw) = a.into_split();
+    let (br, bw) = b.into_split();
+    tokio::select! {
+        () = delayed(ar, bw, delay) => {}
+        () = delayed(br, aw, delay) => {}
+    }
+}
+
+/// Copies `from` to `to`, each piece written `delay` after it was read, in order.
+async fn delayed(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    delay: Duration,
+) {
+    let (tx, mut rx) = mpsc::unbounded_channel::<(Instant, Vec<u8>)>();
+    let reader = async move {
+        let mut buf = vec![0u8; 64 * 1024];
+        while let Ok(n) = from.read(&mut buf).await {
+            if n == 0
+                || tx
+                    .send((Instant::now() + delay, buf[..n].to_vec()))
+                    .is_err()
+            {
+                break;
+            }
+        }
+    };
+    let writer = async move {
+        while let Some((due, piece)) = rx.recv().await {
+            tokio::time::sleep_until(due).await;
+            if to.write_all(&piece).await.is_err() {
+                break;
+            }
+        }
+    };
+    // (the writer drains what was read before the reader's side closed)
+    let _ = tokio::join!(reader, writer);
 }

@@ -41,6 +41,12 @@ fn tool(path: &str, package: &str) -> PathBuf {
 
 impl SshServer {
     pub fn start() -> SshServer {
+        Self::start_at(&[], "127.0.0.1", crate::free_port())
+    }
+
+    /// An sshd listening on `ip`:`port`, started through `wrapper` (such as `ip netns exec
+    /// NAME`: a network namespace of its own; none: directly).
+    pub fn start_at(wrapper: &[String], ip: &str, port: u16) -> SshServer {
         let sshd = tool("/usr/sbin/sshd", "openssh-server");
         let dir = tempfile::tempdir().expect("sshd dir");
         let d = dir.path();
@@ -53,9 +59,8 @@ impl SshServer {
             );
         }
         std::fs::copy(d.join("client.pub"), d.join("authorized_keys")).expect("authorized_keys");
-        let port = crate::free_port();
         let config = format!(
-            "Port {port}\nListenAddress 127.0.0.1\nHostKey {host}\nAuthorizedKeysFile {auth}\n\
+            "Port {port}\nListenAddress {ip}\nHostKey {host}\nAuthorizedKeysFile {auth}\n\
              PermitRootLogin prohibit-password\nPasswordAuthentication no\nKbdInteractiveAuthentication no\n\
              UsePAM no\nStrictModes no\nPidFile {pid}\nSubsystem sftp internal-sftp\n",
             host = d.join("host").display(),
@@ -65,7 +70,15 @@ impl SshServer {
         std::fs::write(d.join("sshd_config"), config).expect("sshd_config");
         std::fs::create_dir_all("/run/sshd").expect("sshd privilege separation dir /run/sshd");
         let log = std::fs::File::create(d.join("sshd.log")).expect("sshd log");
-        let child = Command::new(sshd)
+        let mut command = match wrapper.split_first() {
+            Some((program, args)) => {
+                let mut c = Command::new(program);
+                c.args(args).arg(sshd);
+                c
+            }
+            None => Command::new(sshd),
+        };
+        let child = command
             .args(["-D", "-e", "-f"])
             .arg(d.join("sshd_config"))
             .stdin(Stdio::null())
@@ -75,7 +88,7 @@ impl SshServer {
             .expect("start sshd");
         let mut server = SshServer { child, port, dir };
         let deadline = Instant::now() + Duration::from_secs(20);
-        while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        while TcpStream::connect((ip, port)).is_err() {
             if let Ok(Some(status)) = server.child.try_wait() {
                 let log =
                     std::fs::read_to_string(server.dir.path().join("sshd.log")).unwrap_or_default();
@@ -98,10 +111,21 @@ impl SshServer {
     /// The sshfs command line that mounts `remote` at `point` with `options` added (for a
     /// mount made elsewhere, such as inside another mount namespace).
     pub fn mount_command(&self, remote: &Path, point: &Path, options: &str) -> Vec<String> {
+        self.mount_command_via("127.0.0.1", self.port, remote, point, options)
+    }
+
+    /// As [`SshServer::mount_command`], reaching the server at `host`:`port` (a proxy, say).
+    pub fn mount_command_via(
+        &self,
+        host: &str,
+        port: u16,
+        remote: &Path,
+        point: &Path,
+        options: &str,
+    ) -> Vec<String> {
         let sshfs = tool("/usr/bin/sshfs", "sshfs");
         let base = format!(
-            "port={},IdentityFile={},UserKnownHostsFile=/dev/null,StrictHostKeyChecking=no,BatchMode=yes,LogLevel=ERROR",
-            self.port,
+            "port={port},IdentityFile={},UserKnownHostsFile=/dev/null,StrictHostKeyChecking=no,BatchMode=yes,LogLevel=ERROR",
             self.dir.path().join("client").display()
         );
         let opts = if options.is_empty() {
@@ -111,7 +135,7 @@ impl SshServer {
         };
         vec![
             sshfs.display().to_string(),
-            format!("root@127.0.0.1:{}", remote.display()),
+            format!("root@{host}:{}", remote.display()),
             point.display().to_string(),
             "-o".into(),
             opts,
