@@ -7,7 +7,7 @@ use std::process::Output;
 use std::time::{Duration, Instant};
 
 use e2e_tests::azurite::Azurite;
-use e2e_tests::cluster::{Cluster, etcdctl, etcdctl_for};
+use e2e_tests::cluster::{Cluster, etcdctl, etcdctl_for, two_hashes_agree};
 use etcd_client::{
     Client, EventType, GetOptions, WatchFilterType, WatchOptions, WatchResponse, WatchStream,
 };
@@ -219,12 +219,7 @@ fn etcdctl_endpoint_commands_with_http_urls() {
     assert_eq!(status.lines().count(), 2, "{status}");
     assert!(status.contains("3.5."), "{status}");
     let hashes = ok(etcdctl(&urls, &["endpoint", "hashkv"], None));
-    let values: Vec<&str> = hashes
-        .lines()
-        .filter_map(|l| l.split(", ").nth(1))
-        .collect();
-    assert_eq!(values.len(), 2, "{hashes}");
-    assert_eq!(values[0], values[1], "{hashes}");
+    assert!(two_hashes_agree(&hashes), "{hashes}");
 }
 
 /// Puts `key` through `endpoint`, retrying until `limit` passes; true once acknowledged.
@@ -1417,8 +1412,7 @@ fn etcdctl_moves_the_leader_and_hashes_the_key_space() {
     let started = Instant::now();
     loop {
         let out = ok(etcdctl(&all, &["endpoint", "hashkv"], None));
-        let hashes: Vec<&str> = out.lines().filter_map(|l| l.split(", ").nth(1)).collect();
-        if hashes.len() == 2 && hashes[0] == hashes[1] {
+        if two_hashes_agree(&out) {
             break;
         }
         assert!(

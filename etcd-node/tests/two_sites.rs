@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use e2e_tests::cluster::etcdctl;
+use e2e_tests::cluster::{etcdctl, two_hashes_agree};
 use e2e_tests::two_sites::TwoSites;
 use etcd_client::{Client, GetOptions};
 use etcd_node::tls::{Dialer, Policy, RECHECK, Side};
@@ -399,8 +399,7 @@ fn two_sites_and_a_witness_site_survive_each_failure() {
     let started = Instant::now();
     loop {
         let out = etcdctl_ok(&sites, &["endpoint", "hashkv"]);
-        let hashes: Vec<&str> = out.lines().filter_map(|l| l.split(", ").nth(1)).collect();
-        if hashes.len() == 2 && hashes[0] == hashes[1] {
+        if two_hashes_agree(&out) {
             break;
         }
         assert!(

@@ -316,11 +316,7 @@ impl Cluster {
     pub fn start_member_with(&mut self, i: usize, extra: &[&str], env: &[(&str, &str)]) {
         let m = &self.members[i];
         assert!(m.child.is_none(), "{} is already running", m.name);
-        let log = File::options()
-            .create(true)
-            .append(true)
-            .open(self.dir.path().join(format!("{}.log", m.name)))
-            .expect("log file");
+        let log = log_path(self.dir.path(), &m.name);
         let peer = m.peer_url();
         let state = if m.join { "existing" } else { "new" };
         let mut command = match self.wrapper.split_first() {
@@ -331,7 +327,7 @@ impl Cluster {
             }
             None => Command::new(&self.node_bin),
         };
-        let child = command
+        command
             .args(["--name", &m.name])
             .arg("--data-dir")
             .arg(self.data_dir(i))
@@ -347,16 +343,8 @@ impl Cluster {
             .args(["--initial-cluster-state", state])
             .args(&self.flags)
             .args(extra)
-            .envs(env.iter().copied())
-            .env(
-                "RUST_LOG",
-                std::env::var("NODE_LOG").unwrap_or_else(|_| "info".into()),
-            )
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("start etcd-node");
-        self.members[i].child = Some(child);
+            .envs(env.iter().copied());
+        self.members[i].child = Some(spawn_member(&mut command, &log));
     }
 
     fn signal(&mut self, i: usize, sig: Signal) {
@@ -439,12 +427,7 @@ impl Cluster {
 
     /// The member's log so far (for failure messages).
     pub fn log(&self, i: usize) -> String {
-        std::fs::read_to_string(
-            self.dir
-                .path()
-                .join(format!("{}.log", self.members[i].name)),
-        )
-        .unwrap_or_default()
+        read_log(&log_path(self.dir.path(), &self.members[i].name))
     }
 
     /// GET `path` on member `i`'s client URL.
@@ -512,6 +495,41 @@ impl Drop for Cluster {
             self.stop(i);
         }
     }
+}
+
+/// Where member `name`'s log is, in a cluster's directory `dir`.
+pub(crate) fn log_path(dir: &Path, name: &str) -> PathBuf {
+    dir.join(format!("{name}.log"))
+}
+
+/// A log file's text so far (empty if there is none yet).
+pub(crate) fn read_log(path: &Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_default()
+}
+
+/// Starts a member's `command`, its log level from `NODE_LOG` (default info), its log
+/// appended to `log`.
+pub(crate) fn spawn_member(command: &mut Command, log: &Path) -> Child {
+    let log = File::options()
+        .create(true)
+        .append(true)
+        .open(log)
+        .expect("log file");
+    command
+        .env(
+            "RUST_LOG",
+            std::env::var("NODE_LOG").unwrap_or_else(|_| "info".into()),
+        )
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("start etcd-node")
+}
+
+/// Whether `etcdctl endpoint hashkv` printed two members and the same hash for both.
+pub fn two_hashes_agree(out: &str) -> bool {
+    let hashes: Vec<&str> = out.lines().filter_map(|l| l.split(", ").nth(1)).collect();
+    hashes.len() == 2 && hashes[0] == hashes[1]
 }
 
 /// Runs the real `etcdctl` (Debian's `etcd-client`) against `endpoints`.

@@ -14,16 +14,15 @@
 //! Each member mounts the witness with sshfs (through its own proxy to site W) inside its
 //! own mount namespace, at the same path, and runs there. Everything is torn down on drop.
 
-use std::fs::File;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::Duration;
 
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
-use crate::cluster::tls_flags;
+use crate::cluster::{log_path, read_log, spawn_member, tls_flags};
 use crate::pki::Ca;
 use crate::proxy::Proxy;
 use crate::sshfs::{COHERENT, SshServer};
@@ -291,21 +290,8 @@ impl TwoSites {
         );
         // (exec: the member is the shell's process, so a signal to it reaches the member)
         let command = format!("exec {}", flags.join(" "));
-        let log = File::options()
-            .create(true)
-            .append(true)
-            .open(self.dir.path().join(format!("{}.log", m.name)))
-            .expect("log file");
-        let child = self
-            .in_site_with_mount(i, &command)
-            .env(
-                "RUST_LOG",
-                std::env::var("NODE_LOG").unwrap_or_else(|_| "info".into()),
-            )
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("start a member in its site");
+        let log = log_path(self.dir.path(), &m.name);
+        let child = spawn_member(&mut self.in_site_with_mount(i, &command), &log);
         self.members[i].child = Some(child);
     }
 
@@ -352,12 +338,7 @@ impl TwoSites {
 
     /// Member `i`'s log so far.
     pub fn log(&self, i: usize) -> String {
-        std::fs::read_to_string(
-            self.dir
-                .path()
-                .join(format!("{}.log", self.members[i].name)),
-        )
-        .unwrap_or_default()
+        read_log(&log_path(self.dir.path(), &self.members[i].name))
     }
 
     /// etcdctl's flags: the client certificate `root` and the CA.
