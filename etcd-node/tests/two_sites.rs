@@ -1,6 +1,6 @@
 //! End to end, the two-datacenter topology (docs/two-datacenters.md): member a in site A,
-//! member b in site B, the witness on an sshfs share served from site W, each in a network
-//! namespace of its own, TLS on every URL, a WAN delay on the peer link. Clients in each site
+//! member b in site B, the witness on an sshfs share served from site W (or a blob on
+//! Azurite), each in a network namespace of its own, TLS on every URL, a WAN delay on the peer link. Clients in each site
 //! write through their own site's member all along. Each failure is checked for: at most one
 //! side acknowledging writes while the sites cannot talk, every acknowledged write on both
 //! members once healed, `endpoint hashkv` agreeing at the end; and the time from the fault to
@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use e2e_tests::cluster::{etcdctl, two_hashes_agree};
-use e2e_tests::two_sites::TwoSites;
+use e2e_tests::two_sites::{TwoSites, WitnessKind};
 use etcd_client::{Client, GetOptions};
 use etcd_node::tls::{Dialer, Policy, RECHECK, Side};
 
@@ -283,12 +283,22 @@ fn make_leader(sites: &TwoSites, i: usize) {
 }
 
 #[test]
-fn two_sites_and_a_witness_site_survive_each_failure() {
+fn two_sites_survive_each_failure_with_the_witness_on_a_share() {
+    each_failure(WitnessKind::Sshfs);
+}
+
+#[test]
+fn two_sites_survive_each_failure_with_the_witness_in_a_blob() {
+    each_failure(WitnessKind::Azurite);
+}
+
+fn each_failure(kind: WitnessKind) {
     let (node, etcdutl) = (
         Path::new(env!("CARGO_BIN_EXE_etcd-node")),
         Path::new(env!("CARGO_BIN_EXE_etcdutl")),
     );
-    let mut sites = TwoSites::start(node, etcdutl, ONE_WAY);
+    let mut sites = TwoSites::start(node, etcdutl, ONE_WAY, kind);
+    println!("TWO-SITE witness={kind:?}");
     wait_writable(&sites, Duration::from_secs(30));
     let load = Load::start(&sites);
     std::thread::sleep(Duration::from_secs(2));

@@ -30,15 +30,26 @@ impl Proxy {
     /// Listens on `listen` and forwards each connection to `target`, every byte `delay` late
     /// in each direction.
     pub fn between(listen: SocketAddr, target: SocketAddr, delay: Duration) -> Proxy {
+        let listener = std::net::TcpListener::bind(listen).expect("bind the proxy's port");
+        Self::on(listener, target, delay)
+    }
+
+    /// As [`Proxy::between`] on a listener already bound (in another network namespace, say:
+    /// a socket stays in the namespace it was made in).
+    pub fn on(listener: std::net::TcpListener, target: SocketAddr, delay: Duration) -> Proxy {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .enable_all()
             .build()
             .expect("a runtime for the proxy");
         let cut = Arc::new(watch::channel(false).0);
-        let listener = runtime
-            .block_on(TcpListener::bind(listen))
-            .expect("bind the proxy's port");
+        listener
+            .set_nonblocking(true)
+            .expect("a non-blocking listener");
+        let listener = {
+            let _entered = runtime.enter();
+            TcpListener::from_std(listener).expect("the proxy's listener")
+        };
         let accepting = cut.clone();
         runtime.spawn(async move {
             loop {

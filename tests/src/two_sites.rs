@@ -11,17 +11,24 @@
 //! (in the root namespace) reaches each member's client URL directly, as a client in that
 //! member's site would.
 //!
-//! Each member mounts the witness with sshfs (through its own proxy to site W) inside its
-//! own mount namespace, at the same path, and runs there. Everything is torn down on drop.
+//! The witness is either a share: each member mounts it with sshfs (through its own proxy to
+//! the sshd in site W) inside its own mount namespace, at the same path, and runs there; or a
+//! blob on Azurite: Azurite runs in the root namespace (standing for site W) and each site
+//! reaches it only through a forwarder listening on the site's own loopback at Azurite's port
+//! (so the witness URL is the same `http://127.0.0.1:PORT/...` everywhere, and a loopback
+//! `http` URL is what the blob backend accepts without TLS). Cutting a member's way to the
+//! witness cuts its proxy or forwarder. Everything is torn down on drop.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::time::Duration;
 
+use nix::sched::CloneFlags;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
+use crate::azurite::Azurite;
 use crate::cluster::{log_path, read_log, spawn_member, tls_flags};
 use crate::pki::Ca;
 use crate::proxy::Proxy;
@@ -64,6 +71,41 @@ impl Drop for Netns {
     }
 }
 
+/// Where the witness lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WitnessKind {
+    /// A directory served by an sshd in site W, mounted with sshfs by each member.
+    Sshfs,
+    /// A blob on Azurite, reached through a forwarder in each site.
+    Azurite,
+}
+
+/// The witness's storage and each member's way to it.
+#[derive(Debug)]
+enum WitnessSite {
+    Sshfs {
+        ssh: SshServer,
+        /// The WAN ports of each member's proxy to the sshd.
+        ports: Vec<u16>,
+        mount_point: PathBuf,
+    },
+    /// (kept for its lifetime: dropping it stops Azurite)
+    Azurite { _server: Azurite },
+}
+
+/// A listener on `addr` inside network namespace `ns` (a socket stays in the namespace it was
+/// made in; the thread that made it ends there).
+fn listen_in(ns: &str, addr: SocketAddr) -> std::net::TcpListener {
+    let path = format!("/var/run/netns/{ns}");
+    std::thread::spawn(move || {
+        let f = std::fs::File::open(&path).expect("the namespace's file");
+        nix::sched::setns(&f, CloneFlags::CLONE_NEWNET).expect("setns into the site");
+        std::net::TcpListener::bind(addr).expect("bind in the site")
+    })
+    .join()
+    .expect("the binding thread")
+}
+
 /// A regular member of site A (0) or B (1).
 #[derive(Debug)]
 pub struct SiteMember {
@@ -94,19 +136,29 @@ pub struct TwoSites {
     links: Vec<String>,
     /// The WAN proxies of the members' peer ports (A, B).
     peer_proxies: Vec<Proxy>,
-    /// Each member's way to site W's sshd (A, B).
+    /// Each member's way to the witness (A, B).
     witness_proxies: Vec<Proxy>,
-    witness_ports: Vec<u16>,
-    ssh: SshServer,
-    mount_point: PathBuf,
-    // (dropped last: the namespaces)
+    witness: WitnessSite,
+    // (dropped last: the namespaces, then the turn)
     namespaces: Vec<Netns>,
+    _turn: std::sync::MutexGuard<'static, ()>,
 }
+
+/// One set of sites at a time in a process: they use fixed addresses.
+static TURN: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 impl TwoSites {
     /// Builds the sites, starts the witness's sshd, initialises the witness, and starts both
     /// members; `one_way` is the WAN's delay each way on the peer link.
-    pub fn start(node_bin: &Path, etcdutl: &Path, one_way: Duration) -> TwoSites {
+    pub fn start(
+        node_bin: &Path,
+        etcdutl: &Path,
+        one_way: Duration,
+        kind: WitnessKind,
+    ) -> TwoSites {
+        let turn = TURN
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let dir = tempfile::tempdir().expect("temp dir");
         let tag = std::process::id() % 100_000;
         let namespaces: Vec<Netns> = ["a", "b", "w"]
@@ -165,35 +217,49 @@ impl TwoSites {
                 Proxy::between(wan(m.wan_port), target, one_way)
             })
             .collect();
-        let ssh = SshServer::start_at(&namespaces[2].exec(), "10.77.3.2", 22);
-        let witness_ports: Vec<u16> = (0..2).map(|_| crate::free_port()).collect();
-        let witness_proxies = witness_ports
-            .iter()
-            .map(|p| {
-                Proxy::between(
-                    wan(*p),
-                    "10.77.3.2:22".parse().expect("addr"),
-                    Duration::ZERO,
-                )
-            })
-            .collect();
         let pki = dir.path().join("pki");
         let ca = Ca::new("two-site CA");
         for m in &members {
             ca.write(&pki, &m.name, "etcd-member", &[&m.ip, WAN, "localhost"]);
         }
         ca.write(&pki, "root", "root", &[]);
-        let witness_dir = dir.path().join("witness");
-        let mount_point = dir.path().join("mnt");
-        std::fs::create_dir_all(&witness_dir).expect("witness dir");
-        std::fs::create_dir_all(&mount_point).expect("mount point");
-        let witness_url = format!(
-            "witness:mount?path={}",
-            percent_encoding::utf8_percent_encode(
-                mount_point.to_str().expect("utf-8 path"),
-                percent_encoding::NON_ALPHANUMERIC
-            )
-        );
+        let (witness, witness_proxies, witness_url) = match kind {
+            WitnessKind::Sshfs => {
+                let ssh = SshServer::start_at(&namespaces[2].exec(), "10.77.3.2", 22);
+                let ports: Vec<u16> = (0..2).map(|_| crate::free_port()).collect();
+                let sshd: SocketAddr = "10.77.3.2:22".parse().expect("addr");
+                let proxies = ports
+                    .iter()
+                    .map(|p| Proxy::between(wan(*p), sshd, Duration::ZERO))
+                    .collect();
+                std::fs::create_dir_all(dir.path().join("witness")).expect("witness dir");
+                let mount_point = dir.path().join("mnt");
+                std::fs::create_dir_all(&mount_point).expect("mount point");
+                let url = format!(
+                    "witness:mount?path={}",
+                    percent_encoding::utf8_percent_encode(
+                        mount_point.to_str().expect("utf-8 path"),
+                        percent_encoding::NON_ALPHANUMERIC
+                    )
+                );
+                let site = WitnessSite::Sshfs {
+                    ssh,
+                    ports,
+                    mount_point,
+                };
+                (site, proxies, url)
+            }
+            WitnessKind::Azurite => {
+                let az = Azurite::start();
+                let local: SocketAddr = format!("127.0.0.1:{}", az.port()).parse().expect("addr");
+                let proxies = namespaces[..2]
+                    .iter()
+                    .map(|ns| Proxy::on(listen_in(&ns.0, local), local, Duration::ZERO))
+                    .collect();
+                let url = az.witness_url("two-sites", "w");
+                (WitnessSite::Azurite { _server: az }, proxies, url)
+            }
+        };
         let initial_cluster = members
             .iter()
             .map(|m| format!("{}=https://{WAN}:{}", m.name, m.wan_port))
@@ -210,19 +276,18 @@ impl TwoSites {
             links,
             peer_proxies,
             witness_proxies,
-            witness_ports,
-            ssh,
-            mount_point,
+            witness,
             namespaces,
+            _turn: turn,
         };
-        // Initialise the witness from site A, through its mount.
+        // Initialise the witness from site A (through its mount or forwarder).
         let init = format!(
             "{} witness init --name w --advertise-peer-url '{}'",
             etcdutl.display(),
             sites.witness_url
         );
         let out = sites
-            .in_site_with_mount(0, &init)
+            .in_site(0, &init)
             .output()
             .expect("etcdutl witness init");
         assert!(
@@ -237,28 +302,37 @@ impl TwoSites {
         sites
     }
 
-    /// A shell command run in member `i`'s site, with the witness mounted (in a mount
+    /// A shell command run in member `i`'s site, with a shared witness mounted (in a mount
     /// namespace of its own: `ip netns exec` makes one) at the same path as everywhere.
-    fn in_site_with_mount(&self, i: usize, command: &str) -> Command {
-        let point = self.mount_point.as_path();
-        let mount = self
-            .ssh
-            .mount_command_via(
-                WAN,
-                self.witness_ports[i],
-                &self.dir.path().join("witness"),
-                point,
-                &format!("{COHERENT},reconnect,ServerAliveInterval=1,ServerAliveCountMax=2"),
-            )
-            .iter()
-            .map(|a| format!("'{a}'"))
-            .collect::<Vec<_>>()
-            .join(" ");
-        let script = format!(
-            "{mount} || echo 'the witness could not be mounted' >&2; {command}; status=$?; \
-             fusermount3 -u '{}' 2>/dev/null; exit $status",
-            point.display()
-        );
+    fn in_site(&self, i: usize, command: &str) -> Command {
+        let script = match &self.witness {
+            WitnessSite::Azurite { .. } => command.to_string(),
+            WitnessSite::Sshfs {
+                ssh,
+                ports,
+                mount_point,
+            } => {
+                let mount = ssh
+                    .mount_command_via(
+                        WAN,
+                        ports[i],
+                        &self.dir.path().join("witness"),
+                        mount_point,
+                        &format!(
+                            "{COHERENT},reconnect,ServerAliveInterval=1,ServerAliveCountMax=2"
+                        ),
+                    )
+                    .iter()
+                    .map(|a| format!("'{a}'"))
+                    .collect::<Vec<_>>()
+                    .join(" ");
+                format!(
+                    "{mount} || echo 'the witness could not be mounted' >&2; {command}; \
+                     status=$?; fusermount3 -u '{}' 2>/dev/null; exit $status",
+                    mount_point.display()
+                )
+            }
+        };
         let mut c = Command::new("ip");
         c.args(["netns", "exec", &self.namespaces[i].0, "sh", "-c", &script]);
         c
@@ -291,7 +365,7 @@ impl TwoSites {
         // (exec: the member is the shell's process, so a signal to it reaches the member)
         let command = format!("exec {}", flags.join(" "));
         let log = log_path(self.dir.path(), &m.name);
-        let child = spawn_member(&mut self.in_site_with_mount(i, &command), &log);
+        let child = spawn_member(&mut self.in_site(i, &command), &log);
         self.members[i].child = Some(child);
     }
 
@@ -309,9 +383,11 @@ impl TwoSites {
     }
 
     fn unmount(&self, i: usize) {
-        let _ = Command::new("pkill")
-            .args(["-KILL", "-f", &format!("port={},", self.witness_ports[i])])
-            .status();
+        if let WitnessSite::Sshfs { ports, .. } = &self.witness {
+            let _ = Command::new("pkill")
+                .args(["-KILL", "-f", &format!("port={},", ports[i])])
+                .status();
+        }
     }
 
     /// Takes site `site`'s link (0 = A, 1 = B, 2 = W) down (the site is cut off from

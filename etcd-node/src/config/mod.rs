@@ -917,6 +917,40 @@ mod tests {
         );
     }
 
+    /// The command line kubeadm writes into etcd's static pod (one member), as it is.
+    #[test]
+    fn kubeadms_etcd_command_line_parses() {
+        let pki = "/etc/kubernetes/pki/etcd";
+        let args = [
+            "--advertise-client-urls=https://10.0.0.1:2379".to_string(),
+            format!("--cert-file={pki}/server.crt"),
+            "--client-cert-auth=true".into(),
+            "--data-dir=/var/lib/etcd".into(),
+            "--experimental-initial-corrupt-check=true".into(),
+            "--experimental-watch-progress-notify-interval=5s".into(),
+            "--initial-advertise-peer-urls=https://10.0.0.1:2380".into(),
+            "--initial-cluster=node1=https://10.0.0.1:2380".into(),
+            format!("--key-file={pki}/server.key"),
+            "--listen-client-urls=https://127.0.0.1:2379,https://10.0.0.1:2379".into(),
+            "--listen-metrics-urls=http://127.0.0.1:2381".into(),
+            "--listen-peer-urls=https://10.0.0.1:2380".into(),
+            "--name=node1".into(),
+            format!("--peer-cert-file={pki}/peer.crt"),
+            "--peer-client-cert-auth=true".into(),
+            format!("--peer-key-file={pki}/peer.key"),
+            format!("--peer-trusted-ca-file={pki}/ca.crt"),
+            "--snapshot-count=10000".into(),
+            format!("--trusted-ca-file={pki}/ca.crt"),
+        ];
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        let c = parse(&refs).unwrap();
+        assert!(c.client_tls.client_cert_auth && c.peer_tls.client_cert_auth);
+        assert!(c.listen_client_urls.iter().all(|u| u.tls));
+        assert!(!c.listen_metrics_urls[0].tls);
+        assert_eq!(c.ignored, ["experimental-initial-corrupt-check"]);
+        assert_eq!(c.watch_progress_notify_interval, Duration::from_secs(5));
+    }
+
     #[test]
     fn tls_and_compaction_flags_are_checked() {
         let tls_peer = "infra0=https://10.0.1.10:2380,infra1=https://10.0.1.11:2380,infra2=witness:mount?path=%2Fw";
