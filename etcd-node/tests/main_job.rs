@@ -27,8 +27,11 @@ fn script(dir: &Path, ports: &[u16; 4], tls: bool) -> Command {
     let bin_dir = Path::new(env!("CARGO_BIN_EXE_etcd-node"))
         .parent()
         .expect("the binaries' directory");
-    let mut command = Command::new("bash");
+    // (through `env --default-signal=INT`: a shell cannot trap a signal ignored when it
+    // started, and a test run started in the background, `cmd &` in a script, ignores SIGINT)
+    let mut command = Command::new("env");
     command
+        .args(["--default-signal=INT", "bash"])
         .arg(script)
         .env("CLUSTER_DIR", dir)
         .env("BIN_DIR", bin_dir)
