@@ -84,7 +84,19 @@ struct Inner {
     options: MountOptions,
     /// The newest sequence number seen, or [`NO_HINT`].
     hint: AtomicU64,
+    /// How many times the directory was listed (tests).
+    #[cfg(test)]
+    listings: AtomicU64,
 }
+
+/// How many names past a missing version `find_latest` tries before listing the directory
+/// again. Versions only grow, so a missing one was cleaned up behind newer ones; a listing can
+/// lag the names for a while on a network file system (an NFS client's or sshfs's directory
+/// cache: seconds, and many versions under load), and listing again would return the same
+/// stale names. The tries step by the retention (the newest `retention` versions are always
+/// there, so a step that size cannot jump over them), so they reach this many times the
+/// retention ahead.
+const PROBES_AHEAD: u64 = 256;
 
 /// Checks that `dir` exists and is a directory.
 pub(crate) fn check_is_directory(dir: &Path) -> Result<()> {
@@ -143,6 +155,8 @@ impl MountStore {
                 dir,
                 options,
                 hint: AtomicU64::new(NO_HINT),
+                #[cfg(test)]
+                listings: AtomicU64::new(0),
             }),
         })
     }
@@ -180,6 +194,8 @@ impl Inner {
 
     /// (state sequence numbers ascending, temp file names).
     fn list(&self) -> Result<(Vec<u64>, Vec<String>)> {
+        #[cfg(test)]
+        self.listings.fetch_add(1, Ordering::Relaxed);
         let mut versions = Vec::new();
         let mut temps = Vec::new();
         let entries = fs::read_dir(&self.dir).map_err(|e| match e.kind() {
@@ -231,12 +247,20 @@ impl Inner {
                 },
                 seq => seq,
             };
-            let Some(mut file) = self.open_version(start)? else {
-                // Removed by clean-up (we are behind) or the directory was reset: list again.
+            // Missing: removed by clean-up (we are behind: newer versions follow it) or the
+            // directory was reset. Look a little further first, then list again.
+            let step = self.options.retention as u64;
+            let mut found = None;
+            for seq in (0..=PROBES_AHEAD).map(|n| start.saturating_add(n * step)) {
+                if let Some(file) = self.open_version(seq)? {
+                    found = Some((seq, file));
+                    break;
+                }
+            }
+            let Some((mut seq, mut file)) = found else {
                 self.hint.store(NO_HINT, Ordering::Release);
                 continue;
             };
-            let mut seq = start;
             while let Some(next) = self.open_version(seq + 1)? {
                 file = next;
                 seq += 1;
@@ -457,6 +481,46 @@ impl WitnessStore for MountStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A version named by the hint (or a stale directory listing) that clean-up removed is
+    /// followed by newer ones: they are found by name, without listing the directory again
+    /// (which on a network file system can return the same stale names for a while).
+    #[tokio::test]
+    async fn a_cleaned_up_version_is_looked_past_not_listed_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let options = MountOptions {
+            retention: 2,
+            ..MountOptions::default()
+        };
+        let store = MountStore::open(dir.path(), options).unwrap();
+        let state = || WitnessState::new(7, "w", "witness:x").with_fresh_nonce();
+        let CasOutcome::Written(mut version) = store.create(&state()).await.unwrap() else {
+            panic!("created");
+        };
+        for term in 1..6u64 {
+            let next = WitnessState { term, ..state() };
+            let CasOutcome::Written(v) = store.compare_and_swap(&version, &next).await.unwrap()
+            else {
+                panic!("written");
+            };
+            version = v;
+        }
+        let newest = store.inner.find_latest().unwrap().unwrap().seq;
+        assert!(
+            store.inner.open_version(newest - 2).unwrap().is_none(),
+            "cleaned up"
+        );
+        // Behind: the hint names a version that is gone (and the next try, a retention
+        // further, one that is there).
+        store.inner.hint.store(newest - 3, Ordering::Release);
+        let listed = store.inner.listings.load(Ordering::Relaxed);
+        assert_eq!(store.inner.find_latest().unwrap().unwrap().seq, newest);
+        assert_eq!(
+            store.inner.listings.load(Ordering::Relaxed),
+            listed,
+            "no listing"
+        );
+    }
 
     #[test]
     fn names_and_versions_parse() {
