@@ -697,6 +697,46 @@ fn lagging_follower_catches_up_from_a_snapshot() {
     assert_eq!(a, b, "records (key, value, version, create, mod) differ");
 }
 
+/// A write a follower forwarded to a leader that then froze (SIGSTOP: a stalled VM, or a kill
+/// the follower cannot tell apart) is answered "etcdserver: leader changed" as soon as the
+/// follower, leading now with the witness's vote, applies its first entry: not left to the
+/// request timeout (7 s with etcd's default timing), which is what a client without a timeout of
+/// its own used to wait. The answer says the write was not applied, and it never is, even after
+/// the old leader wakes with the forwarded write in its socket.
+#[test]
+fn a_write_forwarded_to_a_frozen_leader_is_answered_leader_changed() {
+    let c = cluster();
+    let leader = c.wait_leader(LEADER_WAIT);
+    let follower = 1 - leader;
+    let at_follower = [c.members[follower].url()];
+    ok(etcdctl(&at_follower, &["put", "before", "1"], None));
+    c.pause(leader);
+    let started = Instant::now();
+    let out = etcdctl(
+        &at_follower,
+        &["--command-timeout=30s", "put", "during", "1"],
+        None,
+    );
+    let took = started.elapsed();
+    c.resume(leader);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && stderr.contains("etcdserver: leader changed"),
+        "the forwarded write got, after {took:?}: {}{stderr}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    println!("answered \"leader changed\" after {took:?}");
+    ok(etcdctl(&at_follower, &["put", "after", "1"], None));
+    c.wait_leader(LEADER_WAIT);
+    for m in &c.members {
+        let ep = [m.url()];
+        // A linearizable read on each member: it has applied everything committed before.
+        let keys = ok(etcdctl(&ep, &["get", "", "--prefix", "--keys-only"], None));
+        let keys: Vec<&str> = keys.lines().filter(|l| !l.is_empty()).collect();
+        assert_eq!(keys, ["after", "before"], "keys on {}", m.name);
+    }
+}
+
 /// A follower paused (SIGSTOP, a stalled VM) while the leader took snapshots answers, once it
 /// resumes, every Append it missed with a rejection. The leader used to send its snapshot again
 /// for each one, each a copy of the key space queued for the same follower: with an 800 MB key

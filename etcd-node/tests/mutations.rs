@@ -121,6 +121,28 @@ fn forwarding_a_proposal_twice_is_caught() {
     );
 }
 
+/// The loop's early answers: a write is answered "leader changed" only once it can never
+/// commit, and a leader appends a forwarded write only in the term the follower named.
+#[test]
+fn failing_a_write_that_may_still_commit_is_caught() {
+    assert_caught(
+        Mutation::FailPendingOnNewTerm,
+        2,
+        300,
+        &["refused write committed"],
+    );
+}
+
+#[test]
+fn appending_a_forwarded_write_in_a_later_term_is_caught() {
+    assert_caught(
+        Mutation::ForwardInAnyTerm,
+        2,
+        1000,
+        &["refused write committed"],
+    );
+}
+
 #[test]
 fn trusting_a_wiped_witness_is_caught() {
     // Seen only through the random runs' wiped-and-reinitialised witness

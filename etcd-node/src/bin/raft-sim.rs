@@ -86,6 +86,7 @@ fn main() -> ExitCode {
                 total.stale_answers += s.stale_answers;
                 total.lost_replies += s.lost_replies;
                 total.removed_stopped += s.removed_stopped;
+                total.writes_refused += s.writes_refused;
             }
             Err(e) => {
                 eprintln!("FAILED {e}");
@@ -96,7 +97,7 @@ fn main() -> ExitCode {
     let secs = started.elapsed().as_secs_f64();
     let t = &total;
     println!(
-        "{} seeds passed ({run:?}) in {secs:.1} s: {} ticks ({:.0} ticks/s), {} entries applied, {} witness writes, {} configuration changes, {} snapshots installed, {} reads served, {} leader transfers, {} crashes ({} between early sends and the fsync, {} between the fsync and the rest of a Ready), {} deliveries held 10-60 ticks, {} witness answers from stale loads, {} witness writes with their reply lost, {} removed members stopped",
+        "{} seeds passed ({run:?}) in {secs:.1} s: {} ticks ({:.0} ticks/s), {} entries applied, {} witness writes, {} configuration changes, {} snapshots installed, {} reads served, {} leader transfers, {} crashes ({} between early sends and the fsync, {} between the fsync and the rest of a Ready), {} deliveries held 10-60 ticks, {} witness answers from stale loads, {} witness writes with their reply lost, {} removed members stopped, {} client writes answered as not applied",
         a.seeds,
         t.ticks,
         t.ticks as f64 / secs,
@@ -112,7 +113,8 @@ fn main() -> ExitCode {
         t.held,
         t.stale_answers,
         t.lost_replies,
-        t.removed_stopped
+        t.removed_stopped,
+        t.writes_refused
     );
     ExitCode::SUCCESS
 }

@@ -32,11 +32,16 @@ pub enum Mutation {
     ReadsWithoutRound,
     /// The host's loop (`server::proposals`) forwards a follower's proposal to the leader twice.
     ForwardTwice,
+    /// The host's loop answers a waiting client write "leader changed" as soon as its member
+    /// knows of a later term, though the write may still commit under the next leader.
+    FailPendingOnNewTerm,
+    /// The host's loop appends a forwarded proposal whatever term the follower named.
+    ForwardInAnyTerm,
 }
 
 impl Mutation {
     /// Every mutation.
-    pub const ALL: [Mutation; 12] = [
+    pub const ALL: [Mutation; 14] = [
         Mutation::WitnessVoteWithoutLogRule,
         Mutation::WitnessIgnoresTerm,
         Mutation::CreditWitnessWithoutWrite,
@@ -49,6 +54,8 @@ impl Mutation {
         Mutation::CreditStaleSubtermAck,
         Mutation::ReadsWithoutRound,
         Mutation::ForwardTwice,
+        Mutation::FailPendingOnNewTerm,
+        Mutation::ForwardInAnyTerm,
     ];
 
     /// The mutation named `name` (as written in the enum).
@@ -77,14 +84,16 @@ mod tests {
             | Mutation::CommitBeforePersist
             | Mutation::CreditStaleSubtermAck
             | Mutation::ReadsWithoutRound
-            | Mutation::ForwardTwice => (),
+            | Mutation::ForwardTwice
+            | Mutation::FailPendingOnNewTerm
+            | Mutation::ForwardInAnyTerm => (),
         };
         let distinct: std::collections::BTreeSet<String> =
             Mutation::ALL.iter().map(|m| format!("{m:?}")).collect();
         assert_eq!(
             distinct.len(),
-            12,
-            "the 12 mutations of the match above, once each"
+            14,
+            "the 14 mutations of the match above, once each"
         );
         for m in Mutation::ALL {
             assert_eq!(Mutation::named(&format!("{m:?}")), Some(m));

@@ -83,6 +83,12 @@ pub fn leader_changed() -> ApiError {
     ApiError::new(tonic::Code::Unavailable, "etcdserver: leader changed")
 }
 
+/// A write whose outcome this member cannot tell (it may or may not have been applied): what a
+/// client's own timeout would tell it too.
+pub fn outcome_unknown() -> ApiError {
+    ApiError::new(tonic::Code::Unavailable, "etcdserver: request timed out")
+}
+
 /// A refusal of the Raft core, as etcd's client sees it.
 pub fn refused(r: &Refused) -> ApiError {
     match r {

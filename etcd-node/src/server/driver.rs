@@ -94,10 +94,12 @@ impl<W: Waiter, R: Waiter<Answer = u64>> Driver<W, R> {
         flush(world, &mut self.outbox);
     }
 
-    /// A proposal of the member's own, with no waiter (or a follower's forwarded one):
-    /// appended, or held while the core holds proposals.
+    /// A proposal of the member's own, with no waiter: appended, or held while the core holds
+    /// proposals.
     pub fn propose(&mut self, data: Vec<u8>) -> Result<(), Refused> {
-        self.proposals.propose_or_hold(&mut self.raft, data, None)
+        let term = self.raft.term();
+        self.proposals
+            .propose_or_hold(&mut self.raft, data, None, term)
     }
 
     /// A client's linearizable read: it starts with the others of this turn.
@@ -114,9 +116,8 @@ impl<W: Waiter, R: Waiter<Answer = u64>> Driver<W, R> {
     ) {
         match envelope {
             Envelope::Raft(m) => self.raft.step(m),
-            Envelope::Forward(data) => {
-                // Refused (no longer the leader): the follower's client times out and retries.
-                let _ = self.propose(data);
+            Envelope::Forward { term, data } => {
+                self.proposals.forwarded(&mut self.raft, term, data);
             }
             Envelope::ReadIndex { ctx } => {
                 self.reads
@@ -156,6 +157,7 @@ impl<W: Waiter, R: Waiter<Answer = u64>> Driver<W, R> {
                 },
             )?;
             self.reads.settle(&self.raft, &mut self.outbox);
+            self.proposals.settle(&self.raft);
             flush(world, &mut self.outbox);
             world.after_ready(&self.raft);
         }
@@ -194,7 +196,9 @@ impl<H: World, R: Waiter<Answer = u64>> Host for Turn<'_, H, R> {
     }
 
     fn install(&mut self, raft: &Raft, snapshot: &Snapshot) -> Result<(), H::Error> {
-        self.world.install(raft, snapshot)
+        self.world.install(raft, snapshot)?;
+        self.proposals.installed(snapshot.meta.term);
+        Ok(())
     }
 
     fn apply(&mut self, raft: &Raft, committed: &[Entry]) -> Result<(), H::Error> {
@@ -203,7 +207,11 @@ impl<H: World, R: Waiter<Answer = u64>> Host for Turn<'_, H, R> {
                 self.removal.applied_own_removal(e.index);
             }
         }
-        self.world.apply(raft, committed, self.proposals)
+        self.world.apply(raft, committed, self.proposals)?;
+        if let Some(last) = committed.last() {
+            self.proposals.applied_through(last.term);
+        }
+        Ok(())
     }
 
     fn read_ready(&mut self, _: &Raft, read: &ReadState) {

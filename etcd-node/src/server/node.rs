@@ -624,7 +624,7 @@ impl World for Effects {
             }
             // (the driver handles the others)
             Envelope::Raft(_)
-            | Envelope::Forward(_)
+            | Envelope::Forward { .. }
             | Envelope::ReadIndex { .. }
             | Envelope::ReadIndexResp { .. } => {}
         }

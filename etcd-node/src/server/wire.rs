@@ -22,8 +22,12 @@ use pb::{Envelope as PbEnvelope, RaftMessage as PbMessage};
 #[derive(Debug, Clone, PartialEq)]
 pub enum Envelope {
     Raft(Message),
-    /// A proposal (encoded `mvcc::Proposal`) for the leader to append.
-    Forward(Vec<u8>),
+    /// A proposal (encoded `mvcc::Proposal`) for the leader to append if it leads in `term`
+    /// (0: from a member that names no term; appended in any).
+    Forward {
+        term: u64,
+        data: Vec<u8>,
+    },
     /// A follower's membership change (an encoded `MemberChange`) for the leader to propose.
     ForwardMember(Vec<u8>),
     /// A follower asks the leader for a read index; `ctx` comes back in the answer.
@@ -175,9 +179,10 @@ impl Envelope {
                 raft: Some(message_to_pb(m)),
                 ..Default::default()
             },
-            Envelope::Forward(data) => PbEnvelope {
+            Envelope::Forward { term, data } => PbEnvelope {
                 kind: 1,
                 forward: data.clone(),
+                term: *term,
                 ..Default::default()
             },
             Envelope::ForwardMember(data) => PbEnvelope {
@@ -228,7 +233,10 @@ impl Envelope {
                     Invalid("peer envelope without its Raft message".into())
                 })?)?)
             }
-            1 => Envelope::Forward(p.forward),
+            1 => Envelope::Forward {
+                term: p.term,
+                data: p.forward,
+            },
             4 => Envelope::ForwardMember(p.forward),
             2 => Envelope::ReadIndex { ctx: p.ctx },
             3 => Envelope::ReadIndexResp {
@@ -308,7 +316,11 @@ mod tests {
                 pre: false,
                 granted: true,
             }),
-            Envelope::Forward(b"proposal".to_vec()),
+            // Term 0: as members before the term was sent (see the test below).
+            Envelope::Forward {
+                term: 0,
+                data: b"proposal".to_vec(),
+            },
             Envelope::ForwardMember(b"member".to_vec()),
             Envelope::ReadIndex { ctx: 9 },
             Envelope::ReadIndexResp { ctx: 9, index: 12 },
@@ -349,5 +361,21 @@ mod tests {
             all.extend(e.encode());
         }
         assert_eq!((all.len(), crc32c::crc32c(&all)), (303, 2413197245));
+    }
+
+    /// A forwarded proposal names its term in a field earlier releases skip (they append it in
+    /// any term, as before); one from an earlier release names none (0: appended in any term).
+    #[test]
+    fn a_forwarded_proposal_adds_its_term_as_a_new_field() {
+        let data = b"proposal".to_vec();
+        let old = Envelope::Forward {
+            term: 0,
+            data: data.clone(),
+        }
+        .encode();
+        let new = Envelope::Forward { term: 7, data }.encode();
+        assert_eq!(Envelope::decode(&new).unwrap().encode(), new);
+        // Field 10, varint: tag (10 << 3) = 0x50, then 7.
+        assert_eq!(new, [old.as_slice(), &[0x50, 7]].concat());
     }
 }

@@ -15,6 +15,7 @@ use crate::raft::{
     Message, NodeId, Raft, Ready, Refused, Role, Snapshot, Storage, WitnessRequest,
     WitnessResponse, apply_rule,
 };
+use crate::server::contract::outcome_unknown;
 use crate::server::driver::{Driver, World};
 use crate::server::proposals::Proposals;
 use crate::server::reads::Waiter;
@@ -96,6 +97,8 @@ pub struct Stats {
     pub witness_refusals: u64,
     /// Removed nodes stopped by the server's rule ([`Removal`]).
     pub removed_stopped: u64,
+    /// Client writes answered as not applied ("no leader", "leader changed", ...).
+    pub writes_refused: u64,
 }
 
 #[derive(Debug)]
@@ -619,8 +622,13 @@ impl Cluster {
             }
         }
         while let Ok((node, data, answer)) = self.writes.1.try_recv() {
-            if let Ok(index) = answer {
-                self.checker.write_answered(node, &data, index);
+            match answer {
+                Ok(index) => self.checker.write_answered(node, &data, index),
+                Err(e) if e == outcome_unknown() => {}
+                Err(e) => {
+                    self.stats.writes_refused += 1;
+                    self.checker.write_refused(node, &data, &e.message);
+                }
             }
         }
     }

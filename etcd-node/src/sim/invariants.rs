@@ -55,6 +55,8 @@ pub struct Checker {
     /// Client writes submitted through the server's proposal handling -> the index they were
     /// first committed at.
     writes: BTreeMap<Vec<u8>, Option<u64>>,
+    /// Client writes answered with an error that says they were not applied, and by whom.
+    refused: BTreeMap<Vec<u8>, (NodeId, String)>,
     pending: Option<String>,
     ticks_checked: u64,
     /// Per node: the highest commit index its Readys carried (checked for durability up to it
@@ -124,12 +126,32 @@ impl Checker {
         self.writes.insert(data, None);
     }
 
+    /// Node `node` answered a client write with error `message`, which tells the client it was
+    /// not applied: it must never commit.
+    pub fn write_refused(&mut self, node: NodeId, data: &[u8], message: &str) {
+        if let Some(Some(at)) = self.writes.get(data) {
+            let what = format!(
+                "refused write committed: node {node} answered {data:?} with {message:?}, but it committed at {at}"
+            );
+            self.fail(what);
+        }
+        self.refused
+            .insert(data.to_vec(), (node, message.to_string()));
+    }
+
     /// A newly committed entry: a client write must commit once (a proposal forwarded or
-    /// retried twice would apply twice).
+    /// retried twice would apply twice), and not after it was answered as not applied.
     fn write_committed(&mut self, e: &Entry) {
         let EntryData::Normal(data) = &e.data else {
             return;
         };
+        if let Some((node, message)) = self.refused.get(data) {
+            let what = format!(
+                "refused write committed: node {node} answered {data:?} with {message:?}, but it committed at {}",
+                e.index
+            );
+            self.fail(what);
+        }
         match self.writes.get_mut(data) {
             Some(Some(first)) => {
                 let what = format!(

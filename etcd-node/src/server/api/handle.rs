@@ -12,7 +12,9 @@ use tonic::{Request, Status};
 
 use crate::mvcc::{ApiError, Mvcc, Op, Proposal, Response as Applied, check, needs_space};
 use crate::raft::NodeId;
-use crate::server::contract::{Announced, ClientUrls, Input, Status as NodeStatus, no_leader};
+use crate::server::contract::{
+    Announced, ClientUrls, Input, Status as NodeStatus, no_leader, outcome_unknown,
+};
 use crate::server::metrics::Metrics;
 use crate::server::watch_hub::WatchHub;
 
@@ -75,7 +77,7 @@ pub(super) fn internal(e: impl std::fmt::Display) -> Status {
 }
 
 pub(super) fn timed_out() -> Status {
-    Status::unavailable("etcdserver: request timed out")
+    outcome_unknown().into()
 }
 
 /// The Raft loop is gone: the server is stopping.
