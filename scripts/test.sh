@@ -20,6 +20,8 @@ command -v ip >/dev/null 2>&1 || need_apt+=(iproute2)
 command -v pkill >/dev/null 2>&1 || need_apt+=(procps)
 # (the Python client check builds a venv: Debian splits venv/ensurepip out of python3)
 python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || need_apt+=(python3 python3-venv)
+# (the /metrics page is checked with the Prometheus Python client's text parser, Debian's)
+/usr/bin/python3 -c 'import prometheus_client' >/dev/null 2>&1 || need_apt+=(python3-prometheus-client)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "==> installing Debian packages: ${need_apt[*]}"
   apt-get update -qq

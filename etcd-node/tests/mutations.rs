@@ -138,7 +138,7 @@ fn appending_a_forwarded_write_in_a_later_term_is_caught() {
     assert_caught(
         Mutation::ForwardInAnyTerm,
         2,
-        1000,
+        300,
         &["refused write committed"],
     );
 }

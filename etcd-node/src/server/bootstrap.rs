@@ -534,7 +534,11 @@ pub async fn run(
         let grpc = api::routes(&api);
         let router = grpc
             .into_axum_router()
-            .layer(axum::middleware::map_response(etcd_size_error));
+            .layer(axum::middleware::map_response(etcd_size_error))
+            .layer(axum::middleware::from_fn_with_state(
+                api.metrics.clone(),
+                super::metrics::grpc_layer,
+            ));
         with_http(router, &api)
     };
     let client_tls = |secure: bool| secure.then(|| tls.client.clone()).flatten();

@@ -27,8 +27,8 @@ use super::wire::Envelope;
 use super::witness_slot::WitnessSlot;
 use crate::mvcc::{ApiError, Command, MemberChange, Mvcc, Op, Proposal, Response};
 use crate::raft::{
-    Change, ChangeKind, ConfChange, Entry, EntryData, Message, NONE, NodeId, Raft, Ready, Refused,
-    Role, Snapshot, Storage, WitnessRequest, WitnessResponse, apply_rule,
+    Body, Change, ChangeKind, ConfChange, Entry, EntryData, Message, NONE, NodeId, Raft, Ready,
+    Refused, Role, Snapshot, Storage, WitnessRequest, WitnessResponse, apply_rule,
 };
 use crate::storage::disk::DiskStorage;
 use etcd_client::proto::PbLeaseRevokeRequest;
@@ -178,6 +178,10 @@ impl RaftLoop {
             is_leader: raft.role() == Role::Leader,
             witness: raft.witness_caller(),
         };
+        let proposals = &self.member.proposals;
+        self.fx
+            .metrics
+            .turned(&s, proposals.waiting(), proposals.failed());
         let witness = raft.membership().witness();
         self.fx.metrics.set_leader_view(
             raft.leader_view()
@@ -255,7 +259,14 @@ impl RaftLoop {
                     let _ = reply.send(Err(no_leader()));
                 }
             }
-            Input::Peer { from, envelope } => self.member.receive(&mut self.fx, from, envelope),
+            Input::Peer { from, envelope } => {
+                if let Envelope::Raft(m) = &envelope
+                    && matches!(m.body, Body::HeartbeatResp { .. })
+                {
+                    self.fx.metrics.heartbeat_answered(from);
+                }
+                self.member.receive(&mut self.fx, from, envelope)
+            }
             Input::Witness(r) => raft.step_witness(r),
             Input::SnapshotSent {
                 to,
@@ -490,6 +501,9 @@ impl World for Effects {
 
     fn send_raft(&mut self, _: &Raft, messages: &[Message]) {
         for m in messages {
+            if matches!(m.body, Body::Heartbeat { .. }) {
+                self.metrics.heartbeat_sent(m.to);
+            }
             self.peers.send(m.to, Envelope::Raft(m.clone()));
         }
     }
@@ -579,7 +593,6 @@ impl World for Effects {
                 Command::Noop => {}
             }
         }
-        self.metrics.applied(batch.len() as u64);
         Ok(())
     }
 

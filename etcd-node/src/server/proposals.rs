@@ -48,6 +48,8 @@ pub struct Proposals<W> {
     held: Vec<Held>,
     /// The term of the last entry this member applied (0: none since it started).
     applied_term: u64,
+    /// Waiters answered with an error so far.
+    failed: u64,
 }
 
 impl<W> Default for Proposals<W> {
@@ -56,6 +58,7 @@ impl<W> Default for Proposals<W> {
             waiters: HashMap::new(),
             held: Vec::new(),
             applied_term: 0,
+            failed: 0,
         }
     }
 }
@@ -68,7 +71,7 @@ impl<W: Waiter> Proposals<W> {
         let term = raft.term();
         if raft.role() == Role::Leader {
             if let Err(r) = self.propose_or_hold(raft, data, Some(id), term) {
-                waiter.answer(Err(refused(&r)));
+                self.fail(waiter, refused(&r));
                 return;
             }
         } else if raft.leader() != NONE {
@@ -79,7 +82,7 @@ impl<W: Waiter> Proposals<W> {
             }
             out.push((to, Envelope::Forward { term, data }));
         } else {
-            waiter.answer(Err(no_leader()));
+            self.fail(waiter, no_leader());
             return;
         }
         self.waiters.insert(id, (waiter, term));
@@ -136,7 +139,7 @@ impl<W: Waiter> Proposals<W> {
             if let Err(r) = outcome
                 && let Some((w, _)) = h.id.and_then(|id| self.waiters.remove(&id))
             {
-                w.answer(Err(refused(&r)));
+                self.fail(w, refused(&r));
             }
         }
     }
@@ -179,9 +182,24 @@ impl<W: Waiter> Proposals<W> {
             .collect();
         for id in older {
             if let Some((w, _)) = self.waiters.remove(&id) {
-                w.answer(Err(error()));
+                self.fail(w, error());
             }
         }
+    }
+
+    fn fail(&mut self, waiter: W, error: ApiError) {
+        self.failed += 1;
+        waiter.answer(Err(error));
+    }
+
+    /// Writes waiting for their answer.
+    pub fn waiting(&self) -> usize {
+        self.waiters.len()
+    }
+
+    /// Writes answered with an error so far.
+    pub fn failed(&self) -> u64 {
+        self.failed
     }
 
     /// Forgets the waiters whose clients gave up.
