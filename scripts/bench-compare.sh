@@ -10,6 +10,10 @@
 #   SUITE=put bash scripts/bench-compare.sh  # only the puts (1, 16, 64 clients)
 #   SUITE=tls bash scripts/bench-compare.sh  # the cost of TLS: both systems with plain and
 #                                            # TLS URLs (client certificates required)
+#   SUITE=sustained bash scripts/bench-compare.sh  # after WARMUP writes (default 100000): puts,
+#                                            # ranges, then memory and disk per member, the
+#                                            # Raft loop's longest turn, and a leader killed
+#                                            # under 16 writers with no timeout of their own
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -139,6 +143,50 @@ run_tls_points() { # label eps pids...
   bench "$label" "$eps" "$@" -- --clients 64 --conns 8 put --total 50000 --key-size 8 --val-size 256 --key-space-size 100000
   bench "$label" "$eps" "$@" -- --clients 16 --conns 4 range 000 --consistency l --total 100000
 }
+# Sustained load (docs/benchmarks.md, "Sustained load"): WARMUP writes, the points, then what
+# each member holds (RSS, key-space file, data directory) and a leader kill under 16 writers.
+sustained() { # label eps ports-array-name pids...
+  local label=$1 eps=$2 ports_name=$3; shift 3
+  local -n ports=$ports_name
+  local ps=("$@") warm=${WARMUP:-100000}
+  echo "warm-up: $warm writes"
+  "$bin/etcd-bench" --endpoints "$eps" --clients 64 --conns 8 \
+    put --total "$warm" --key-size 8 --val-size 256 --key-space-size 100000 >/dev/null
+  bench "$label" "$eps" "${ps[@]}" -- --clients 16 --conns 4 put --total 40000 --key-size 8 --val-size 256 --key-space-size 100000
+  bench "$label" "$eps" "${ps[@]}" -- --clients 64 --conns 8 put --total 60000 --key-size 8 --val-size 256 --key-space-size 100000
+  bench "$label" "$eps" "${ps[@]}" -- --clients 16 --conns 4 range 000 --consistency l --total 100000
+  local rss=() i
+  for p in "${ps[@]}"; do rss+=("$(( $(rss_kb "$p") / 1024 ))"); done
+  local dir kv=() data=()  # (member_dirs, kv_file: set by the caller)
+  for dir in $member_dirs; do
+    data+=("$(( $(du -sB1 "$dir" | cut -f1) / 1000000 ))")
+    kv+=("$(( $(du -B1 "$dir/$kv_file" | cut -f1) / 1000000 ))")
+  done
+  local longest=""
+  if [ "$label" = etcd-node ]; then
+    for i in "${!ports[@]}"; do
+      longest+="$(curl -fs "$scheme://127.0.0.1:${ports[$i]}/metrics" | awk '/^etcd_node_raft_loop_longest_turn_seconds/{printf "%.0f", $2 * 1000}'),"
+    done
+  fi
+  echo "RESULT op=footprint cluster=$label writes=$(( warm + 100000 )) rss_mb=$(IFS=,; echo "${rss[*]}") kv_file_mb=$(IFS=,; echo "${kv[*]}") data_dir_mb=$(IFS=,; echo "${data[*]}") ${longest:+loop_longest_turn_ms=${longest%,}}" | tee -a "$work/results"
+  "$bin/etcd-bench" --endpoints "$eps" --clients 16 failover --duration 12 > "$work/fo" 2>&1 & local b=$!
+  sleep 4; local l; l=$(leader_of "${ports[@]}"); [ "$l" -ge 0 ] || { echo "no leader found"; exit 1; }
+  echo "killing the leader on port ${ports[$l]}"; kill -9 "${ps[$l]}"; wait $b
+  echo "$(grep '^RESULT' "$work/fo") cluster=$label" | tee -a "$work/results"
+}
+if [ "${SUITE:-all}" = sustained ]; then
+  echo "==> etcd-node: two members + witness"
+  start_ours; wait_healthy 41379; sleep 1
+  member_dirs="$work/ours-http/n1 $work/ours-http/n2" kv_file=member/kv.redb
+  sustained etcd-node "$ours_eps" ours_ports "${ours[@]}"
+  kill -9 "${ours[@]}" 2>/dev/null || true
+  echo "==> etcd $(etcd --version | head -1 | awk '{print $3}'): three members"
+  start_etcd; wait_healthy 51379; sleep 1
+  member_dirs="$work/etcd-http/e1 $work/etcd-http/e2 $work/etcd-http/e3" kv_file=member/snap/db
+  sustained etcd-3.4 "$theirs_eps" theirs_ports "${theirs[@]}"
+  kill -9 "${theirs[@]}" 2>/dev/null || true
+  echo; echo "==> all results"; cat "$work/results"; exit 0
+fi
 if [ "${SUITE:-all}" = tls ]; then
   command -v openssl >/dev/null || { echo "needs openssl"; exit 1; }
   for mode in plain tls; do

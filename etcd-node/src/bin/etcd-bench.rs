@@ -25,7 +25,7 @@ use hdrhistogram::Histogram;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-#[derive(Parser, Debug)]
+#[derive(Parser, Debug, Clone)]
 #[command(name = "etcd-bench", about = "Load generator for etcd v3 endpoints")]
 struct Cli {
     /// Comma-separated host:port (or http://host:port) endpoints.
@@ -51,7 +51,7 @@ struct Cli {
 }
 
 /// What the writing benchmarks write.
-#[derive(Args, Debug)]
+#[derive(Args, Debug, Clone)]
 struct Writes {
     #[arg(long, default_value_t = 10_000)]
     total: u64,
@@ -88,7 +88,7 @@ impl Writes {
     }
 }
 
-#[derive(Subcommand, Debug)]
+#[derive(Subcommand, Debug, Clone)]
 enum Op {
     /// Puts keys.
     Put {
@@ -476,35 +476,46 @@ async fn lease_churn(cli: &Cli, total: u64, ttl: i64) -> anyhow::Result<()> {
 }
 
 async fn failover(cli: &Cli, duration: Duration) -> anyhow::Result<()> {
+    // --clients writers, each with its own connection and no timeout of its own on a put: the
+    // longest gap between two acknowledged writes (of any writer) is what a leader kill costs.
     let started = Instant::now();
-    let mut last_ok: Option<Instant> = None;
-    let mut longest = Duration::ZERO;
-    let mut acked = 0u64;
-    let mut client: Option<Client> = None;
-    let mut i = 0u64;
-    while started.elapsed() < duration {
-        i += 1;
-        if client.is_none() {
-            client = connect(cli, Duration::from_millis(500)).await.ok();
-        }
-        let ok = match client.as_mut() {
-            Some(c) => c.put(format!("failover/{i}"), "x", None).await.is_ok(),
-            None => false,
-        };
-        if ok {
-            let now = Instant::now();
-            if let Some(prev) = last_ok {
-                longest = longest.max(now - prev);
+    let acks: Arc<std::sync::Mutex<Vec<Instant>>> = Arc::default();
+    let mut writers = tokio::task::JoinSet::new();
+    for w in 0..cli.clients {
+        let (cli, acks) = (cli.clone(), acks.clone());
+        writers.spawn(async move {
+            let mut client: Option<Client> = None;
+            let mut i = 0u64;
+            while started.elapsed() < duration {
+                i += 1;
+                if client.is_none() {
+                    client = connect(&cli, Duration::from_millis(500)).await.ok();
+                }
+                let ok = match client.as_mut() {
+                    Some(c) => c.put(format!("failover/{w}/{i}"), "x", None).await.is_ok(),
+                    None => false,
+                };
+                if ok {
+                    acks.lock().unwrap().push(Instant::now());
+                } else {
+                    client = None; // reconnect: the endpoint may be gone
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
             }
-            last_ok = Some(now);
-            acked += 1;
-        } else {
-            client = None; // reconnect: the endpoint may be gone
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        });
     }
+    while writers.join_next().await.is_some() {}
+    let mut acks = std::mem::take(&mut *acks.lock().unwrap());
+    acks.sort();
+    let longest = acks
+        .windows(2)
+        .map(|w| w[1] - w[0])
+        .max()
+        .unwrap_or_default();
     println!(
-        "RESULT op=failover acked={acked} longest_gap_ms={:.0}",
+        "RESULT op=failover clients={} acked={} longest_gap_ms={:.0}",
+        cli.clients,
+        acks.len(),
         longest.as_secs_f64() * 1000.0
     );
     Ok(())

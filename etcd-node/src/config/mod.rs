@@ -92,6 +92,10 @@ pub struct Flags {
     /// Raise an alarm when the backend size exceeds this many bytes (0: the 2 GiB default).
     #[arg(long, env = "ETCD_QUOTA_BACKEND_BYTES", default_value_t = 0)]
     pub quota_backend_bytes: u64,
+    /// Memory for the key space's page cache, in bytes (not etcd's: reads past it go to the
+    /// file, through the kernel's page cache).
+    #[arg(long, env = "ETCD_BACKEND_CACHE_BYTES", default_value_t = crate::mvcc::DEFAULT_CACHE_BYTES as u64)]
+    pub backend_cache_bytes: u64,
     /// How often a watcher that asked for progress notifications gets one (a Go duration).
     #[arg(
         long,
@@ -306,6 +310,7 @@ pub struct ServerConfig {
     pub election_timeout: Duration,
     pub snapshot_count: u64,
     pub quota_backend_bytes: u64,
+    pub backend_cache_bytes: usize,
     pub log_level: String,
     pub listen_metrics_urls: Vec<HttpUrl>,
     pub watch_progress_notify_interval: Duration,
@@ -719,6 +724,7 @@ impl ServerConfig {
             } else {
                 f.quota_backend_bytes
             },
+            backend_cache_bytes: usize::try_from(f.backend_cache_bytes).unwrap_or(usize::MAX),
             log_level: f.log_level,
             listen_metrics_urls,
             watch_progress_notify_interval,

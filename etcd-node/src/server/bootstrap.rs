@@ -138,7 +138,10 @@ async fn open_storage(
     for s in &report.rejected_snapshots {
         tracing::warn!(snapshot = %s, "skipped a snapshot file that failed its checks");
     }
-    let mvcc = Arc::new(Mvcc::open(&member_dir.join("kv.redb"))?);
+    let mvcc = Arc::new(Mvcc::open_with_cache(
+        &member_dir.join("kv.redb"),
+        cfg.backend_cache_bytes,
+    )?);
     let bootstrapped_now = disk.is_empty();
     if bootstrapped_now {
         match cfg.initial_cluster_state {

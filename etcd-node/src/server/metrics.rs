@@ -13,8 +13,8 @@ use std::time::{Duration, Instant, SystemTime};
 
 use prometheus::core::Collector;
 use prometheus::{
-    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts,
-    Registry, TextEncoder, exponential_buckets,
+    Encoder, Gauge, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    Opts, Registry, TextEncoder, exponential_buckets,
 };
 use witness_core::client::Stepped;
 
@@ -34,6 +34,8 @@ pub struct Metrics {
     registry: Registry,
     wal_fsync: Histogram,
     backend_commit: Histogram,
+    loop_turn: Histogram,
+    loop_longest: Gauge,
     peer_rtt: HistogramVec,
     has_leader: IntGauge,
     is_leader: IntGauge,
@@ -146,6 +148,21 @@ impl Metrics {
                 "The latency distributions of commit called by backend (a batch of applied \
                  entries; durable every 10,000 entries).",
                 disk_buckets(),
+            ),
+            loop_turn: histogram(
+                &r,
+                "etcd_node_raft_loop_turn_duration_seconds",
+                "How long a turn of the Raft loop took (persisting, sending, applying, a \
+                 snapshot of the key space): the loop takes no message meanwhile.",
+                exponential_buckets(0.0001, 2.0, 18).expect("valid buckets"),
+            ),
+            loop_longest: register(
+                &r,
+                Gauge::new(
+                    "etcd_node_raft_loop_longest_turn_seconds",
+                    "The longest turn of the Raft loop since this member started.",
+                )
+                .expect("valid metric"),
             ),
             peer_rtt: histograms(
                 &r,
@@ -300,6 +317,13 @@ impl Metrics {
     }
     pub fn backend_commit(&self, d: Duration) {
         self.backend_commit.observe(d.as_secs_f64());
+    }
+    pub fn loop_turn(&self, d: Duration) {
+        let secs = d.as_secs_f64();
+        self.loop_turn.observe(secs);
+        if secs > self.loop_longest.get() {
+            self.loop_longest.set(secs);
+        }
     }
     pub fn snapshot_sent(&self) {
         self.snapshots_sent.inc();

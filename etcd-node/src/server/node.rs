@@ -145,8 +145,10 @@ impl RaftLoop {
                 Err(RecvTimeoutError::Timeout) => {}
                 Err(RecvTimeoutError::Disconnected) => return Ok(()),
             }
+            let turn = Instant::now();
             let removed = self.member.turn(&mut self.fx)?;
             self.maybe_snapshot()?;
+            self.fx.metrics.loop_turn(turn.elapsed());
             // The snapshot files hold the key space; the transport reads them when it sends.
             self.member.raft.release_snapshot_data();
             self.fx.disk.release_snapshot_data();
