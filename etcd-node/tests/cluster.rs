@@ -637,6 +637,56 @@ fn crash_at_snapshot_before_save() {
     crash_at("snapshot-before-save", 1, "100");
 }
 
+/// A snapshot of the key space is taken and saved by a thread of its own, off the Raft loop:
+/// writes are acknowledged while one is being saved (held here 15 s by a failpoint). The loop
+/// used to dump and save it in one of its turns, taking no message meanwhile: 0.65-0.93 s with
+/// 200k revisions (docs/benchmarks.md), writes stalled behind it.
+#[test]
+fn writes_go_on_while_a_snapshot_is_saved() {
+    let mut c = cluster();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    c.wait_leader(LEADER_WAIT);
+    let held = [("FAILPOINTS", "snapshot-before-save=1*sleep(15000)")];
+    for i in 0..2 {
+        c.stop(i);
+        c.start_member_with(i, &["--snapshot-count", "100"], &held);
+    }
+    c.wait_leader(LEADER_WAIT);
+    let eps = c.endpoints();
+    let saved = |c: &Cluster| {
+        (0..2)
+            .filter(|&i| c.log(i).contains("saved snapshot"))
+            .count()
+    };
+    // 100 writes start a snapshot on each member, held; 50 more must not wait for it.
+    for i in 0..150 {
+        let (k, v) = (format!("s{i:03}"), format!("v{i}"));
+        assert!(rt.block_on(put_any(&eps, &k, &v, Duration::from_secs(10))));
+    }
+    assert_eq!(
+        saved(&c),
+        0,
+        "a snapshot was saved before the writes after it were acknowledged: they waited for it"
+    );
+    let started = Instant::now();
+    while saved(&c) < 2 {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "the held snapshots were never saved; logs:\n{}\n{}",
+            c.log(0),
+            c.log(1)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // Then the log is compacted, and the next snapshot (not held) follows.
+    for i in 150..400 {
+        let (k, v) = (format!("s{i:03}"), format!("v{i}"));
+        assert!(rt.block_on(put_any(&eps, &k, &v, Duration::from_secs(10))));
+    }
+    let count = |log: String| log.matches("saved snapshot").count();
+    assert!(count(c.log(0)) >= 2 && count(c.log(1)) >= 2);
+}
+
 /// A follower that is down while the leader snapshots and compacts its log (every 50 entries)
 /// comes back behind the log: it receives the key space as a snapshot, then the entries after
 /// it, and ends with records identical to the leader's.

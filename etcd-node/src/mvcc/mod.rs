@@ -603,8 +603,16 @@ impl Mvcc {
 
     /// As [`Mvcc::dump`], with the revision the dump is at.
     pub fn dump_with_revision(&self) -> Result<(Vec<u8>, u64), StoreError> {
+        self.dump_notifying(|| {})
+    }
+
+    /// As [`Mvcc::dump_with_revision`], calling `opened` as soon as the dump's view is fixed
+    /// (its read transaction is open): a caller on another thread lets the applier go on from
+    /// then, and the dump stays that of the key space at that moment.
+    pub fn dump_notifying(&self, opened: impl FnOnce()) -> Result<(Vec<u8>, u64), StoreError> {
         let db = self.db();
         let tx = db.begin_read().map_err(|e| self.fail(e))?;
+        opened();
         let history = tx.open_table(HISTORY).map_err(|e| self.fail(e))?;
         let meta = tx.open_table(META).map_err(|e| self.fail(e))?;
         let get = |k| meta_get(&meta, k).map_err(|e| self.fail(e));

@@ -773,26 +773,54 @@ impl Raft {
     /// Takes a snapshot of the state machine (`data`, as of the applied index) and drops the
     /// log up to it. Returns the snapshot for the host to persist.
     pub fn compact(&mut self, data: bytes::Bytes) -> Snapshot {
+        if let Some(meta) = self.snapshot_meta() {
+            self.compact_with(Snapshot { meta, data });
+        }
+        self.snapshot.clone()
+    }
+
+    /// What a snapshot of the state machine as of the applied index is (None: the log is
+    /// compacted up to it already). A host that takes the snapshot in the background records
+    /// this, with the state machine's view, at once, and hands both to
+    /// [`Raft::compact_with`] when the snapshot is saved.
+    pub fn snapshot_meta(&self) -> Option<SnapshotMeta> {
+        let index = self.applied;
+        if index <= self.log.snapshot_index() {
+            return None;
+        }
+        let entry = self
+            .log
+            .entry(index)
+            .expect("applied entries are in the log");
+        Some(SnapshotMeta {
+            index,
+            term: entry.term,
+            subterm: entry.subterm,
+            membership: self.membership.clone(),
+        })
+    }
+
+    /// Drops the log up to `snapshot` (of this member's state machine, with meta from
+    /// [`Raft::snapshot_meta`], possibly some turns ago). Returns false, changing nothing, when
+    /// the log is already compacted that far (a leader's snapshot was installed meanwhile).
+    pub fn compact_with(&mut self, snapshot: Snapshot) -> bool {
         assert!(
             !self.awaiting_advance,
             "compact between ready() and advance()"
         );
-        let index = self.applied;
-        if index > self.log.snapshot_index() {
-            let entry = self
-                .log
-                .entry(index)
-                .expect("applied entries are in the log");
-            let meta = SnapshotMeta {
-                index,
-                term: entry.term,
-                subterm: entry.subterm,
-                membership: self.membership.clone(),
-            };
-            self.log.compact_to(index);
-            self.snapshot = Snapshot { meta, data };
+        let m = &snapshot.meta;
+        if m.index <= self.log.snapshot_index() {
+            return false;
         }
-        self.snapshot.clone()
+        assert!(m.index <= self.applied, "a snapshot of entries not applied");
+        assert_eq!(
+            self.log.entry(m.index).map(|e| (e.term, e.subterm)),
+            Some((m.term, m.subterm)),
+            "a snapshot of entries this log does not hold"
+        );
+        self.log.compact_to(m.index);
+        self.snapshot = snapshot;
+        true
     }
 
     /// Handles a message from a regular peer.
@@ -1960,6 +1988,40 @@ mod tests {
     /// rejection. Each used to make the leader probe again and send its snapshot again: a
     /// leader of an 800 MB key space queued one copy per answer and was OOM-killed. One
     /// snapshot is outstanding at a time; the transport's report decides when to send another.
+    /// A snapshot taken in the background: its position is fixed when it starts, more entries
+    /// apply meanwhile, and the log is compacted to that position (not to the applied index)
+    /// when it is saved; a second one for the same position changes nothing.
+    #[test]
+    fn a_snapshot_saved_later_compacts_to_where_it_was_taken() {
+        let members = Membership::new([1], None).unwrap();
+        let mut raft = Raft::new(Config::new(1), &MemStorage::bootstrap(members, None)).unwrap();
+        raft.campaign();
+        turn(&mut raft);
+        assert_eq!(raft.role(), Role::Leader);
+        let propose = |raft: &mut Raft| {
+            raft.propose(b"x".to_vec()).unwrap();
+            turn(raft);
+            turn(raft);
+        };
+        propose(&mut raft);
+        let meta = raft
+            .snapshot_meta()
+            .expect("entries applied past the snapshot");
+        assert_eq!(meta.index, raft.applied());
+        propose(&mut raft);
+        propose(&mut raft);
+        let applied = raft.applied();
+        assert!(applied > meta.index);
+        let snapshot = Snapshot {
+            meta: meta.clone(),
+            data: bytes::Bytes::new(),
+        };
+        assert!(raft.compact_with(snapshot.clone()));
+        assert_eq!(raft.log().snapshot_index(), meta.index);
+        assert_eq!(raft.log().last_index(), applied, "later entries kept");
+        assert!(!raft.compact_with(snapshot), "already compacted that far");
+    }
+
     #[test]
     fn a_leader_sends_one_snapshot_until_the_transport_reports() {
         let mut cfg = Config::new(1);

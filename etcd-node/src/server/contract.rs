@@ -51,6 +51,9 @@ pub enum Input {
         envelope: Envelope,
     },
     Witness(WitnessResponse),
+    /// The loop's snapshot thread saved a snapshot of the key space (its data is in the file
+    /// only), or why it could not.
+    SnapshotSaved(Result<crate::raft::Snapshot, String>),
     /// The transport's outcome of sending snapshot `index` to `to`.
     SnapshotSent {
         to: NodeId,

@@ -30,7 +30,7 @@ use crate::raft::{
     Body, Change, ChangeKind, ConfChange, Entry, EntryData, Message, NONE, NodeId, Raft, Ready,
     Refused, Role, Snapshot, Storage, WitnessRequest, WitnessResponse, apply_rule,
 };
-use crate::storage::disk::DiskStorage;
+use crate::storage::disk::{DiskStorage, save};
 use etcd_client::proto::PbLeaseRevokeRequest;
 
 /// Who waits for a client write: its gRPC handler.
@@ -84,6 +84,10 @@ pub struct Pending {
     last_snapshot: u64,
     /// Entries applied since the key space was last made durable.
     unsynced: u64,
+    /// The thread saving a snapshot of the key space, while it runs.
+    snapshotting: Option<std::thread::JoinHandle<()>>,
+    /// What it saved (the snapshot, its data in the file only), or why it failed.
+    snapshot_saved: Option<Result<Snapshot, String>>,
     /// The leader and term last logged (a change is logged once, as etcd does).
     seen_leader: (NodeId, u64),
 }
@@ -106,11 +110,22 @@ pub enum LoopError {
     Log(#[from] crate::storage::StorageError),
     #[error("the key space: {0}")]
     KeySpace(#[from] crate::mvcc::StoreError),
+    #[error("a snapshot of the key space: {0}")]
+    Snapshot(String),
 }
 
 impl RaftLoop {
     /// Runs until [`Input::Stop`] or a storage failure (returned: the node must stop).
     pub fn run(mut self) -> Result<(), LoopError> {
+        let stopped = self.turns();
+        // (the snapshot thread holds the key space open: the member is stopped once it ends)
+        if let Some(saving) = self.fx.pending.snapshotting.take() {
+            let _ = saving.join();
+        }
+        stopped
+    }
+
+    fn turns(&mut self) -> Result<(), LoopError> {
         self.fx.pending.last_snapshot = self.fx.disk.snapshot().meta.index;
         let mut next_id = rand::random::<u64>() >> 1;
         // Whether this member led at the end of the last turn (to notice it starts leading).
@@ -270,6 +285,7 @@ impl RaftLoop {
                 self.member.receive(&mut self.fx, from, envelope)
             }
             Input::Witness(r) => raft.step_witness(r),
+            Input::SnapshotSaved(saved) => self.fx.pending.snapshot_saved = Some(saved),
             Input::SnapshotSent {
                 to,
                 index,
@@ -312,23 +328,63 @@ impl RaftLoop {
 
     /// Every `--snapshot-count` applied entries: make the key space durable, snapshot it and
     /// compact the log behind it.
+    /// Every `--snapshot-count` applied entries, a snapshot of the key space, taken and saved
+    /// by a thread of its own (a dump of a large key space takes the better part of a second:
+    /// the loop goes on meanwhile); once saved, the log is compacted up to it.
     fn maybe_snapshot(&mut self) -> Result<(), LoopError> {
+        if let Some(saved) = self.fx.pending.snapshot_saved.take() {
+            if let Some(saving) = self.fx.pending.snapshotting.take() {
+                let _ = saving.join();
+            }
+            let snapshot = saved.map_err(LoopError::Snapshot)?;
+            if self.member.raft.compact_with(snapshot.clone()) {
+                self.fx.disk.adopt(&snapshot)?;
+                self.fx.pending.last_snapshot = snapshot.meta.index;
+                tracing::info!(
+                    index = snapshot.meta.index,
+                    "saved snapshot, compacted the log"
+                );
+            }
+        }
         let applied = self.member.raft.applied();
         let pending = &mut self.fx.pending;
-        if applied < pending.last_snapshot + self.snapshot_count {
+        if pending.snapshotting.is_some() || applied < pending.last_snapshot + self.snapshot_count {
             return Ok(());
         }
+        let Some(meta) = self.member.raft.snapshot_meta() else {
+            return Ok(());
+        };
         self.fx.mvcc.sync()?;
         pending.unsynced = 0;
-        let data = self.fx.mvcc.dump()?;
-        let snapshot = self.member.raft.compact(data.into());
-        crate::crash!("snapshot-before-save");
-        self.fx.disk.compact(&snapshot)?;
-        pending.last_snapshot = snapshot.meta.index;
-        tracing::info!(
-            index = snapshot.meta.index,
-            "saved snapshot, compacted the log"
-        );
+        let (mvcc, snaps) = (self.fx.mvcc.clone(), self.fx.disk.snap_files());
+        let feedback = self.fx.feedback.clone();
+        let (opened, fixed) = std::sync::mpsc::channel();
+        let saving = std::thread::Builder::new()
+            .name("snapshot".into())
+            .spawn(move || {
+                let saved = mvcc
+                    .dump_notifying(|| {
+                        let _ = opened.send(());
+                    })
+                    .map_err(|e| e.to_string())
+                    .and_then(|(data, _)| {
+                        let snapshot = Snapshot {
+                            meta,
+                            data: data.into(),
+                        };
+                        crate::crash!("snapshot-before-save");
+                        save(&snaps, &snapshot).map_err(|e| e.to_string())?;
+                        Ok(Snapshot {
+                            meta: snapshot.meta,
+                            data: bytes::Bytes::new(),
+                        })
+                    });
+                let _ = feedback.send(Input::SnapshotSaved(saved));
+            })
+            .map_err(|e| LoopError::Snapshot(format!("cannot start its thread: {e}")))?;
+        // Nothing is applied until the dump's view is fixed: it is the key space at `meta`.
+        let _ = fixed.recv();
+        pending.snapshotting = Some(saving);
         Ok(())
     }
 }

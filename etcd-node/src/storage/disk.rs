@@ -130,13 +130,7 @@ impl DiskStorage {
 
     /// Makes `snapshot` durable: its file, then its marker in the WAL.
     fn write_snapshot(&mut self, snapshot: &Snapshot) -> Result<(), StorageError> {
-        self.snaps
-            .save(snapshot)
-            .map_err(|source| StorageError::SaveSnapshot {
-                index: snapshot.meta.index,
-                dir: self.snaps.dir().to_path_buf(),
-                source,
-            })?;
+        save(&self.snaps, snapshot)?;
         Ok(self
             .wal
             .mark_snapshot(snapshot.meta.index, snapshot.meta.term)?)
@@ -175,7 +169,24 @@ impl DiskStorage {
         if snapshot.meta.index <= self.mem.snapshot().meta.index {
             return Ok(());
         }
-        self.write_snapshot(snapshot)?;
+        save(&self.snaps, snapshot)?;
+        self.adopt(snapshot)
+    }
+
+    /// The snapshot files, for a snapshot saved away from the loop ([`save`], then
+    /// [`DiskStorage::adopt`]).
+    pub fn snap_files(&self) -> SnapDir {
+        self.snaps.clone()
+    }
+
+    /// As [`DiskStorage::compact`], for a snapshot whose file [`save`] wrote already (its data
+    /// may be empty: the file holds it).
+    pub fn adopt(&mut self, snapshot: &Snapshot) -> Result<(), StorageError> {
+        if snapshot.meta.index <= self.mem.snapshot().meta.index {
+            return Ok(());
+        }
+        self.wal
+            .mark_snapshot(snapshot.meta.index, snapshot.meta.term)?;
         self.mem.compact(snapshot.clone());
         self.wal.release_to(snapshot.meta.index)?;
         self.snaps
@@ -185,6 +196,18 @@ impl DiskStorage {
                 source,
             })
     }
+}
+
+/// Writes `snapshot`'s file durably in `snaps` (from any thread).
+pub fn save(snaps: &SnapDir, snapshot: &Snapshot) -> Result<(), StorageError> {
+    snaps
+        .save(snapshot)
+        .map(drop)
+        .map_err(|source| StorageError::SaveSnapshot {
+            index: snapshot.meta.index,
+            dir: snaps.dir().to_path_buf(),
+            source,
+        })
 }
 
 impl Storage for DiskStorage {
