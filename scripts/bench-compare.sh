@@ -89,7 +89,10 @@ start_etcd() {
   theirs_ports=(51379 52379 53379)
 }
 
-wait_healthy() { for _ in $(seq 1 150); do curl -fs ${curl_tls[@]+"${curl_tls[@]}"} "$scheme://127.0.0.1:$1/health" >/dev/null 2>&1 && return; sleep 0.2; done; echo "no leader on $1"; exit 1; }
+wait_healthy() {
+  for _ in $(seq 1 300); do curl -fs ${curl_tls[@]+"${curl_tls[@]}"} "$scheme://127.0.0.1:$1/health" >/dev/null 2>&1 && return; sleep 0.2; done
+  echo "no leader on $1 after 60 s; the members' logs end:"; tail -n 5 "$work"/*.log "$work"/*/*.log 2>/dev/null; exit 1
+}
 
 # The index (in the ports array) of the member that leads.
 leader_of() {

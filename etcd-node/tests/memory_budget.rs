@@ -1,27 +1,34 @@
-//! The key space's memory budget (`--backend-cache-bytes`): a process that writes far more than
-//! its budget keeps its resident memory within it, where redb's default cache (1 GiB) grows with
-//! the data. Its own test binary: it measures its own process.
+//! Memory that must not grow with the key space: its page cache (`--backend-cache-bytes`: a
+//! process that writes far more than its budget keeps its resident memory within it, where
+//! redb's default cache of 1 GiB grows with the data), and a snapshot's dump, which goes to its
+//! file as it is read. Its own test binary, one test: it measures its own process.
 
+use std::path::Path;
 use std::time::Instant;
 
 use etcd_client::proto::PbPutRequest;
 use etcd_node::mvcc::{Command, Mvcc, Op, Proposal};
 
 fn rss_bytes() -> u64 {
+    status_bytes("VmRSS:")
+}
+
+/// A line of /proc/self/status, in bytes.
+fn status_bytes(field: &str) -> u64 {
     let status = std::fs::read_to_string("/proc/self/status").unwrap();
     let kib: u64 = status
         .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .find_map(|l| l.strip_prefix(field))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
         .unwrap();
     kib * 1024
 }
 
 /// Applies `total` bytes of 32 KiB puts over 64 keys (as the Raft loop applies: batches of 64,
-/// durable every 10,000 entries); returns how much the process's RSS grew.
-fn growth_writing(cache: usize, total: u64) -> u64 {
-    let dir = tempfile::tempdir().unwrap();
-    let mvcc = Mvcc::open_with_cache(&dir.path().join("kv.redb"), cache).unwrap();
+/// durable every 10,000 entries) to a key space in `dir`; returns it and how much the
+/// process's RSS grew.
+fn growth_writing(dir: &Path, cache: usize, total: u64) -> (Mvcc, u64) {
+    let mvcc = Mvcc::open_with_cache(&dir.join("kv.redb"), cache).unwrap();
     let value = vec![b'v'; 32 << 10];
     let before = rss_bytes();
     let started = Instant::now();
@@ -55,14 +62,24 @@ fn growth_writing(cache: usize, total: u64) -> u64 {
         started.elapsed(),
         grew >> 20
     );
-    grew
+    (mvcc, grew)
+}
+
+/// How much the process's peak RSS grows while `f` runs.
+fn peak_growth(f: impl FnOnce()) -> u64 {
+    // Writing 5 to clear_refs resets the peak (VmHWM) to the current RSS (Linux 4.0+).
+    std::fs::write("/proc/self/clear_refs", "5").unwrap();
+    let before = status_bytes("VmHWM:");
+    f();
+    status_bytes("VmHWM:").saturating_sub(before)
 }
 
 #[test]
-fn resident_memory_stays_within_the_cache_budget() {
+fn memory_does_not_grow_with_the_key_space() {
     let written = 128 << 20;
     let budget = 16 << 20;
-    let small = growth_writing(budget, written);
+    let dir = tempfile::tempdir().unwrap();
+    let (mvcc, small) = growth_writing(dir.path(), budget, written);
     // The budget, plus what a batch holds in flight (64 values: 2 MiB) and the allocator's slack.
     assert!(
         small < budget as u64 + (24 << 20),
@@ -71,8 +88,36 @@ fn resident_memory_stays_within_the_cache_budget() {
         small >> 20,
         written >> 20
     );
+
+    // A snapshot's dump (what the snapshot thread writes into the file) of those 128 MiB.
+    let mut file = std::fs::File::create(dir.path().join("dump")).unwrap();
+    let streamed = peak_growth(|| {
+        mvcc.dump_to(&mut file, || {}).unwrap();
+    });
+    let whole = peak_growth(|| {
+        let (dump, _) = mvcc.dump_with_revision().unwrap();
+        assert!(dump.len() as u64 >= written);
+    });
+    println!(
+        "a dump of {} MiB: peak RSS grew {} MiB streamed to its file, {} MiB held whole",
+        written >> 20,
+        streamed >> 20,
+        whole >> 20
+    );
+    assert!(
+        streamed < 16 << 20,
+        "streaming the dump grew the peak RSS {} MiB",
+        streamed >> 20
+    );
+    assert!(
+        whole > written / 2,
+        "the dump held whole is visible (this check can fail)"
+    );
+    drop(mvcc);
+
     // The same writes with redb's default cache: RSS follows the data (the check above can fail).
-    let big = growth_writing(1 << 30, written);
+    let other = tempfile::tempdir().unwrap();
+    let (_, big) = growth_writing(other.path(), 1 << 30, written);
     assert!(
         big > 4 * small,
         "a 1 GiB cache grew RSS {} MiB, a {} MiB one {} MiB",

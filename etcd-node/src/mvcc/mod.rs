@@ -603,20 +603,30 @@ impl Mvcc {
 
     /// As [`Mvcc::dump`], with the revision the dump is at.
     pub fn dump_with_revision(&self) -> Result<(Vec<u8>, u64), StoreError> {
-        self.dump_notifying(|| {})
+        let mut out = Vec::new();
+        let revision = self.dump_to(&mut out, || {})?;
+        Ok((out, revision))
     }
 
-    /// As [`Mvcc::dump_with_revision`], calling `opened` as soon as the dump's view is fixed
-    /// (its read transaction is open): a caller on another thread lets the applier go on from
-    /// then, and the dump stays that of the key space at that moment.
-    pub fn dump_notifying(&self, opened: impl FnOnce()) -> Result<(Vec<u8>, u64), StoreError> {
+    /// Writes the dump to `out` as it reads the key space, a record at a time (memory does not
+    /// grow with the key space), calling `opened` as soon as the dump's view is fixed (its read
+    /// transaction is open): a caller on another thread lets the applier go on from then, and
+    /// the dump stays that of the key space at that moment. Returns the dump's revision.
+    ///
+    /// The encoding is `PbDump`'s, its small fields first, then the history, one entry at a
+    /// time (a protobuf decoder takes fields in any order).
+    pub fn dump_to(
+        &self,
+        out: &mut dyn std::io::Write,
+        opened: impl FnOnce(),
+    ) -> Result<u64, StoreError> {
         let db = self.db();
         let tx = db.begin_read().map_err(|e| self.fail(e))?;
         opened();
         let history = tx.open_table(HISTORY).map_err(|e| self.fail(e))?;
         let meta = tx.open_table(META).map_err(|e| self.fail(e))?;
         let get = |k| meta_get(&meta, k).map_err(|e| self.fail(e));
-        let mut dump = PbDump {
+        let head = PbDump {
             revision: get("revision")?,
             compacted: get("compact")?,
             history: Vec::new(),
@@ -633,16 +643,25 @@ impl Mvcc {
                 .map(|(key, value)| PbDumpAuthRow { key, value })
                 .collect(),
         };
+        let write = |out: &mut dyn std::io::Write, bytes: &[u8]| {
+            out.write_all(bytes)
+                .map_err(|e| self.fail(format!("writing the dump: {e}")))
+        };
+        write(out, &head.encode_to_vec())?;
+        let mut record = Vec::new();
         for row in history.iter().map_err(|e| self.fail(e))? {
             let (k, v) = row.map_err(|e| self.fail(e))?;
             let (key, revision) = k.value();
-            dump.history.push(PbDumpEntry {
+            let entry = PbDumpEntry {
                 key: key.to_vec(),
                 revision,
                 record: v.value().to_vec(),
-            });
+            };
+            record.clear();
+            prost::encoding::message::encode(3, &entry, &mut record);
+            write(out, &record)?;
         }
-        Ok((dump.encode_to_vec(), dump.revision))
+        Ok(head.revision)
     }
 
     /// Replaces the key space with a dump taken at Raft index `applied`, durably.

@@ -30,7 +30,7 @@ use crate::raft::{
     Body, Change, ChangeKind, ConfChange, Entry, EntryData, Message, NONE, NodeId, Raft, Ready,
     Refused, Role, Snapshot, Storage, WitnessRequest, WitnessResponse, apply_rule,
 };
-use crate::storage::disk::{DiskStorage, save};
+use crate::storage::disk::{DiskStorage, save_streamed};
 use etcd_client::proto::PbLeaseRevokeRequest;
 
 /// Who waits for a client write: its gRPC handler.
@@ -362,23 +362,21 @@ impl RaftLoop {
         let saving = std::thread::Builder::new()
             .name("snapshot".into())
             .spawn(move || {
-                let saved = mvcc
-                    .dump_notifying(|| {
+                // The dump goes straight into the file: memory does not grow with the key space.
+                let saved = save_streamed(&snaps, &meta, |out| {
+                    let fixed = || {
                         let _ = opened.send(());
-                    })
-                    .map_err(|e| e.to_string())
-                    .and_then(|(data, _)| {
-                        let snapshot = Snapshot {
-                            meta,
-                            data: data.into(),
-                        };
                         crate::crash!("snapshot-before-save");
-                        save(&snaps, &snapshot).map_err(|e| e.to_string())?;
-                        Ok(Snapshot {
-                            meta: snapshot.meta,
-                            data: bytes::Bytes::new(),
-                        })
-                    });
+                    };
+                    mvcc.dump_to(out, fixed)
+                        .map(drop)
+                        .map_err(std::io::Error::other)
+                })
+                .map(|()| Snapshot {
+                    meta,
+                    data: bytes::Bytes::new(),
+                })
+                .map_err(|e| e.to_string());
                 let _ = feedback.send(Input::SnapshotSaved(saved));
             })
             .map_err(|e| LoopError::Snapshot(format!("cannot start its thread: {e}")))?;

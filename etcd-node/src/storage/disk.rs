@@ -14,7 +14,7 @@ use super::StorageError;
 use super::snap::SnapDir;
 use super::wal::{SEGMENT_BYTES, Wal};
 use crate::raft::{
-    Entry, HardState, KnownWitness, MemStorage, Membership, Ready, Snapshot, Storage,
+    Entry, HardState, KnownWitness, MemStorage, Membership, Ready, Snapshot, SnapshotMeta, Storage,
 };
 
 /// Snapshot files kept after a compaction.
@@ -173,14 +173,14 @@ impl DiskStorage {
         self.adopt(snapshot)
     }
 
-    /// The snapshot files, for a snapshot saved away from the loop ([`save`], then
+    /// The snapshot files, for a snapshot saved away from the loop ([`save_streamed`], then
     /// [`DiskStorage::adopt`]).
     pub fn snap_files(&self) -> SnapDir {
         self.snaps.clone()
     }
 
-    /// As [`DiskStorage::compact`], for a snapshot whose file [`save`] wrote already (its data
-    /// may be empty: the file holds it).
+    /// As [`DiskStorage::compact`], for a snapshot whose file [`save_streamed`] wrote already
+    /// (its data may be empty: the file holds it).
     pub fn adopt(&mut self, snapshot: &Snapshot) -> Result<(), StorageError> {
         if snapshot.meta.index <= self.mem.snapshot().meta.index {
             return Ok(());
@@ -198,13 +198,23 @@ impl DiskStorage {
     }
 }
 
-/// Writes `snapshot`'s file durably in `snaps` (from any thread).
-pub fn save(snaps: &SnapDir, snapshot: &Snapshot) -> Result<(), StorageError> {
+/// Writes `snapshot`'s file durably in `snaps`.
+fn save(snaps: &SnapDir, snapshot: &Snapshot) -> Result<(), StorageError> {
+    save_streamed(snaps, &snapshot.meta, |out| out.write_all(&snapshot.data))
+}
+
+/// Writes the file of snapshot `meta` durably in `snaps` (from any thread), its data written
+/// by `data` as it goes.
+pub fn save_streamed(
+    snaps: &SnapDir,
+    meta: &SnapshotMeta,
+    data: impl FnOnce(&mut dyn std::io::Write) -> std::io::Result<()>,
+) -> Result<(), StorageError> {
     snaps
-        .save(snapshot)
+        .save_streamed(meta, data)
         .map(drop)
         .map_err(|source| StorageError::SaveSnapshot {
-            index: snapshot.meta.index,
+            index: meta.index,
             dir: snaps.dir().to_path_buf(),
             source,
         })

@@ -6,7 +6,7 @@
 //! files but no valid one is an error.
 
 use std::fs;
-use std::io::{self, Read as _};
+use std::io::{self, Read as _, Write as _};
 use std::path::{Path, PathBuf};
 
 use super::StorageError;
@@ -137,6 +137,25 @@ impl DataReader {
     }
 }
 
+/// A writer that passes bytes on, counting them and computing their CRC-32C.
+struct Checksummed<W> {
+    out: W,
+    crc: u32,
+    len: u64,
+}
+
+impl<W: io::Write> io::Write for Checksummed<W> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let n = self.out.write(buf)?;
+        self.crc = crc32c::crc32c_append(self.crc, &buf[..n]);
+        self.len += n as u64;
+        Ok(n)
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        self.out.flush()
+    }
+}
+
 impl SnapDir {
     /// The directory's path.
     pub fn dir(&self) -> &Path {
@@ -153,22 +172,44 @@ impl SnapDir {
     /// Writes `snapshot` durably. The data is written as it is, not copied: the file is the
     /// header, the metadata, the data, and a checksum computed along the way.
     pub fn save(&self, snapshot: &Snapshot) -> io::Result<PathBuf> {
-        let meta = encode(&PbSnapshotMeta::from(&snapshot.meta));
-        let mut head = Vec::with_capacity(16 + meta.len());
+        self.save_streamed(&snapshot.meta, |out| out.write_all(&snapshot.data))
+    }
+
+    /// Writes the snapshot `meta` durably, its data written by `data` as it goes (never held
+    /// whole): the length in the header is filled in once the data is written, and the
+    /// checksum is computed along the way.
+    pub fn save_streamed(
+        &self,
+        meta: &SnapshotMeta,
+        data: impl FnOnce(&mut dyn io::Write) -> io::Result<()>,
+    ) -> io::Result<PathBuf> {
+        let encoded = encode(&PbSnapshotMeta::from(meta));
+        let mut head = Vec::with_capacity(16 + encoded.len());
         head.extend_from_slice(MAGIC);
-        head.extend_from_slice(&(meta.len() as u32).to_le_bytes());
-        head.extend_from_slice(&(snapshot.data.len() as u64).to_le_bytes());
-        head.extend_from_slice(&meta);
-        let crc = crc32c::crc32c_append(crc32c::crc32c(&head), &snapshot.data);
-        let path = self.dir.join(name(&snapshot.meta));
+        head.extend_from_slice(&(encoded.len() as u32).to_le_bytes());
+        head.extend_from_slice(&0u64.to_le_bytes());
+        head.extend_from_slice(&encoded);
+        let path = self.dir.join(name(meta));
         let tmp = path.with_extension("snap.tmp");
         let file = fs::File::create(&tmp)?;
-        let mut out = io::BufWriter::new(&file);
-        for part in [&head[..], &snapshot.data[..], &crc.to_le_bytes()[..]] {
-            io::Write::write_all(&mut out, part)?;
-        }
-        io::Write::flush(&mut out)?;
-        drop(out);
+        let mut out = Checksummed {
+            out: io::BufWriter::new(&file),
+            crc: 0,
+            len: 0,
+        };
+        out.out.write_all(&head)?;
+        data(&mut out)?;
+        let Checksummed {
+            out: mut buffered,
+            crc: data_crc,
+            len,
+        } = out;
+        head[8..16].copy_from_slice(&len.to_le_bytes());
+        let crc = crc32c::crc32c_combine(crc32c::crc32c(&head), data_crc, len as usize);
+        buffered.write_all(&crc.to_le_bytes())?;
+        buffered.flush()?;
+        drop(buffered);
+        std::os::unix::fs::FileExt::write_all_at(&file, &len.to_le_bytes(), 8)?;
         file.sync_all()?;
         crate::crash!("snap-before-rename");
         fs::rename(&tmp, &path)?;
