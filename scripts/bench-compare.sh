@@ -16,9 +16,10 @@
 #                                            # under 16 writers with no timeout of their own
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# Ports below the kernel's ephemeral range (32768-60999 here): a listener there can find its
-# port taken by one of the benchmark's own outgoing connections (etcd's second member once
-# failed to start that way, and a run measured two members of three).
+# Ports 26379-30380: below the kernel's ephemeral range (32768-60999 here), where a listener can
+# find its port taken by one of the benchmark's own outgoing connections (etcd's second member
+# once failed to start that way, and a run measured two members of three), and apart from the
+# local cluster's (2379-2380, 22379-22380).
 
 command -v etcd >/dev/null || { echo "needs Debian's etcd-server (apt-get install etcd-server)"; exit 1; }
 cargo build --release --locked -p etcd-node --bin etcd-node --bin etcdutl --bin etcd-bench
@@ -64,32 +65,32 @@ start_ours() {
   mkdir -p "$dir/witness"
   local url="witness:mount?path=$(python3 -c 'import sys,urllib.parse;print(urllib.parse.quote(sys.argv[1],safe=""))' "$dir/witness")"
   "$bin/etcdutl" witness init --name w --advertise-peer-url "$url" >/dev/null 2>&1
-  local ic="n1=$scheme://127.0.0.1:21380,n2=$scheme://127.0.0.1:22380,w=$url"
+  local ic="n1=$scheme://127.0.0.1:26380,n2=$scheme://127.0.0.1:27380,w=$url"
   ours=()
   for i in 1 2; do
     "$bin/etcd-node" --name n$i --data-dir "$dir/n$i" \
-      --listen-client-urls $scheme://127.0.0.1:2${i}379 --advertise-client-urls $scheme://127.0.0.1:2${i}379 \
-      --listen-peer-urls $scheme://127.0.0.1:2${i}380 --initial-advertise-peer-urls $scheme://127.0.0.1:2${i}380 \
+      --listen-client-urls $scheme://127.0.0.1:$((25379 + i * 1000)) --advertise-client-urls $scheme://127.0.0.1:$((25379 + i * 1000)) \
+      --listen-peer-urls $scheme://127.0.0.1:$((25380 + i * 1000)) --initial-advertise-peer-urls $scheme://127.0.0.1:$((25380 + i * 1000)) \
       --initial-cluster "$ic" ${member_tls[@]+"${member_tls[@]}"} 2>"$dir/n$i.log" &
     ours+=($!); pids+=($!)
   done
-  ours_eps=$scheme://127.0.0.1:21379,$scheme://127.0.0.1:22379
-  ours_ports=(21379 22379)
+  ours_eps=$scheme://127.0.0.1:26379,$scheme://127.0.0.1:27379
+  ours_ports=(26379 27379)
 }
 
 start_etcd() {
-  local ic="e1=$scheme://127.0.0.1:23380,e2=$scheme://127.0.0.1:24380,e3=$scheme://127.0.0.1:25380"
+  local ic="e1=$scheme://127.0.0.1:28380,e2=$scheme://127.0.0.1:29380,e3=$scheme://127.0.0.1:30380"
   theirs=()
   for i in 1 2 3; do
     etcd --name e$i --data-dir "$work/etcd-$scheme/e$i" \
-      --listen-client-urls $scheme://127.0.0.1:2$((i + 2))379 --advertise-client-urls $scheme://127.0.0.1:2$((i + 2))379 \
-      --listen-peer-urls $scheme://127.0.0.1:2$((i + 2))380 --initial-advertise-peer-urls $scheme://127.0.0.1:2$((i + 2))380 \
+      --listen-client-urls $scheme://127.0.0.1:$((27379 + i * 1000)) --advertise-client-urls $scheme://127.0.0.1:$((27379 + i * 1000)) \
+      --listen-peer-urls $scheme://127.0.0.1:$((27380 + i * 1000)) --initial-advertise-peer-urls $scheme://127.0.0.1:$((27380 + i * 1000)) \
       --initial-cluster "$ic" --initial-cluster-state new --log-level error \
       ${member_tls[@]+"${member_tls[@]}"} 2>"$work/etcd-e$i.log" &
     theirs+=($!); pids+=($!)
   done
-  theirs_eps=$scheme://127.0.0.1:23379,$scheme://127.0.0.1:24379,$scheme://127.0.0.1:25379
-  theirs_ports=(23379 24379 25379)
+  theirs_eps=$scheme://127.0.0.1:28379,$scheme://127.0.0.1:29379,$scheme://127.0.0.1:30379
+  theirs_ports=(28379 29379 30379)
 }
 
 wait_healthy() {
@@ -186,12 +187,12 @@ sustained() { # label eps ports-array-name pids...
 }
 if [ "${SUITE:-all}" = sustained ]; then
   echo "==> etcd-node: two members + witness"
-  start_ours; for p in 21379 22379; do wait_healthy $p; done; sleep 1
+  start_ours; for p in 26379 27379; do wait_healthy $p; done; sleep 1
   member_dirs="$work/ours-http/n1 $work/ours-http/n2" kv_file=member/kv.redb
   sustained etcd-node "$ours_eps" ours_ports "${ours[@]}"
   kill -9 "${ours[@]}" 2>/dev/null || true
   echo "==> etcd $(etcd --version | head -1 | awk '{print $3}'): three members"
-  start_etcd; for p in 23379 24379 25379; do wait_healthy $p; done; sleep 1
+  start_etcd; for p in 28379 29379 30379; do wait_healthy $p; done; sleep 1
   member_dirs="$work/etcd-http/e1 $work/etcd-http/e2 $work/etcd-http/e3" kv_file=member/snap/db
   sustained etcd-3.4 "$theirs_eps" theirs_ports "${theirs[@]}"
   kill -9 "${theirs[@]}" 2>/dev/null || true
@@ -202,11 +203,11 @@ if [ "${SUITE:-all}" = tls ]; then
   for mode in plain tls; do
     if [ $mode = tls ]; then use_tls; else use_plain; fi
     echo "==> etcd-node ($mode): two members + witness"
-    start_ours; for p in 21379 22379; do wait_healthy $p; done; sleep 1
+    start_ours; for p in 26379 27379; do wait_healthy $p; done; sleep 1
     run_tls_points "etcd-node-$mode" "$ours_eps" "${ours[@]}"
     kill -9 "${ours[@]}" 2>/dev/null || true
     echo "==> etcd 3.4 ($mode): three members"
-    start_etcd; for p in 23379 24379 25379; do wait_healthy $p; done; sleep 1
+    start_etcd; for p in 28379 29379 30379; do wait_healthy $p; done; sleep 1
     run_tls_points "etcd-3.4-$mode" "$theirs_eps" "${theirs[@]}"
     kill -9 "${theirs[@]}" 2>/dev/null || true
     sleep 1
@@ -215,7 +216,7 @@ if [ "${SUITE:-all}" = tls ]; then
 fi
 
 echo "==> etcd-node: two members + witness"
-start_ours; for p in 21379 22379; do wait_healthy $p; done; sleep 1
+start_ours; for p in 26379 27379; do wait_healthy $p; done; sleep 1
 run_suite etcd-node "$ours_eps" "${ours[@]}"
 failover_ours() {
   "$bin/etcd-bench" --endpoints "$ours_eps" failover --duration 12 > "$work/fo" 2>&1 & local b=$!
@@ -227,7 +228,7 @@ case "${SUITE:-all}" in api|put) ;; *) failover_ours ;; esac
 kill -9 "${ours[@]}" 2>/dev/null || true
 
 echo "==> etcd $(etcd --version | head -1 | awk '{print $3}'): three members"
-start_etcd; for p in 23379 24379 25379; do wait_healthy $p; done; sleep 1
+start_etcd; for p in 28379 29379 30379; do wait_healthy $p; done; sleep 1
 run_suite etcd-3.4 "$theirs_eps" "${theirs[@]}"
 case "${SUITE:-all}" in api|put) echo; echo "==> all results"; cat "$work/results"; exit 0 ;; esac
 "$bin/etcd-bench" --endpoints "$theirs_eps" failover --duration 12 > "$work/fo" 2>&1 & b=$!
