@@ -16,9 +16,9 @@
 #                                            # under 16 writers with no timeout of their own
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# Ports 26379-30380: below the kernel's ephemeral range (32768-60999 here), where a listener can
+# Ports 26379-30380: below the kernel's ephemeral range (32768-60999 here; inside it a listener can
 # find its port taken by one of the benchmark's own outgoing connections (etcd's second member
-# once failed to start that way, and a run measured two members of three), and apart from the
+# once failed to start that way, and a run measured two members of three)), and apart from the
 # local cluster's (2379-2380, 22379-22380).
 
 command -v etcd >/dev/null || { echo "needs Debian's etcd-server (apt-get install etcd-server)"; exit 1; }
