@@ -32,7 +32,7 @@ mod range;
 pub mod request;
 
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{PoisonError, RwLock, RwLockReadGuard};
 
 use etcd_client::proto::{PbAlarmMember, PbEvent, PbKeyValue, PbMember};
@@ -147,6 +147,9 @@ pub struct Mvcc {
     path: String,
     /// Whether auth is on, as applied (every request asks: kept here, not read from redb).
     auth_on: AtomicBool,
+    /// The encoded size of what was applied since the last durable commit: redb may hold those
+    /// pages in memory, not in the file yet, so [`Mvcc::db_size`] adds it.
+    unsynced_bytes: AtomicU64,
 }
 
 /// Where the store stands.
@@ -226,6 +229,7 @@ impl Mvcc {
             db: RwLock::new(db),
             path: name.clone(),
             auth_on: AtomicBool::new(false),
+            unsynced_bytes: AtomicU64::new(0),
         };
         let tx = mvcc.db().begin_write().map_err(|e| err(&e))?;
         {
@@ -280,6 +284,8 @@ impl Mvcc {
     pub fn defragment(&self) -> Result<(), StoreError> {
         let mut db = self.db.write().unwrap_or_else(PoisonError::into_inner);
         while db.compact().map_err(|e| self.fail(e))? {}
+        // (compaction commits durably: everything applied is in the file)
+        self.unsynced_bytes.store(0, Ordering::Release);
         Ok(())
     }
 
@@ -315,8 +321,10 @@ impl Mvcc {
         // redb grows its file in steps that double (270 MB, 540 MB, 1.08 GB, 2.16 GB, ...) and
         // leaves the step's unused end a hole: its length would trip a 2 GiB quota with half of
         // it used. What the disk holds is what grows with the data (etcd: "physically
-        // allocated").
-        std::fs::metadata(&self.path).map_or(0, |m| m.len().min(m.blocks() * 512))
+        // allocated"), plus what was applied since the last durable commit, which redb may keep
+        // in memory until then (counted twice if some reached the file: the size errs high).
+        let on_disk = std::fs::metadata(&self.path).map_or(0, |m| m.len().min(m.blocks() * 512));
+        on_disk + self.unsynced_bytes.load(Ordering::Acquire)
     }
 
     /// The auth rows whose key starts with `prefix` ([`auth`] lists them), in key order.
@@ -461,6 +469,19 @@ impl Mvcc {
         crate::crash!("apply-before-commit");
         tx.commit().map_err(|e| self.fail(e))?;
         crate::crash!("apply-after-commit");
+        if durable {
+            self.unsynced_bytes.store(0, Ordering::Release);
+        } else {
+            let applied: usize = entries
+                .iter()
+                .map(|(_, c)| match c {
+                    Command::Kv(p) => p.encoded_len(),
+                    _ => 0,
+                })
+                .sum();
+            self.unsynced_bytes
+                .fetch_add(applied as u64, Ordering::AcqRel);
+        }
         // (the guard goes first: reading it again while Defragment waits would deadlock)
         drop(db);
         let auth_changed = entries.iter().any(|(_, c)| {
@@ -612,45 +633,79 @@ impl Mvcc {
     /// grow with the key space), calling `opened` as soon as the dump's view is fixed (its read
     /// transaction is open): a caller on another thread lets the applier go on from then, and
     /// the dump stays that of the key space at that moment. Returns the dump's revision.
-    ///
-    /// The encoding is `PbDump`'s, its small fields first, then the history, one entry at a
-    /// time (a protobuf decoder takes fields in any order).
     pub fn dump_to(
         &self,
         out: &mut dyn std::io::Write,
         opened: impl FnOnce(),
     ) -> Result<u64, StoreError> {
+        self.with_view(|view| {
+            opened();
+            view.dump_to(out)
+        })
+    }
+
+    /// Runs `f` with one consistent view of the key space (a read transaction), to dump it as
+    /// many times as `f` needs (to learn the dump's length before streaming it, say). Defragment
+    /// waits until it ends.
+    pub fn with_view<T>(
+        &self,
+        f: impl FnOnce(&View<'_>) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
         let db = self.db();
         let tx = db.begin_read().map_err(|e| self.fail(e))?;
-        opened();
-        let history = tx.open_table(HISTORY).map_err(|e| self.fail(e))?;
-        let meta = tx.open_table(META).map_err(|e| self.fail(e))?;
-        let get = |k| meta_get(&meta, k).map_err(|e| self.fail(e));
+        f(&View { mvcc: self, tx })
+    }
+}
+
+/// One consistent view of the key space ([`Mvcc::with_view`]).
+pub struct View<'a> {
+    mvcc: &'a Mvcc,
+    tx: redb::ReadTransaction,
+}
+
+impl std::fmt::Debug for View<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("View")
+            .field("path", &self.mvcc.path)
+            .finish()
+    }
+}
+
+impl View<'_> {
+    /// Writes the dump of this view to `out`, a record at a time; returns its revision.
+    ///
+    /// The encoding is `PbDump`'s, its small fields first, then the history, one entry at a
+    /// time (a protobuf decoder takes fields in any order).
+    pub fn dump_to(&self, out: &mut dyn std::io::Write) -> Result<u64, StoreError> {
+        let (m, tx) = (self.mvcc, &self.tx);
+        let history = tx.open_table(HISTORY).map_err(|e| m.fail(e))?;
+        let meta = tx.open_table(META).map_err(|e| m.fail(e))?;
+        let get = |k| meta_get(&meta, k).map_err(|e| m.fail(e));
         let head = PbDump {
             revision: get("revision")?,
             compacted: get("compact")?,
             history: Vec::new(),
-            members: self.read_members(&tx)?,
-            leases: self
-                .read_leases(&tx)?
+            members: m.read_members(tx)?,
+            leases: m
+                .read_leases(tx)?
                 .into_iter()
                 .map(|(id, ttl)| PbDumpLease { id, ttl })
                 .collect(),
-            alarms: read_alarms(&tx).map_err(|e| self.fail(e))?,
-            auth: read_auth(&tx, "")
-                .map_err(|e| self.fail(e))?
+            alarms: read_alarms(tx).map_err(|e| m.fail(e))?,
+            auth: read_auth(tx, "")
+                .map_err(|e| m.fail(e))?
                 .into_iter()
                 .map(|(key, value)| PbDumpAuthRow { key, value })
                 .collect(),
         };
         let write = |out: &mut dyn std::io::Write, bytes: &[u8]| {
             out.write_all(bytes)
-                .map_err(|e| self.fail(format!("writing the dump: {e}")))
+                .map_err(|e| m.fail(format!("writing the dump: {e}")))
         };
         write(out, &head.encode_to_vec())?;
         let mut record = Vec::new();
-        for row in history.iter().map_err(|e| self.fail(e))? {
-            let (k, v) = row.map_err(|e| self.fail(e))?;
+        for row in history.iter().map_err(|e| m.fail(e))? {
+            let (k, v) = row.map_err(|e| m.fail(e))?;
             let (key, revision) = k.value();
             let entry = PbDumpEntry {
                 key: key.to_vec(),
@@ -663,7 +718,9 @@ impl Mvcc {
         }
         Ok(head.revision)
     }
+}
 
+impl Mvcc {
     /// Replaces the key space with a dump taken at Raft index `applied`, durably.
     pub fn restore(&self, data: &[u8], applied: u64) -> Result<(), StoreError> {
         let dump = PbDump::decode(data).map_err(|e| self.fail(format!("snapshot data: {e}")))?;
