@@ -9,6 +9,8 @@
 //! file ("sha256 checksum not found" otherwise). etcd's own (bbolt) snapshots are a different
 //! format: they are recognised and refused with a message saying so.
 
+use std::io::{self, Write};
+
 use sha2::{Digest, Sha256};
 
 /// The first bytes of every etcd-node snapshot file (format version 1).
@@ -22,15 +24,65 @@ const BBOLT_MAGIC: [u8; 4] = 0xED0C_DAEDu32.to_le_bytes();
 
 /// The file for `dump`.
 pub fn seal(dump: &[u8]) -> Vec<u8> {
-    let body = (MAGIC.len() + LEN_BYTES + dump.len()).next_multiple_of(SECTOR);
-    let mut file = Vec::with_capacity(body + HASH_BYTES);
-    file.extend_from_slice(MAGIC);
-    file.extend_from_slice(&(dump.len() as u64).to_le_bytes());
-    file.extend_from_slice(dump);
-    file.resize(body, 0);
-    let hash = Sha256::digest(&file);
-    file.extend_from_slice(&hash);
-    file
+    let mut sealer = Sealer::new(Vec::new(), dump.len() as u64).expect("writing to memory");
+    sealer.write_all(dump).expect("writing to memory");
+    sealer.finish().expect("writing to memory")
+}
+
+/// The size of the file for a dump of `dump_len` bytes.
+pub fn sealed_len(dump_len: u64) -> u64 {
+    (MAGIC.len() as u64 + LEN_BYTES as u64 + dump_len).next_multiple_of(SECTOR as u64)
+        + HASH_BYTES as u64
+}
+
+/// Writes the file for a dump of a known length to `out` as the dump is written to it (the
+/// dump is never held whole): the header first, the dump as it comes, then [`Sealer::finish`]
+/// adds the padding and the hash.
+#[derive(Debug)]
+pub struct Sealer<W: Write> {
+    out: W,
+    sha: Sha256,
+    written: u64,
+}
+
+impl<W: Write> Sealer<W> {
+    pub fn new(out: W, dump_len: u64) -> io::Result<Self> {
+        let mut sealer = Sealer {
+            out,
+            sha: Sha256::new(),
+            written: 0,
+        };
+        sealer.put(MAGIC)?;
+        sealer.put(&dump_len.to_le_bytes())?;
+        Ok(sealer)
+    }
+
+    fn put(&mut self, bytes: &[u8]) -> io::Result<()> {
+        self.out.write_all(bytes)?;
+        self.sha.update(bytes);
+        self.written += bytes.len() as u64;
+        Ok(())
+    }
+
+    /// The padding and the hash; returns the writer.
+    pub fn finish(mut self) -> io::Result<W> {
+        let body = self.written.next_multiple_of(SECTOR as u64);
+        let zeros = vec![0u8; (body - self.written) as usize];
+        self.put(&zeros)?;
+        let hash = self.sha.finalize_reset();
+        self.out.write_all(&hash)?;
+        Ok(self.out)
+    }
+}
+
+impl<W: Write> Write for Sealer<W> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.put(buf)?;
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        self.out.flush()
+    }
 }
 
 /// The dump inside `file`, after checking its format and (unless `check_hash` is false) its
@@ -84,6 +136,13 @@ mod tests {
         let big = vec![7u8; 2000];
         assert_eq!(open(&seal(&big), true).unwrap(), big.as_slice());
         assert_eq!(open(&seal(b""), true).unwrap(), b"");
+        for n in [0, 1, 487, 488, 489, 2000] {
+            assert_eq!(
+                seal(&vec![1u8; n]).len() as u64,
+                sealed_len(n as u64),
+                "{n} bytes"
+            );
+        }
     }
 
     #[test]

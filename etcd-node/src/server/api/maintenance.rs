@@ -13,6 +13,62 @@ use crate::storage::backup;
 /// The size of the pieces a snapshot is streamed in (etcd's).
 const SNAPSHOT_CHUNK: usize = 32 * 1024;
 
+/// A writer that only counts what it is given.
+struct Counted(u64);
+
+impl std::io::Write for Counted {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0 += buf.len() as u64;
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// The snapshot stream's messages, `SNAPSHOT_CHUNK` bytes each, sent as they fill (waiting
+/// while the client is behind: at most 4 messages queue).
+struct Chunks {
+    header: Option<PbResponseHeader>,
+    /// Bytes of the file not sent yet.
+    remaining: u64,
+    piece: Vec<u8>,
+    tx: tokio::sync::mpsc::Sender<Result<PbSnapshotResponse, Status>>,
+}
+
+impl Chunks {
+    /// Sends what is gathered (an error: the client went away).
+    fn send(&mut self) -> std::io::Result<()> {
+        if self.piece.is_empty() {
+            return Ok(());
+        }
+        self.remaining -= self.piece.len() as u64;
+        let message = PbSnapshotResponse {
+            header: self.header,
+            remaining_bytes: self.remaining,
+            blob: std::mem::replace(&mut self.piece, Vec::with_capacity(SNAPSHOT_CHUNK)),
+            version: VERSION.into(),
+        };
+        self.tx
+            .blocking_send(Ok(message))
+            .map_err(|_| std::io::Error::other("the client went away"))
+    }
+}
+
+impl std::io::Write for Chunks {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = buf.len().min(SNAPSHOT_CHUNK - self.piece.len());
+        self.piece.extend_from_slice(&buf[..n]);
+        if self.piece.len() == SNAPSHOT_CHUNK {
+            self.send()?;
+        }
+        Ok(n)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
 /// Maintenance, over the shared API handle.
 #[derive(Debug, Clone)]
 pub struct Maintenance {
@@ -144,33 +200,39 @@ impl PbMaintenanceService for Maintenance {
         tokio_stream::wrappers::ReceiverStream<Result<PbSnapshotResponse, Status>>;
 
     /// This member's key space at one revision, as a sealed snapshot file
-    /// (`storage::backup`), in chunks; the header carries the revision.
+    /// (`storage::backup`), in chunks; the header carries the revision. The dump is written
+    /// twice from one view of the key space: once to learn its length (the file's header holds
+    /// it), then into the chunks as they are sent, so memory does not grow with the key space.
     async fn snapshot(
         &self,
         request: Request<PbSnapshotRequest>,
     ) -> Result<Response<Self::SnapshotStream>, Status> {
         self.api.require_root(caller_of(&request).as_ref())?;
-        let mvcc = self.api.mvcc.clone();
-        let (dump, revision) = tokio::task::spawn_blocking(move || mvcc.dump_with_revision())
-            .await
-            .map_err(internal)?
-            .map_err(internal)?;
-        let file = backup::seal(&dump);
-        let header = self.api.header(revision as i64);
+        let api = self.api.clone();
         let (tx, rx) = tokio::sync::mpsc::channel(4);
-        tokio::spawn(async move {
-            let mut remaining = file.len();
-            for chunk in file.chunks(SNAPSHOT_CHUNK) {
-                remaining -= chunk.len();
-                let message = PbSnapshotResponse {
-                    header,
-                    remaining_bytes: remaining as u64,
-                    blob: chunk.to_vec(),
-                    version: VERSION.into(),
+        tokio::task::spawn_blocking(move || {
+            let errors = tx.clone();
+            let sent = api.mvcc.with_view(|view| {
+                let mut counted = Counted(0);
+                let revision = view.dump_to(&mut counted)?;
+                let mut chunks = Chunks {
+                    header: api.header(revision as i64),
+                    remaining: backup::sealed_len(counted.0),
+                    piece: Vec::with_capacity(SNAPSHOT_CHUNK),
+                    tx,
                 };
-                if tx.send(Ok(message)).await.is_err() {
-                    return; // the client went away
-                }
+                let client_gone = |e: std::io::Error| crate::mvcc::StoreError {
+                    path: "the snapshot stream".into(),
+                    message: e.to_string(),
+                };
+                let mut sealed =
+                    backup::Sealer::new(&mut chunks, counted.0).map_err(client_gone)?;
+                view.dump_to(&mut sealed)?;
+                sealed.finish().map_err(client_gone)?;
+                chunks.send().map_err(client_gone)
+            });
+            if let Err(e) = sent {
+                let _ = errors.blocking_send(Err(internal(e)));
             }
         });
         Ok(Response::new(tokio_stream::wrappers::ReceiverStream::new(
