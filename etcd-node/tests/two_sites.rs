@@ -267,6 +267,7 @@ fn make_leader(sites: &TwoSites, i: usize) {
         panic!("no status for both members: {status}");
     };
     if leader == target {
+        wait_both_in_r(sites, i);
         return;
     }
     assert_eq!(leader, other, "a leader that is neither member: {status}");
@@ -280,6 +281,24 @@ fn make_leader(sites: &TwoSites, i: usize) {
         "move-leader: {}",
         String::from_utf8_lossy(&out.stderr)
     );
+    wait_both_in_r(sites, i);
+}
+
+/// Waits until leader `i` replicates to both members again (the witness out of its replication
+/// set): right after a healing the witness may still be in R, pinned, and a fault then finds the
+/// leader going on alone through the witness's shortcut (safe: the other member cannot be
+/// elected), not the case a fault means to test. CI met it once after "WAN cut, both reach
+/// the witness".
+fn wait_both_in_r(sites: &TwoSites, i: usize) {
+    let started = Instant::now();
+    while sites.metric(i, "etcd_witness_in_replication_set") != Some(0.0) {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the leader kept the witness in its replication set for 30 s:\n{}",
+            sites.log(i)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
 
 #[test]

@@ -435,21 +435,7 @@ impl Cluster {
         let url = format!("{}{path}", self.members[i].url());
         if let Some(pki) = &self.pki {
             // (with the member's own certificate as the client's)
-            let name = &self.members[i].name;
-            let out = Command::new("curl")
-                .args(["-sS", "--max-time", "10", "-w", "\n%{http_code}"])
-                .arg("--cacert")
-                .arg(pki.join("ca.crt"))
-                .arg("--cert")
-                .arg(pki.join(format!("{name}.crt")))
-                .arg("--key")
-                .arg(pki.join(format!("{name}.key")))
-                .arg(&url)
-                .output()
-                .ok()?;
-            let text = String::from_utf8_lossy(&out.stdout).into_owned();
-            let (body, code) = text.rsplit_once('\n')?;
-            return Some((code.parse().ok().filter(|c| *c != 0)?, body.to_string()));
+            return curl_tls(&url, pki, &self.members[i].name);
         }
         let r = reqwest::blocking::Client::new()
             .get(url)
@@ -462,11 +448,8 @@ impl Cluster {
 
     /// A metric's value on member `i` (the first sample whose line starts with `name`).
     pub fn metric(&self, i: usize, name: &str) -> Option<f64> {
-        let (_, text) = self.http_get(i, "/metrics")?;
-        text.lines()
-            .find(|l| l.starts_with(name) && !l.starts_with('#'))
-            .and_then(|l| l.rsplit(' ').next())
-            .and_then(|v| v.parse().ok())
+        let (_, page) = self.http_get(i, "/metrics")?;
+        metric_in(&page, name)
     }
 
     /// The index of the member that reports itself leader, waiting up to `limit`.
@@ -527,6 +510,33 @@ pub(crate) fn spawn_member(command: &mut Command, log: &Path) -> Child {
 }
 
 /// Whether `etcdctl endpoint hashkv` printed two members and the same hash for both.
+/// GET `url` with curl over TLS: the CA `<pki>/ca.crt`, the client certificate
+/// `<pki>/<who>.crt` and its key. (status, body); None if no answer came.
+pub fn curl_tls(url: &str, pki: &Path, who: &str) -> Option<(u16, String)> {
+    let out = Command::new("curl")
+        .args(["-sS", "--max-time", "10", "-w", "\n%{http_code}"])
+        .arg("--cacert")
+        .arg(pki.join("ca.crt"))
+        .arg("--cert")
+        .arg(pki.join(format!("{who}.crt")))
+        .arg("--key")
+        .arg(pki.join(format!("{who}.key")))
+        .arg(url)
+        .output()
+        .ok()?;
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (body, code) = text.rsplit_once('\n')?;
+    Some((code.parse().ok().filter(|c| *c != 0)?, body.to_string()))
+}
+
+/// The value of metric `name` in a `/metrics` page (its first sample).
+pub fn metric_in(page: &str, name: &str) -> Option<f64> {
+    page.lines()
+        .find(|l| l.starts_with(name) && !l.starts_with('#'))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
 pub fn two_hashes_agree(out: &str) -> bool {
     let hashes: Vec<&str> = out.lines().filter_map(|l| l.split(", ").nth(1)).collect();
     hashes.len() == 2 && hashes[0] == hashes[1]

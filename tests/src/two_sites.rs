@@ -29,7 +29,7 @@ use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
 use crate::azurite::Azurite;
-use crate::cluster::{log_path, read_log, spawn_member, tls_flags};
+use crate::cluster::{curl_tls, log_path, metric_in, read_log, spawn_member, tls_flags};
 use crate::pki::Ca;
 use crate::proxy::Proxy;
 use crate::sshfs::{COHERENT, SshServer};
@@ -415,6 +415,13 @@ impl TwoSites {
     /// Member `i`'s log so far.
     pub fn log(&self, i: usize) -> String {
         read_log(&log_path(self.dir.path(), &self.members[i].name))
+    }
+
+    /// A metric's value on member `i` (its first sample), read with the `root` certificate.
+    pub fn metric(&self, i: usize, name: &str) -> Option<f64> {
+        let url = format!("{}/metrics", self.members[i].client_url());
+        let (_, page) = curl_tls(&url, &self.pki, "root")?;
+        metric_in(&page, name)
     }
 
     /// etcdctl's flags: the client certificate `root` and the CA.
