@@ -326,8 +326,6 @@ impl RaftLoop {
         }
     }
 
-    /// Every `--snapshot-count` applied entries: make the key space durable, snapshot it and
-    /// compact the log behind it.
     /// Every `--snapshot-count` applied entries, a snapshot of the key space, taken and saved
     /// by a thread of its own (a dump of a large key space takes the better part of a second:
     /// the loop goes on meanwhile); once saved, the log is compacted up to it.

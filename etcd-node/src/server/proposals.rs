@@ -48,6 +48,9 @@ pub struct Proposals<W> {
     held: Vec<Held>,
     /// The term of the last entry this member applied (0: none since it started).
     applied_term: u64,
+    /// The term [`Proposals::settle`] last answered the waiters before: every waiter since has
+    /// a term at least the applied one, so nothing is left to answer until the term moves.
+    settled_term: u64,
     /// Waiters answered with an error so far.
     failed: u64,
 }
@@ -58,6 +61,7 @@ impl<W> Default for Proposals<W> {
             waiters: HashMap::new(),
             held: Vec::new(),
             applied_term: 0,
+            settled_term: 0,
             failed: 0,
         }
     }
@@ -169,6 +173,10 @@ impl<W: Waiter> Proposals<W> {
         } else {
             self.applied_term
         };
+        if term <= self.settled_term {
+            return;
+        }
+        self.settled_term = term;
         self.answer_older(term, leader_changed);
     }
 

@@ -200,7 +200,7 @@ impl DiskStorage {
 
 /// Writes `snapshot`'s file durably in `snaps`.
 fn save(snaps: &SnapDir, snapshot: &Snapshot) -> Result<(), StorageError> {
-    save_streamed(snaps, &snapshot.meta, |out| out.write_all(&snapshot.data))
+    saved(snaps, &snapshot.meta, snaps.save(snapshot))
 }
 
 /// Writes the file of snapshot `meta` durably in `snaps` (from any thread), its data written
@@ -210,8 +210,16 @@ pub fn save_streamed(
     meta: &SnapshotMeta,
     data: impl FnOnce(&mut dyn std::io::Write) -> std::io::Result<()>,
 ) -> Result<(), StorageError> {
-    snaps
-        .save_streamed(meta, data)
+    saved(snaps, meta, snaps.save_streamed(meta, data))
+}
+
+/// The outcome of saving snapshot `meta`'s file, as a storage error naming it.
+fn saved(
+    snaps: &SnapDir,
+    meta: &SnapshotMeta,
+    outcome: std::io::Result<std::path::PathBuf>,
+) -> Result<(), StorageError> {
+    outcome
         .map(drop)
         .map_err(|source| StorageError::SaveSnapshot {
             index: meta.index,
