@@ -242,13 +242,12 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             args.extend(initial_cluster.map(|c| format!("--initial-cluster={c}")));
             args.extend(data_dir.map(|d| format!("--data-dir={}", d.display())));
             let cfg = ServerConfig::from_args(args).map_err(anyhow::Error::msg)?;
-            let bytes = read_snapshot(&file)?;
             let opts = RestoreOptions {
                 skip_hash_check,
                 bump_revision,
                 mark_compacted,
             };
-            let r = restore(&cfg, &bytes, &opts)
+            let r = restore(&cfg, &file, &opts)
                 .await
                 .with_context(|| format!("etcdutl snapshot restore {}", file.display()))?;
             println!(
@@ -261,15 +260,21 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             );
         }
         Command::Snapshot(SnapshotCommand::Status { file, write_out }) => {
-            let bytes = read_snapshot(&file)?;
             let what = || format!("etcdutl snapshot status {}", file.display());
-            let dump = backup::open(&bytes, true)
+            let opened = std::fs::File::open(&file)
+                .with_context(|| format!("reading the snapshot file {}", file.display()))?;
+            let size = opened.metadata().with_context(what)?.len();
+            let dump = backup::open(std::io::BufReader::new(opened), true)
                 .map_err(anyhow::Error::msg)
                 .with_context(what)?;
-            let s = summarize(dump)
+            let mut dump = Crc32c {
+                inner: dump,
+                crc: 0,
+            };
+            let s = summarize(&mut dump)
                 .map_err(anyhow::Error::msg)
                 .with_context(what)?;
-            let hash = crc32c::crc32c(dump);
+            let hash = dump.crc;
             match write_out {
                 Format::Table => {
                     println!(
@@ -277,12 +282,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                     );
                     println!(
                         "{hash:08x}  {:<8}  {:<10}  {:<10}  {:<9}  {:<8}  {}",
-                        s.revision,
-                        s.keys,
-                        bytes.len(),
-                        s.compacted,
-                        s.versions,
-                        s.leases
+                        s.revision, s.keys, size, s.compacted, s.versions, s.leases
                     );
                 }
                 Format::Json => println!(
@@ -291,7 +291,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                         "hash": hash,
                         "revision": s.revision,
                         "totalKey": s.keys,
-                        "totalSize": bytes.len(),
+                        "totalSize": size,
                         "compactRevision": s.compacted,
                         "versions": s.versions,
                         "leases": s.leases,
@@ -303,8 +303,18 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn read_snapshot(file: &std::path::Path) -> anyhow::Result<Vec<u8>> {
-    std::fs::read(file).with_context(|| format!("reading the snapshot file {}", file.display()))
+/// A reader that computes the CRC-32C of what passes.
+struct Crc32c<R> {
+    inner: R,
+    crc: u32,
+}
+
+impl<R: std::io::Read> std::io::Read for Crc32c<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.crc = crc32c::crc32c_append(self.crc, &buf[..n]);
+        Ok(n)
+    }
 }
 
 fn main() -> ExitCode {

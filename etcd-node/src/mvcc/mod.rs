@@ -27,6 +27,7 @@
 
 mod apply;
 pub mod auth;
+mod dump;
 pub mod events;
 mod range;
 pub mod request;
@@ -42,6 +43,8 @@ use redb::{
 };
 
 pub use apply::Applied;
+pub use dump::{Hashing, rewrite, summarize};
+use dump::{Part, Parts, PbDump, PbDumpAuthRow, PbDumpEntry, PbDumpLease, write_part};
 pub use range::RangeOutput;
 pub use request::{MemberChange, Op, Proposal, Response, check, needs_space};
 
@@ -160,51 +163,6 @@ pub struct Position {
     pub compacted: u64,
     /// The last Raft index applied.
     pub applied: u64,
-}
-
-#[derive(Clone, PartialEq, prost::Message)]
-struct PbDumpEntry {
-    #[prost(bytes = "vec", tag = "1")]
-    key: Vec<u8>,
-    #[prost(uint64, tag = "2")]
-    revision: u64,
-    #[prost(bytes = "vec", tag = "3")]
-    record: Vec<u8>,
-}
-
-/// The whole key space: the state-machine part of a Raft snapshot.
-#[derive(Clone, PartialEq, prost::Message)]
-struct PbDump {
-    #[prost(uint64, tag = "1")]
-    revision: u64,
-    #[prost(uint64, tag = "2")]
-    compacted: u64,
-    #[prost(message, repeated, tag = "3")]
-    history: Vec<PbDumpEntry>,
-    #[prost(message, repeated, tag = "4")]
-    members: Vec<PbMember>,
-    #[prost(message, repeated, tag = "5")]
-    leases: Vec<PbDumpLease>,
-    #[prost(message, repeated, tag = "6")]
-    alarms: Vec<PbAlarmMember>,
-    #[prost(message, repeated, tag = "7")]
-    auth: Vec<PbDumpAuthRow>,
-}
-
-#[derive(Clone, PartialEq, prost::Message)]
-struct PbDumpAuthRow {
-    #[prost(string, tag = "1")]
-    key: String,
-    #[prost(bytes = "vec", tag = "2")]
-    value: Vec<u8>,
-}
-
-#[derive(Clone, PartialEq, prost::Message)]
-struct PbDumpLease {
-    #[prost(int64, tag = "1")]
-    id: i64,
-    #[prost(int64, tag = "2")]
-    ttl: i64,
 }
 
 impl Mvcc {
@@ -698,12 +656,8 @@ impl View<'_> {
                 .map(|(key, value)| PbDumpAuthRow { key, value })
                 .collect(),
         };
-        let write = |out: &mut dyn std::io::Write, bytes: &[u8]| {
-            out.write_all(bytes)
-                .map_err(|e| m.fail(format!("writing the dump: {e}")))
-        };
-        write(out, &head.encode_to_vec())?;
-        let mut record = Vec::new();
+        let failed = |e: std::io::Error| m.fail(format!("writing the dump: {e}"));
+        out.write_all(&head.encode_to_vec()).map_err(failed)?;
         for row in history.iter().map_err(|e| m.fail(e))? {
             let (k, v) = row.map_err(|e| m.fail(e))?;
             let (key, revision) = k.value();
@@ -712,72 +666,78 @@ impl View<'_> {
                 revision,
                 record: v.value().to_vec(),
             };
-            record.clear();
-            prost::encoding::message::encode(3, &entry, &mut record);
-            write(out, &record)?;
+            write_part(out, &Part::History(entry)).map_err(failed)?;
         }
         Ok(head.revision)
     }
 }
 
 impl Mvcc {
-    /// Replaces the key space with a dump taken at Raft index `applied`, durably.
-    pub fn restore(&self, data: &[u8], applied: u64) -> Result<(), StoreError> {
-        let dump = PbDump::decode(data).map_err(|e| self.fail(format!("snapshot data: {e}")))?;
+    /// Replaces the key space with the dump `input` holds, taken at Raft index `applied`,
+    /// durably. The dump is read a part at a time: memory does not grow with it.
+    pub fn restore(&self, input: impl std::io::Read, applied: u64) -> Result<(), StoreError> {
+        let mut parts = Parts::new(input);
         let db = self.db();
         let mut tx = db.begin_write().map_err(|e| self.fail(e))?;
         tx.set_durability(Durability::Immediate)
             .map_err(|e| self.fail(e))?;
         tx.delete_table(HISTORY).map_err(|e| self.fail(e))?;
         tx.delete_table(CURRENT).map_err(|e| self.fail(e))?;
+        tx.delete_table(AUTH).map_err(|e| self.fail(e))?;
         tx.delete_table(LEASES).map_err(|e| self.fail(e))?;
         tx.delete_table(LEASE_KEYS).map_err(|e| self.fail(e))?;
         tx.delete_table(ALARMS).map_err(|e| self.fail(e))?;
-        tx.delete_table(AUTH).map_err(|e| self.fail(e))?;
-        if !dump.members.is_empty() {
-            // (a snapshot from before the members table carries none: keep ours)
-            tx.delete_table(MEMBERS).map_err(|e| self.fail(e))?;
-        }
         {
             let mut members = tx.open_table(MEMBERS).map_err(|e| self.fail(e))?;
-            for m in &dump.members {
-                members
-                    .insert(m.id, m.encode_to_vec().as_slice())
-                    .map_err(|e| self.fail(e))?;
-            }
-
             let mut history = tx.open_table(HISTORY).map_err(|e| self.fail(e))?;
             let mut current = tx.open_table(CURRENT).map_err(|e| self.fail(e))?;
             let mut meta = tx.open_table(META).map_err(|e| self.fail(e))?;
             let mut leases = tx.open_table(LEASES).map_err(|e| self.fail(e))?;
             let mut lease_keys = tx.open_table(LEASE_KEYS).map_err(|e| self.fail(e))?;
-            for l in &dump.leases {
-                leases.insert(l.id, l.ttl).map_err(|e| self.fail(e))?;
-            }
             let mut auth = tx.open_table(AUTH).map_err(|e| self.fail(e))?;
-            for row in &dump.auth {
-                auth.insert(row.key.as_str(), row.value.as_slice())
-                    .map_err(|e| self.fail(e))?;
-            }
             let mut alarms = tx.open_table(ALARMS).map_err(|e| self.fail(e))?;
-            for a in &dump.alarms {
-                alarms
-                    .insert((a.member_id, a.alarm), ())
-                    .map_err(|e| self.fail(e))?;
-            }
-            for e in &dump.history {
-                history
-                    .insert((e.key.as_slice(), e.revision), e.record.as_slice())
-                    .map_err(|e| self.fail(e))?;
-                // Rows come in (key, revision) order: the last one of a key is its newest.
-                let kv = PbKeyValue::decode(e.record.as_slice())
-                    .map_err(|err| self.fail(format!("snapshot data: {err}")))?;
-                if kv.version == 0 {
-                    current.remove(e.key.as_slice()).map_err(|e| self.fail(e))?;
-                } else {
-                    current
-                        .insert(e.key.as_slice(), e.record.as_slice())
-                        .map_err(|e| self.fail(e))?;
+            let (mut revision, mut compacted) = (0, 0);
+            // (a snapshot from before the members table carries none: ours are kept)
+            let mut members_replaced = false;
+            while let Some(part) = parts.next_part().map_err(|e| self.fail(e))? {
+                match part {
+                    Part::Revision(r) => revision = r,
+                    Part::Compacted(c) => compacted = c,
+                    Part::Member(m) => {
+                        if !members_replaced {
+                            members.retain(|_, _| false).map_err(|e| self.fail(e))?;
+                            members_replaced = true;
+                        }
+                        members
+                            .insert(m.id, m.encode_to_vec().as_slice())
+                            .map_err(|e| self.fail(e))?;
+                    }
+                    Part::Lease(l) => {
+                        leases.insert(l.id, l.ttl).map_err(|e| self.fail(e))?;
+                    }
+                    Part::Auth(row) => {
+                        auth.insert(row.key.as_str(), row.value.as_slice())
+                            .map_err(|e| self.fail(e))?;
+                    }
+                    Part::Alarm(a) => {
+                        alarms
+                            .insert((a.member_id, a.alarm), ())
+                            .map_err(|e| self.fail(e))?;
+                    }
+                    Part::History(e) => {
+                        history
+                            .insert((e.key.as_slice(), e.revision), e.record.as_slice())
+                            .map_err(|e| self.fail(e))?;
+                        // Rows come in (key, revision) order: the last one of a key is its
+                        // newest.
+                        if dump::is_tombstone(&e.record).map_err(|e| self.fail(e))? {
+                            current.remove(e.key.as_slice()).map_err(|e| self.fail(e))?;
+                        } else {
+                            current
+                                .insert(e.key.as_slice(), e.record.as_slice())
+                                .map_err(|e| self.fail(e))?;
+                        }
+                    }
                 }
             }
             // The keys attached to leases: those of the live keys.
@@ -790,9 +750,9 @@ impl Mvcc {
                         .map_err(|e| self.fail(e))?;
                 }
             }
-            meta.insert("revision", dump.revision.max(1))
+            meta.insert("revision", revision.max(1))
                 .map_err(|e| self.fail(e))?;
-            meta.insert("compact", dump.compacted)
+            meta.insert("compact", compacted)
                 .map_err(|e| self.fail(e))?;
             meta.insert("applied", applied).map_err(|e| self.fail(e))?;
         }
@@ -803,7 +763,7 @@ impl Mvcc {
 }
 
 /// What a dump holds (`etcdutl snapshot status`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct DumpSummary {
     pub revision: u64,
     pub compacted: u64,
@@ -812,86 +772,6 @@ pub struct DumpSummary {
     /// Rows of history (every kept version of every key, tombstones included).
     pub versions: u64,
     pub leases: u64,
-}
-
-fn decode_dump(data: &[u8]) -> Result<PbDump, String> {
-    PbDump::decode(data).map_err(|e| format!("the key space in the snapshot does not decode: {e}"))
-}
-
-/// Summarises a dump.
-pub fn summarize(data: &[u8]) -> Result<DumpSummary, String> {
-    let dump = decode_dump(data)?;
-    Ok(DumpSummary {
-        revision: dump.revision,
-        compacted: dump.compacted,
-        keys: newest_live(&dump.history)?.len() as u64,
-        versions: dump.history.len() as u64,
-        leases: dump.leases.len() as u64,
-    })
-}
-
-/// The newest row of each live key (rows come in (key, revision) order, so a key's last row
-/// says whether it is live).
-fn newest_live(history: &[PbDumpEntry]) -> Result<Vec<&PbDumpEntry>, String> {
-    let mut out = Vec::new();
-    for (i, e) in history.iter().enumerate() {
-        let last_of_key = history.get(i + 1).is_none_or(|n| n.key != e.key);
-        let kv = PbKeyValue::decode(e.record.as_slice())
-            .map_err(|err| format!("a record in the snapshot does not decode: {err}"))?;
-        if last_of_key && kv.version != 0 {
-            out.push(e);
-        }
-    }
-    Ok(out)
-}
-
-/// A dump for a restored cluster (`etcdutl snapshot restore`): its members replaced by
-/// `members`; the revision raised by `bump`; with `mark_compacted`, everything before the
-/// (bumped) revision compacted away, so watchers and readers of an older revision are told to
-/// start over instead of silently missing what happened after the snapshot. The auth token
-/// secret is replaced by one derived from it and the new members' ids (the same on every
-/// restored member), so no token of the old cluster is accepted by the restored one.
-pub fn rewrite(
-    data: &[u8],
-    members: Vec<PbMember>,
-    bump: u64,
-    mark_compacted: bool,
-) -> Result<Vec<u8>, String> {
-    let mut dump = decode_dump(data)?;
-    if let Some(row) = dump.auth.iter_mut().find(|r| r.key == "secret") {
-        use sha2::{Digest, Sha256};
-        let mut next = Sha256::new()
-            .chain_update(b"restored\0")
-            .chain_update(&row.value);
-        for m in &members {
-            next.update(m.id.to_be_bytes());
-        }
-        row.value = next.finalize().to_vec();
-    }
-    dump.members = members;
-    // The old members' alarms: the new cluster raises its own.
-    dump.alarms.clear();
-    // Revisions travel as int64 in etcd's API; the bumped revision must leave room for the
-    // writes to come (2^62 of them: enough for ever).
-    const MAX_BUMPED: u64 = 1 << 62;
-    dump.revision = dump
-        .revision
-        .checked_add(bump)
-        .filter(|&r| r <= MAX_BUMPED)
-        .ok_or_else(|| {
-            format!(
-                "--bump-revision {bump} takes the snapshot's revision {} past {MAX_BUMPED} \
-                 (2^62, half of what etcd's int64 revisions can carry, the rest kept for the \
-                 writes to come); give a smaller --bump-revision (etcd's runbook uses \
-                 1000000000)",
-                dump.revision
-            )
-        })?;
-    if mark_compacted {
-        dump.compacted = dump.revision;
-        dump.history = newest_live(&dump.history)?.into_iter().cloned().collect();
-    }
-    Ok(dump.encode_to_vec())
 }
 
 /// A stored record back into a `KeyValue` (the key is not stored in the record).

@@ -476,7 +476,7 @@ fn replay_after_restart_skips_applied_entries_and_restore_replaces_everything() 
     let dump = m.dump().unwrap();
     let other = Mvcc::open(&dir.path().join("other.redb")).unwrap();
     other.apply(&[entry(1, put("stale", "x"))], false).unwrap();
-    other.restore(&dump, 7).unwrap();
+    other.restore(dump.as_slice(), 7).unwrap();
     assert_eq!(other.position().unwrap(), m.position().unwrap());
     assert_eq!(other.dump().unwrap(), dump);
     assert_eq!(
@@ -486,7 +486,7 @@ fn replay_after_restart_skips_applied_entries_and_restore_replaces_everything() 
     assert!(
         Mvcc::open(&dir.path().join("bad.redb"))
             .unwrap()
-            .restore(b"\xff\xff", 1)
+            .restore(&b"\xff\xff"[..], 1)
             .is_err(),
         "a corrupt snapshot is an error, not a panic"
     );
@@ -528,7 +528,7 @@ fn members_are_seeded_once_changed_by_entries_and_carried_by_snapshots() {
 
     let other = Mvcc::open(&dir.path().join("other.redb")).unwrap();
     other.seed_members(&[member(7, "stale", false)]).unwrap();
-    other.restore(&m.dump().unwrap(), 4).unwrap();
+    other.restore(m.dump().unwrap().as_slice(), 4).unwrap();
     assert_eq!(other.members().unwrap(), want);
 }
 
@@ -564,7 +564,7 @@ fn leases_attach_keys_and_a_revoke_deletes_them_in_one_revision() {
     assert_eq!(f.mvcc.lease(7).unwrap(), Some((30, vec![b"a".to_vec()])));
     // A snapshot carries the lease and its keys.
     let other = Mvcc::open(&f._dir.path().join("other.redb")).unwrap();
-    other.restore(&f.mvcc.dump().unwrap(), 9).unwrap();
+    other.restore(f.mvcc.dump().unwrap().as_slice(), 9).unwrap();
     assert_eq!(other.leases().unwrap(), [(7, 30)]);
     assert_eq!(other.lease(7).unwrap(), f.mvcc.lease(7).unwrap());
     f.apply(put_on("d", 7)).unwrap(); // 7
@@ -588,7 +588,7 @@ fn a_restore_dump_gets_new_members_and_optionally_a_bumped_compacted_revision() 
     f.apply(del("b", "")).unwrap();
     f.apply(put("c", "1")).unwrap(); // revision 6
     let dump = f.mvcc.dump().unwrap();
-    let s = summarize(&dump).unwrap();
+    let s = summarize(dump.as_slice()).unwrap();
     assert_eq!((s.revision, s.compacted, s.keys, s.versions), (6, 0, 2, 5));
 
     let new = PbMember {
@@ -596,9 +596,9 @@ fn a_restore_dump_gets_new_members_and_optionally_a_bumped_compacted_revision() 
         name: "fresh".into(),
         ..Default::default()
     };
-    let same = rewrite(&dump, vec![new.clone()], 0, false).unwrap();
+    let same = rewritten(&dump, vec![new.clone()], 0, false).unwrap();
     let restored = fixture();
-    restored.mvcc.restore(&same, 1).unwrap();
+    restored.mvcc.restore(same.as_slice(), 1).unwrap();
     assert_eq!(restored.mvcc.members().unwrap(), vec![new.clone()]);
     assert_eq!(restored.mvcc.position().unwrap().revision, 6);
     assert_eq!(
@@ -607,14 +607,14 @@ fn a_restore_dump_gets_new_members_and_optionally_a_bumped_compacted_revision() 
         "the same history, revisions and versions"
     );
 
-    let bumped = rewrite(&dump, vec![new], 100, true).unwrap();
-    let s = summarize(&bumped).unwrap();
+    let bumped = rewritten(&dump, vec![new], 100, true).unwrap();
+    let s = summarize(bumped.as_slice()).unwrap();
     assert_eq!(
         (s.revision, s.compacted, s.keys, s.versions),
         (106, 106, 2, 2)
     );
     let mut restored = fixture();
-    restored.mvcc.restore(&bumped, 1).unwrap();
+    restored.mvcc.restore(bumped.as_slice(), 1).unwrap();
     let old = PbRangeRequest {
         revision: 5,
         ..get("a", "")
@@ -643,13 +643,13 @@ fn a_restore_dump_gets_new_members_and_optionally_a_bumped_compacted_revision() 
         107,
         "writes continue after the bump"
     );
-    assert!(rewrite(b"\xff\xff", Vec::new(), 0, false).is_err());
+    assert!(rewritten(&b"\xff\xff"[..], Vec::new(), 0, false).is_err());
     // The snapshot is at revision 6: the largest bump takes it to 2^62, one more is refused.
     let most = (1u64 << 62) - 6;
-    assert!(rewrite(&dump, Vec::new(), most, false).is_ok());
-    let err = rewrite(&dump, Vec::new(), most + 1, false).unwrap_err();
+    assert!(rewritten(&dump, Vec::new(), most, false).is_ok());
+    let err = rewritten(&dump, Vec::new(), most + 1, false).unwrap_err();
     assert!(err.contains("--bump-revision"), "{err}");
-    assert!(rewrite(&dump, Vec::new(), u64::MAX, false).is_err());
+    assert!(rewritten(&dump, Vec::new(), u64::MAX, false).is_err());
 }
 
 #[test]
@@ -697,7 +697,10 @@ fn alarms_refuse_the_writes_etcd_refuses_and_travel_in_snapshots() {
     assert_eq!(f.mvcc.alarms().unwrap().len(), 1);
 
     let other = fixture();
-    other.mvcc.restore(&f.mvcc.dump().unwrap(), 9).unwrap();
+    other
+        .mvcc
+        .restore(f.mvcc.dump().unwrap().as_slice(), 9)
+        .unwrap();
     assert_eq!(other.mvcc.alarms().unwrap(), f.mvcc.alarms().unwrap());
 
     assert_eq!(raised(f.apply(alarm(2, 1))), 1, "disarmed");
@@ -810,7 +813,10 @@ fn auth_changes_follow_etcds_rules_and_travel_in_snapshots() {
     assert_eq!(alice(&f.mvcc).password_hash, "$2b$hash");
 
     let other = fixture();
-    other.mvcc.restore(&f.mvcc.dump().unwrap(), 20).unwrap();
+    other
+        .mvcc
+        .restore(f.mvcc.dump().unwrap().as_slice(), 20)
+        .unwrap();
     assert_eq!(
         other.mvcc.auth_rows("").unwrap(),
         f.mvcc.auth_rows("").unwrap()
@@ -823,8 +829,8 @@ fn auth_changes_follow_etcds_rules_and_travel_in_snapshots() {
     };
     let restored = |members| {
         let r = fixture();
-        let dump = rewrite(&f.mvcc.dump().unwrap(), members, 0, false).unwrap();
-        r.mvcc.restore(&dump, 1).unwrap();
+        let dump = rewritten(&f.mvcc.dump().unwrap(), members, 0, false).unwrap();
+        r.mvcc.restore(dump.as_slice(), 1).unwrap();
         r
     };
     let (a, b, c) = (
@@ -892,4 +898,16 @@ fn defragment_while_auth_entries_apply_never_deadlocks() {
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     defrags.join().unwrap();
     assert_eq!(m.auth_rows("role/").unwrap().len(), 300);
+}
+
+/// `rewrite` into memory.
+fn rewritten(
+    dump: &[u8],
+    members: Vec<PbMember>,
+    bump: u64,
+    mark_compacted: bool,
+) -> Result<Vec<u8>, String> {
+    let mut out = Vec::new();
+    rewrite(dump, &mut out, &members, bump, mark_compacted)?;
+    Ok(out)
 }

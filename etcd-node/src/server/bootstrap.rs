@@ -29,6 +29,7 @@ use crate::config::{ClusterState, HttpUrl, PeerUrls, ServerConfig};
 use crate::mvcc::Mvcc;
 use crate::raft::{self, KnownWitness, Membership, Raft, Storage};
 use crate::storage::disk::DiskStorage;
+use crate::storage::snap::DataReader;
 use crate::tls::{self, Dialer, ServerTls};
 use crate::witness::{Unread, load_within};
 
@@ -153,7 +154,7 @@ async fn open_storage(
                 let witness = read_witness_at_bootstrap(cfg, cfg.cluster_id).await?;
                 mvcc.seed_members(&initial_members(cfg))?;
                 mvcc.set_identity(cfg.member_id, cfg.cluster_id)?;
-                disk.bootstrap(membership, witness, Vec::new())?;
+                disk.bootstrap(membership, witness, |_| Ok(()))?;
                 tracing::info!(
                     members = cfg.initial_cluster.len(),
                     "bootstrapped a new cluster"
@@ -187,9 +188,17 @@ async fn open_storage(
         warn_if_flags_ignored(cfg, &mvcc.members()?);
     }
     let snapshot = disk.snapshot();
-    if mvcc.position()?.applied < snapshot.meta.index && !snapshot.data.is_empty() {
+    if mvcc.position()?.applied < snapshot.meta.index {
         // A crash between saving a received snapshot and restoring the key space from it.
-        mvcc.restore(&snapshot.data, snapshot.meta.index)?;
+        let data = DataReader::open(disk.snap_dir(), &snapshot.meta).with_context(|| {
+            format!(
+                "reading snapshot {} to restore the key space",
+                snapshot.meta.index
+            )
+        })?;
+        if data.data_len > 0 {
+            mvcc.restore(std::io::BufReader::new(data), snapshot.meta.index)?;
+        }
     }
     if cfg.force_new_cluster {
         if bootstrapped_now {
@@ -451,6 +460,7 @@ pub async fn run(
         inputs_tx.clone(),
         disk.snap_dir(),
     );
+    let snaps = disk.snap_files();
     let (status_tx, status_rx) = watch::channel(Status::default());
     let metrics = Arc::new(Metrics::default());
     let witness = Arc::new(WitnessSlot::new(metrics.clone(), credentials(&cfg)));
@@ -520,6 +530,7 @@ pub async fn run(
         let svc = super::wire::pb::peer_server::PeerServer::new(PeerService {
             me: me.clone(),
             mvcc: mvcc.clone(),
+            snaps: snaps.clone(),
             inputs: inputs_tx.clone(),
             client_urls: client_urls.clone(),
         })

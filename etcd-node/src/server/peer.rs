@@ -27,7 +27,7 @@ use super::contract::{Announced, ClientUrls, Input};
 use super::wire::{Envelope, pb};
 use crate::mvcc::Mvcc;
 use crate::raft::{Body, Message, NodeId, Snapshot};
-use crate::storage::snap::DataReader;
+use crate::storage::snap::{DataReader, SnapDir};
 use crate::tls::Dialer;
 
 use pb::peer_client::PeerClient;
@@ -427,6 +427,8 @@ async fn run_link(me: Identity, to: NodeId, url: String, mut rx: mpsc::Receiver<
 pub struct PeerService {
     pub me: Identity,
     pub mvcc: Arc<Mvcc>,
+    /// Where a received snapshot's data is written.
+    pub snaps: SnapDir,
     pub inputs: Sender<Input>,
     pub client_urls: ClientUrls,
 }
@@ -497,34 +499,65 @@ impl Peer for PeerService {
             Status::invalid_argument(why)
         };
         let mut m = match Envelope::decode(&first.envelope) {
-            Ok(Envelope::Raft(m)) if matches!(m.body, Body::Snapshot { .. }) => m,
-            Ok(_) => return Err(bad("the first chunk is not a Raft snapshot message".into())),
+            Ok(Envelope::Raft(m)) => m,
+            Ok(_) => return Err(bad("the first chunk is not a Raft message".into())),
             Err(e) => return Err(bad(e.to_string())),
         };
-        let length = usize::try_from(first.data_length)
-            .map_err(|_| bad(format!("{} bytes do not fit here", first.data_length)))?;
-        // A wrong length must not reserve memory up front: 64 MiB first, then, once that much
-        // arrived, exactly the rest (growing by doubling would hold two buffers, the larger
-        // up to twice the snapshot, while it copies).
-        let mut data: Vec<u8> = Vec::with_capacity(length.min(64 * CHUNK));
-        data.extend_from_slice(&first.data);
-        while let Some(chunk) = chunks.message().await? {
-            if data.len() + chunk.data.len() > length {
+        let Body::Snapshot { snapshot } = &mut m.body else {
+            return Err(bad("the first chunk is not a Raft snapshot message".into()));
+        };
+        // (an empty data: in its file, received below)
+        snapshot.data = bytes::Bytes::new();
+        // The data goes straight into a file of its own, a chunk at a time (memory does not
+        // grow with the key space); the Raft core gets the message once it is all there, and
+        // the file becomes a snapshot of this member only if the core takes it.
+        let length = first.data_length;
+        let (pieces, mut to_write) = mpsc::channel::<Option<bytes::Bytes>>(2);
+        let (snaps, meta) = (self.snaps.clone(), snapshot.meta.clone());
+        let index = meta.index;
+        let writer = tokio::task::spawn_blocking(move || {
+            snaps.receive(&meta, |out| {
+                loop {
+                    match to_write.blocking_recv() {
+                        Some(Some(piece)) => out.write_all(&piece)?,
+                        Some(None) => return Ok(()),
+                        None => return Err(std::io::Error::other("the transfer stopped")),
+                    }
+                }
+            })
+        });
+        let mut got = 0u64;
+        let mut piece = first.data;
+        loop {
+            got += piece.len() as u64;
+            if got > length {
                 return Err(bad(format!("more data than the {length} bytes announced")));
             }
-            if data.len() + chunk.data.len() > data.capacity() {
-                data.reserve_exact(length - data.len());
+            if pieces.send(Some(piece)).await.is_err() {
+                break; // (the writer failed: its error is below)
             }
-            data.extend_from_slice(&chunk.data);
+            match chunks.message().await? {
+                Some(chunk) => piece = chunk.data,
+                None => break,
+            }
         }
-        if data.len() != length {
+        if got != length {
             return Err(bad(format!(
-                "{} of the {length} bytes announced arrived",
-                data.len()
+                "{got} of the {length} bytes announced arrived"
             )));
         }
-        if let Body::Snapshot { snapshot } = &mut m.body {
-            snapshot.data = data.into();
+        let _ = pieces.send(None).await;
+        let written = writer
+            .await
+            .map_err(|e| e.to_string())
+            .and_then(|w| w.map_err(|e| e.to_string()));
+        if let Err(e) = written {
+            let why = format!(
+                "writing received snapshot {index} into {}: {e}",
+                self.snaps.dir().display()
+            );
+            tracing::error!("{why}");
+            return Err(Status::internal(why));
         }
         let input = Input::Peer {
             from: first.from,

@@ -18,14 +18,16 @@
 //! subterms of a history that the restored member does not have, or that a started member has
 //! moved past; reusing those numbers in a new history could lose acknowledged writes.)
 
+use std::io::{BufReader, BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
+use sha2::{Digest, Sha256};
 use witness_core::{Seen, WitnessUrl};
 
 use super::bootstrap::{initial_members, initial_membership};
 use crate::config::ServerConfig;
-use crate::mvcc::{self, DumpSummary, Mvcc};
+use crate::mvcc::{self, DumpSummary, Hashing, Mvcc};
 use crate::raft::KnownWitness;
 use crate::storage::backup;
 use crate::storage::disk::DiskStorage;
@@ -52,10 +54,11 @@ pub struct RestoreReport {
     pub summary: DumpSummary,
 }
 
-/// Builds `cfg.data_dir` for member `cfg.name` from the snapshot file `file`.
+/// Builds `cfg.data_dir` for member `cfg.name` from the snapshot file `file`. The file is read
+/// a piece at a time: memory does not grow with the key space.
 pub async fn restore(
     cfg: &ServerConfig,
-    file: &[u8],
+    file: &Path,
     opts: &RestoreOptions,
 ) -> anyhow::Result<RestoreReport> {
     if opts.bump_revision > 0 && !opts.mark_compacted {
@@ -72,32 +75,24 @@ pub async fn restore(
             dir.display()
         );
     }
-    let dump = backup::open(file, !opts.skip_hash_check).map_err(anyhow::Error::msg)?;
-    let data = mvcc::rewrite(
-        dump,
-        initial_members(cfg),
-        opts.bump_revision,
-        opts.mark_compacted,
-    )
-    .map_err(anyhow::Error::msg)?;
-    let summary = mvcc::summarize(&data).map_err(anyhow::Error::msg)?;
-    let cluster_id = restored_cluster_id(cfg.cluster_id, &data);
-    let witness = match cfg.witness() {
-        Some((member, url)) => Some(KnownWitness {
-            id: member.id,
-            seen: check_witness(&member.name, url, cluster_id).await?,
-        }),
-        None => None,
-    };
-
+    let opened = std::fs::File::open(file)
+        .with_context(|| format!("reading the snapshot file {}", file.display()))?;
+    let dump =
+        backup::open(BufReader::new(opened), !opts.skip_hash_check).map_err(anyhow::Error::msg)?;
     let aside = aside_path(dir);
     if aside.exists() {
         // A restore that failed earlier: nothing could have used it.
         std::fs::remove_dir_all(&aside)
             .with_context(|| format!("removing the unfinished restore {}", aside.display()))?;
     }
-    build(cfg, cluster_id, &aside, data, witness)
-        .with_context(|| format!("restoring into {}", aside.display()))?;
+    let built = build_aside(cfg, &aside, dump, opts).await;
+    let (summary, cluster_id) = match built {
+        Ok(done) => done,
+        Err(e) => {
+            let _ = std::fs::remove_dir_all(&aside);
+            return Err(e);
+        }
+    };
     std::fs::rename(&aside, dir)
         .with_context(|| format!("renaming {} to {}", aside.display(), dir.display()))?;
     if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
@@ -113,6 +108,49 @@ pub async fn restore(
     })
 }
 
+/// Writes the restored member's data directory at `aside`: the dump rewritten for the new
+/// cluster into a file of its own (its SHA-256 computed on the way), the witness checked, then
+/// the member's storage from that file. Returns the summary and the cluster id.
+async fn build_aside(
+    cfg: &ServerConfig,
+    aside: &Path,
+    dump: impl Read,
+    opts: &RestoreOptions,
+) -> anyhow::Result<(DumpSummary, u64)> {
+    std::fs::create_dir_all(aside).with_context(|| format!("creating {}", aside.display()))?;
+    let rewritten = aside.join("restored.dump");
+    let mut out = Hashing {
+        out: BufWriter::new(
+            std::fs::File::create(&rewritten)
+                .with_context(|| format!("creating {}", rewritten.display()))?,
+        ),
+        sha: Sha256::new(),
+    };
+    let summary = mvcc::rewrite(
+        dump,
+        &mut out,
+        &initial_members(cfg),
+        opts.bump_revision,
+        opts.mark_compacted,
+    )
+    .map_err(anyhow::Error::msg)?;
+    out.flush()
+        .with_context(|| format!("writing {}", rewritten.display()))?;
+    let cluster_id = restored_cluster_id(cfg.cluster_id, &out.sha.finalize());
+    let witness = match cfg.witness() {
+        Some((member, url)) => Some(KnownWitness {
+            id: member.id,
+            seen: check_witness(&member.name, url, cluster_id).await?,
+        }),
+        None => None,
+    };
+    build(cfg, cluster_id, aside, &rewritten, witness)
+        .with_context(|| format!("restoring into {}", aside.display()))?;
+    std::fs::remove_file(&rewritten)
+        .with_context(|| format!("removing {}", rewritten.display()))?;
+    Ok((summary, cluster_id))
+}
+
 /// `<data-dir>.restoring`, next to the data directory (same file system, so the rename is
 /// atomic).
 fn aside_path(dir: &Path) -> PathBuf {
@@ -122,31 +160,34 @@ fn aside_path(dir: &Path) -> PathBuf {
 }
 
 /// Writes the member's storage under `root`: the key space (durably), then the bootstrap
-/// snapshot that holds it, bound to the generation of its fresh witness.
+/// snapshot that holds it, bound to the generation of its fresh witness; both read from the
+/// restored dump in the file `dump`.
 fn build(
     cfg: &ServerConfig,
     cluster_id: u64,
     root: &Path,
-    data: Vec<u8>,
+    dump: &Path,
     witness: Option<KnownWitness>,
 ) -> anyhow::Result<()> {
     let member_dir = root.join("member");
     std::fs::create_dir_all(&member_dir)?;
     let mvcc = Mvcc::open(&member_dir.join("kv.redb"))?;
-    mvcc.restore(&data, 1)?;
+    mvcc.restore(BufReader::new(std::fs::File::open(dump)?), 1)?;
     mvcc.set_identity(cfg.member_id, cluster_id)?;
     let (mut disk, _) = DiskStorage::open(&member_dir)?;
-    disk.bootstrap(initial_membership(cfg)?, witness, data)?;
+    disk.bootstrap(initial_membership(cfg)?, witness, |out| {
+        std::io::copy(&mut std::fs::File::open(dump)?, out).map(drop)
+    })?;
     Ok(())
 }
 
-/// The id of the cluster restored from `data` (the rewritten dump) whose flags give
-/// `flags_id`: the first 8 bytes of SHA-256 over both, never 0 (a witness's "not bound yet").
-fn restored_cluster_id(flags_id: u64, data: &[u8]) -> u64 {
-    use sha2::{Digest, Sha256};
+/// The id of the cluster restored from the rewritten dump whose SHA-256 is `dump_sha` and
+/// whose flags give `flags_id`: the first 8 bytes of SHA-256 over both, never 0 (a witness's
+/// "not bound yet").
+fn restored_cluster_id(flags_id: u64, dump_sha: &[u8]) -> u64 {
     let digest = Sha256::new()
         .chain_update(flags_id.to_be_bytes())
-        .chain_update(Sha256::digest(data))
+        .chain_update(dump_sha)
         .finalize();
     u64::from_be_bytes(digest[..8].try_into().expect("SHA-256 has 32 bytes")).max(1)
 }

@@ -9,7 +9,7 @@
 //! file ("sha256 checksum not found" otherwise). etcd's own (bbolt) snapshots are a different
 //! format: they are recognised and refused with a message saying so.
 
-use std::io::{self, Write};
+use std::io::{self, Read, Seek, SeekFrom, Write};
 
 use sha2::{Digest, Sha256};
 
@@ -85,57 +85,110 @@ impl<W: Write> Write for Sealer<W> {
     }
 }
 
-/// The dump inside `file`, after checking its format and (unless `check_hash` is false) its
-/// hash. The error says what is wrong with the file.
-pub fn open(file: &[u8], check_hash: bool) -> Result<&[u8], String> {
-    if file.get(16..20) == Some(&BBOLT_MAGIC[..]) {
+/// The dump inside `file`: `file` positioned at its start, limited to its length, after
+/// checking the file's format and (unless `check_hash` is false) its hash. The file is read a
+/// piece at a time, never held whole. The error says what is wrong with the file.
+pub fn open<R: Read + Seek>(mut file: R, check_hash: bool) -> Result<io::Take<R>, String> {
+    let io_err = |e: io::Error| format!("reading it: {e}");
+    let size = file.seek(SeekFrom::End(0)).map_err(io_err)?;
+    file.seek(SeekFrom::Start(0)).map_err(io_err)?;
+    let mut head = [0u8; 20];
+    let got = read_up_to(&mut file, &mut head).map_err(io_err)?;
+    if got == head.len() && head[16..20] == BBOLT_MAGIC {
         return Err("this is an etcd (bbolt) snapshot, not an etcd-node one: etcd-node restores \
                     only snapshots saved from etcd-node (move data from etcd with `etcdctl make-mirror` \
                     or `etcdctl get --prefix` and `put`)"
             .into());
     }
-    if !file.starts_with(MAGIC) {
+    if got < MAGIC.len() || &head[..MAGIC.len()] != MAGIC {
         return Err(
             "not an etcd-node snapshot file (it does not start with the etcd-node \
                     snapshot magic; was the save interrupted, or is it another file?)"
                 .into(),
         );
     }
-    if file.len() < SECTOR + HASH_BYTES || file.len() % SECTOR != HASH_BYTES {
+    let whole = (SECTOR + HASH_BYTES) as u64;
+    if size < whole || size % SECTOR as u64 != HASH_BYTES as u64 {
         return Err(format!(
-            "truncated: {} bytes is not the size of a whole snapshot (512·n + 32)",
-            file.len()
+            "truncated: {size} bytes is not the size of a whole snapshot (512·n + 32)"
         ));
     }
-    let (body, hash) = file.split_at(file.len() - HASH_BYTES);
-    if check_hash && Sha256::digest(body).as_slice() != hash {
-        return Err(
-            "its SHA-256 does not match its contents: the file is damaged or truncated \
-                    (save it again; --skip-hash-check restores it anyway, at your own risk)"
-                .into(),
-        );
+    let body = size - HASH_BYTES as u64;
+    if check_hash {
+        file.seek(SeekFrom::Start(0)).map_err(io_err)?;
+        let mut sha = Sha256::new();
+        io::copy(&mut (&mut file).take(body), &mut HashInto(&mut sha)).map_err(io_err)?;
+        let mut stored = [0u8; HASH_BYTES];
+        file.read_exact(&mut stored).map_err(io_err)?;
+        if sha.finalize().as_slice() != stored {
+            return Err(
+                "its SHA-256 does not match its contents: the file is damaged or truncated \
+                        (save it again; --skip-hash-check restores it anyway, at your own risk)"
+                    .into(),
+            );
+        }
     }
-    let mut len = [0u8; LEN_BYTES];
-    len.copy_from_slice(&body[MAGIC.len()..MAGIC.len() + LEN_BYTES]);
-    let start = MAGIC.len() + LEN_BYTES;
-    usize::try_from(u64::from_le_bytes(len))
-        .ok()
-        .and_then(|n| body.get(start..start.checked_add(n)?))
-        .ok_or_else(|| "its length field points past its end: the file is damaged".to_string())
+    let start = (MAGIC.len() + LEN_BYTES) as u64;
+    let len = u64::from_le_bytes(
+        head[MAGIC.len()..start as usize]
+            .try_into()
+            .expect("8 bytes"),
+    );
+    if start.checked_add(len).is_none_or(|end| end > body) {
+        return Err("its length field points past its end: the file is damaged".into());
+    }
+    file.seek(SeekFrom::Start(start)).map_err(io_err)?;
+    Ok(file.take(len))
+}
+
+/// Reads as much of `buf` as `r` holds; returns how much.
+fn read_up_to(r: &mut impl Read, buf: &mut [u8]) -> io::Result<usize> {
+    let mut got = 0;
+    while got < buf.len() {
+        match r.read(&mut buf[got..]) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(got)
+}
+
+/// Feeds what is written to a SHA-256.
+struct HashInto<'a>(&'a mut Sha256);
+
+impl Write for HashInto<'_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.0.update(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    /// The dump `open` finds in `file`.
+    fn opened(file: &[u8], check_hash: bool) -> Result<Vec<u8>, String> {
+        let mut dump = Vec::new();
+        open(io::Cursor::new(file), check_hash)?
+            .read_to_end(&mut dump)
+            .map_err(|e| e.to_string())?;
+        Ok(dump)
+    }
+
     #[test]
     fn a_sealed_dump_opens_to_itself() {
         let file = seal(b"the key space");
         assert_eq!(file.len() % 512, 32, "etcdctl's size check");
-        assert_eq!(open(&file, true).unwrap(), b"the key space");
+        assert_eq!(opened(&file, true).unwrap(), b"the key space");
         let big = vec![7u8; 2000];
-        assert_eq!(open(&seal(&big), true).unwrap(), big.as_slice());
-        assert_eq!(open(&seal(b""), true).unwrap(), b"");
+        assert_eq!(opened(&seal(&big), true).unwrap(), big.as_slice());
+        assert_eq!(opened(&seal(b""), true).unwrap(), b"");
         for n in [0, 1, 487, 488, 489, 2000] {
             assert_eq!(
                 seal(&vec![1u8; n]).len() as u64,
@@ -151,28 +204,28 @@ mod tests {
         for i in MAGIC.len()..file.len() {
             let mut bad = file.clone();
             bad[i] ^= 0x40;
-            let err = open(&bad, true).unwrap_err();
+            let err = opened(&bad, true).unwrap_err();
             assert!(err.contains("SHA-256"), "byte {i}: {err}");
         }
         let mut bad = file.clone();
         bad[MAGIC.len() + 7] = 0xff; // a length past the end
-        assert!(open(&bad, false).unwrap_err().contains("length"));
+        assert!(opened(&bad, false).unwrap_err().contains("length"));
         for len in 0..file.len() {
-            assert!(open(&file[..len], true).is_err(), "truncated to {len}");
+            assert!(opened(&file[..len], true).is_err(), "truncated to {len}");
         }
         let mut bad = file.clone();
         bad[20] ^= 1;
         // --skip-hash-check: restored as it is.
-        assert_eq!(open(&bad, false).unwrap(), b"some!dump bytes");
+        assert_eq!(opened(&bad, false).unwrap(), b"some!dump bytes");
     }
 
     #[test]
     fn an_etcd_bbolt_snapshot_is_named_as_such() {
         let mut bbolt = vec![0u8; 4096];
         bbolt[16..20].copy_from_slice(&BBOLT_MAGIC);
-        assert!(open(&bbolt, true).unwrap_err().contains("bbolt"));
+        assert!(opened(&bbolt, true).unwrap_err().contains("bbolt"));
         assert!(
-            open(b"hello", true)
+            opened(b"hello", true)
                 .unwrap_err()
                 .contains("not an etcd-node")
         );

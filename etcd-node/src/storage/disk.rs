@@ -53,6 +53,10 @@ impl DiskStorage {
             path: snap_dir,
             source,
         })?;
+        snaps.clear_received().map_err(|source| StorageError::Io {
+            path: snaps.dir().to_path_buf(),
+            source,
+        })?;
         let loaded = snaps.load()?;
         let (wal, rec) = Wal::open(&member_dir.join("wal"), segment_bytes)?;
         let snapshot = loaded
@@ -111,26 +115,36 @@ impl DiskStorage {
 
     /// Makes a new member of a new cluster: the committed starting position every member shares
     /// (see [`crate::raft::MemStorage::bootstrap`]), holding the key space `data` (empty, or a
-    /// restored snapshot's), knowing `witness` of its witness.
+    /// restored snapshot's, written by `data` straight into the snapshot's file), knowing
+    /// `witness` of its witness.
     pub fn bootstrap(
         &mut self,
         membership: Membership,
         witness: Option<KnownWitness>,
-        data: Vec<u8>,
+        data: impl FnOnce(&mut dyn std::io::Write) -> std::io::Result<()>,
     ) -> Result<(), StorageError> {
         let boot = MemStorage::bootstrap(membership, witness);
-        let mut snapshot = boot.snapshot();
-        snapshot.data = data.into();
-        let boot = MemStorage::from_parts(boot.hard_state(), snapshot, Vec::new());
-        self.write_snapshot(&boot.snapshot())?;
+        let snapshot = boot.snapshot();
+        save_streamed(&self.snaps, &snapshot.meta, data)?;
+        self.wal
+            .mark_snapshot(snapshot.meta.index, snapshot.meta.term)?;
         self.wal.save(Some(boot.hard_state()), &[])?;
         self.mem = boot;
         Ok(())
     }
 
-    /// Makes `snapshot` durable: its file, then its marker in the WAL.
+    /// Makes `snapshot` durable: its file, then its marker in the WAL. A snapshot without data
+    /// was received into a file of its own ([`SnapDir::receive`]): that file becomes its file.
     fn write_snapshot(&mut self, snapshot: &Snapshot) -> Result<(), StorageError> {
-        save(&self.snaps, snapshot)?;
+        let received = snapshot.data.is_empty()
+            && saved(
+                &self.snaps,
+                &snapshot.meta,
+                self.snaps.publish_received(&snapshot.meta),
+            )?;
+        if !received {
+            save(&self.snaps, snapshot)?;
+        }
         Ok(self
             .wal
             .mark_snapshot(snapshot.meta.index, snapshot.meta.term)?)
@@ -200,7 +214,7 @@ impl DiskStorage {
 
 /// Writes `snapshot`'s file durably in `snaps`.
 fn save(snaps: &SnapDir, snapshot: &Snapshot) -> Result<(), StorageError> {
-    saved(snaps, &snapshot.meta, snaps.save(snapshot))
+    saved(snaps, &snapshot.meta, snaps.save(snapshot)).map(drop)
 }
 
 /// Writes the file of snapshot `meta` durably in `snaps` (from any thread), its data written
@@ -210,22 +224,20 @@ pub fn save_streamed(
     meta: &SnapshotMeta,
     data: impl FnOnce(&mut dyn std::io::Write) -> std::io::Result<()>,
 ) -> Result<(), StorageError> {
-    saved(snaps, meta, snaps.save_streamed(meta, data))
+    saved(snaps, meta, snaps.save_streamed(meta, data)).map(drop)
 }
 
 /// The outcome of saving snapshot `meta`'s file, as a storage error naming it.
-fn saved(
+fn saved<T>(
     snaps: &SnapDir,
     meta: &SnapshotMeta,
-    outcome: std::io::Result<std::path::PathBuf>,
-) -> Result<(), StorageError> {
-    outcome
-        .map(drop)
-        .map_err(|source| StorageError::SaveSnapshot {
-            index: meta.index,
-            dir: snaps.dir().to_path_buf(),
-            source,
-        })
+    outcome: std::io::Result<T>,
+) -> Result<T, StorageError> {
+    outcome.map_err(|source| StorageError::SaveSnapshot {
+        index: meta.index,
+        dir: snaps.dir().to_path_buf(),
+        source,
+    })
 }
 
 impl Storage for DiskStorage {
@@ -276,7 +288,7 @@ mod tests {
         {
             let (mut s, _) = DiskStorage::open(dir.path()).unwrap();
             assert!(s.is_empty());
-            s.bootstrap(membership.clone(), None, Vec::new()).unwrap();
+            s.bootstrap(membership.clone(), None, |_| Ok(())).unwrap();
             s.persist(&batch(vec![entry(2, 2), entry(3, 2)], 2))
                 .unwrap();
             s.persist(&batch(vec![entry(3, 3)], 2)).unwrap();
@@ -294,7 +306,7 @@ mod tests {
     fn compaction_drops_covered_segments_and_restart_sees_snapshot_plus_tail() {
         let dir = tempfile::tempdir().unwrap();
         let (mut s, _) = DiskStorage::open_with(dir.path(), 2048).unwrap();
-        s.bootstrap(Membership::new([1], None).unwrap(), None, Vec::new())
+        s.bootstrap(Membership::new([1], None).unwrap(), None, |_| Ok(()))
             .unwrap();
         for i in 2..=200 {
             s.persist(&batch(vec![entry(i, 2)], i - 1)).unwrap();
@@ -314,7 +326,15 @@ mod tests {
         assert!(after < segments, "{after} < {segments}");
         drop(s);
         let (s, _) = DiskStorage::open_with(dir.path(), 2048).unwrap();
-        assert_eq!(s.snapshot(), snap);
+        // (the data stays in its file)
+        assert_eq!(s.snapshot().meta, snap.meta);
+        let mut data = Vec::new();
+        std::io::Read::read_to_end(
+            &mut crate::storage::snap::DataReader::open(s.snap_dir(), &snap.meta).unwrap(),
+            &mut data,
+        )
+        .unwrap();
+        assert_eq!(data, b"state");
         assert_eq!(s.entries().first().map(|e| e.index), Some(151));
         assert_eq!(s.entries().len(), 50);
         assert_eq!(s.hard_state().commit, 199);
@@ -330,7 +350,7 @@ mod tests {
         crate::failpoint::setup().unwrap();
         let (mut s, _) = DiskStorage::open_with(Path::new(&dir), 4096).unwrap();
         if s.is_empty() {
-            s.bootstrap(Membership::new([1], None).unwrap(), None, Vec::new())
+            s.bootstrap(Membership::new([1], None).unwrap(), None, |_| Ok(()))
                 .unwrap();
         }
         let start = s.entries().last().map_or(2, |e| e.index + 1);

@@ -10,10 +10,12 @@ use std::io::{self, Read as _, Write as _};
 use std::path::{Path, PathBuf};
 
 use super::StorageError;
-use super::codec::{Invalid, PbSnapshotMeta, decode, encode};
+use super::codec::{PbSnapshotMeta, decode, encode};
 use crate::raft::{Snapshot, SnapshotMeta};
 
 const MAGIC: &[u8; 4] = b"SNAP";
+/// The extension of a snapshot received, not yet taken by the Raft core.
+const RECEIVED: &str = "received";
 
 /// The snapshot directory.
 #[derive(Debug, Clone)]
@@ -33,26 +35,12 @@ fn name(meta: &SnapshotMeta) -> String {
     format!("{:016x}-{:016x}.snap", meta.term, meta.index)
 }
 
-fn parse(bytes: Vec<u8>) -> Result<Snapshot, Invalid> {
-    if bytes.len() < 20 || &bytes[..4] != MAGIC {
-        return Err(Invalid(
-            "not a snapshot file (bad magic or too short)".into(),
-        ));
-    }
-    let (body, crc) = bytes.split_at(bytes.len() - 4);
-    if crc32c::crc32c(body).to_le_bytes() != crc {
-        return Err(Invalid("checksum mismatch".into()));
-    }
-    let meta_len = u32::from_le_bytes(body[4..8].try_into().expect("4 bytes")) as usize;
-    let data_len = u64::from_le_bytes(body[8..16].try_into().expect("8 bytes")) as usize;
-    if 16 + meta_len + data_len != body.len() {
-        return Err(Invalid("lengths do not match the file size".into()));
-    }
-    let meta: SnapshotMeta =
-        decode::<PbSnapshotMeta>("snapshot metadata", &body[16..16 + meta_len])?.try_into()?;
-    let data_at = 16 + meta_len;
-    let data = bytes::Bytes::from(bytes).slice(data_at..data_at + data_len);
-    Ok(Snapshot { meta, data })
+/// The index in a snapshot file's name (0 if it has none).
+fn index_of(path: &Path) -> u64 {
+    let n = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+    n.get(17..33)
+        .and_then(|i| u64::from_str_radix(i, 16).ok())
+        .unwrap_or(0)
 }
 
 /// Reads the data of one snapshot file piece by piece, so that sending a snapshot needs a piece
@@ -71,32 +59,42 @@ impl DataReader {
     /// Opens the file of the snapshot `meta` in `dir` (it stays readable if it is purged
     /// meanwhile); its header and metadata must say it is that snapshot.
     pub fn open(dir: &Path, meta: &SnapshotMeta) -> io::Result<DataReader> {
-        let path = dir.join(name(meta));
-        let file = fs::File::open(&path)?;
+        let (reader, stored) = Self::open_file(&dir.join(name(meta)))?;
+        if stored != *meta {
+            return Err(io::Error::other(format!(
+                "{}: its metadata is not the snapshot's",
+                reader.path.display()
+            )));
+        }
+        Ok(reader)
+    }
+
+    /// Opens the snapshot file `path`, whichever snapshot it holds: the reader, and the
+    /// snapshot's metadata.
+    fn open_file(path: &Path) -> io::Result<(DataReader, SnapshotMeta)> {
+        let file = fs::File::open(path)?;
         let size = file.metadata()?.len();
         let mut file = io::BufReader::new(file);
         let bad = |why: &str| io::Error::other(format!("{}: {why}", path.display()));
         let mut head = [0u8; 16];
-        file.read_exact(&mut head)?;
+        file.read_exact(&mut head)
+            .map_err(|_| bad("not a snapshot file (too short)"))?;
         let meta_len = u64::from(u32::from_le_bytes(head[4..8].try_into().expect("4 bytes")));
         let data_len = u64::from_le_bytes(head[8..16].try_into().expect("8 bytes"));
-        if &head[..4] != MAGIC || meta_len.checked_add(data_len) != size.checked_sub(20) {
-            return Err(bad(
-                "not a snapshot file, or its lengths do not match its size",
-            ));
+        if &head[..4] != MAGIC {
+            return Err(bad("not a snapshot file (bad magic)"));
+        }
+        if meta_len.checked_add(data_len) != size.checked_sub(20) {
+            return Err(bad("its lengths do not match its size"));
         }
         let mut stored = vec![0; meta_len as usize];
         file.read_exact(&mut stored)?;
-        let same = decode::<PbSnapshotMeta>("snapshot metadata", &stored)
-            .ok()
-            .and_then(|pb| SnapshotMeta::try_from(pb).ok())
-            .is_some_and(|m| m == *meta);
-        if !same {
-            return Err(bad("its metadata is not the snapshot's"));
-        }
+        let meta = decode::<PbSnapshotMeta>("snapshot metadata", &stored)
+            .and_then(SnapshotMeta::try_from)
+            .map_err(|e| bad(&e.to_string()))?;
         let mut reader = DataReader {
             file,
-            path: path.clone(),
+            path: path.to_path_buf(),
             remaining: data_len,
             crc: crc32c::crc32c_append(crc32c::crc32c(&head), &stored),
             data_len,
@@ -104,7 +102,7 @@ impl DataReader {
         if data_len == 0 {
             reader.check_crc()?;
         }
-        Ok(reader)
+        Ok((reader, meta))
     }
 
     /// After the data: the stored checksum must match what was read.
@@ -125,15 +123,32 @@ impl DataReader {
         if self.remaining == 0 {
             return Ok(None);
         }
-        let n = self.remaining.min(max as u64) as usize;
-        let mut piece = vec![0; n];
-        self.file.read_exact(&mut piece)?;
-        self.crc = crc32c::crc32c_append(self.crc, &piece);
+        let mut piece = vec![0; self.remaining.min(max as u64) as usize];
+        io::Read::read_exact(self, &mut piece)?;
+        Ok(Some(piece))
+    }
+}
+
+/// The data, read as a stream: the end comes only once the checksum matched.
+impl io::Read for DataReader {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if self.remaining == 0 || buf.is_empty() {
+            return Ok(0);
+        }
+        let n = self.remaining.min(buf.len() as u64) as usize;
+        let n = self.file.read(&mut buf[..n])?;
+        if n == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                format!("{}: it ends before its data", self.path.display()),
+            ));
+        }
+        self.crc = crc32c::crc32c_append(self.crc, &buf[..n]);
         self.remaining -= n as u64;
         if self.remaining == 0 {
             self.check_crc()?;
         }
-        Ok(Some(piece))
+        Ok(n)
     }
 }
 
@@ -183,56 +198,88 @@ impl SnapDir {
         meta: &SnapshotMeta,
         data: impl FnOnce(&mut dyn io::Write) -> io::Result<()>,
     ) -> io::Result<PathBuf> {
-        let encoded = encode(&PbSnapshotMeta::from(meta));
-        let mut head = Vec::with_capacity(16 + encoded.len());
-        head.extend_from_slice(MAGIC);
-        head.extend_from_slice(&(encoded.len() as u32).to_le_bytes());
-        head.extend_from_slice(&0u64.to_le_bytes());
-        head.extend_from_slice(&encoded);
-        let path = self.dir.join(name(meta));
-        let tmp = path.with_extension("snap.tmp");
-        let file = fs::File::create(&tmp)?;
-        let mut out = Checksummed {
-            out: io::BufWriter::new(&file),
-            crc: 0,
-            len: 0,
-        };
-        out.out.write_all(&head)?;
-        data(&mut out)?;
-        let Checksummed {
-            out: mut buffered,
-            crc: data_crc,
-            len,
-        } = out;
-        head[8..16].copy_from_slice(&len.to_le_bytes());
-        let crc = crc32c::crc32c_combine(crc32c::crc32c(&head), data_crc, len as usize);
-        buffered.write_all(&crc.to_le_bytes())?;
-        buffered.flush()?;
-        drop(buffered);
-        std::os::unix::fs::FileExt::write_all_at(&file, &len.to_le_bytes(), 8)?;
-        file.sync_all()?;
+        self.write(meta, self.dir.join(name(meta)), data)
+    }
+
+    /// As [`SnapDir::save_streamed`], for a snapshot received from the leader: its file is not
+    /// a snapshot of this member (nor loaded at start) until [`SnapDir::publish_received`]
+    /// renames it, once the Raft core took the snapshot.
+    pub fn receive(
+        &self,
+        meta: &SnapshotMeta,
+        data: impl FnOnce(&mut dyn io::Write) -> io::Result<()>,
+    ) -> io::Result<PathBuf> {
+        self.write(meta, self.received(meta), data)
+    }
+
+    fn received(&self, meta: &SnapshotMeta) -> PathBuf {
+        self.dir.join(name(meta)).with_extension(RECEIVED)
+    }
+
+    /// Makes the received snapshot `meta` one of this member's; false if none was received.
+    pub fn publish_received(&self, meta: &SnapshotMeta) -> io::Result<bool> {
+        match fs::rename(self.received(meta), self.dir.join(name(meta))) {
+            Ok(()) => {
+                fs::File::open(&self.dir)?.sync_all()?;
+                Ok(true)
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Removes the received snapshots not published (at start: the core never took them), and
+    /// unfinished files.
+    pub fn clear_received(&self) -> io::Result<()> {
+        for entry in fs::read_dir(&self.dir)? {
+            let path = entry?.path();
+            let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+            if name.ends_with(&format!(".{RECEIVED}")) || name.ends_with(".tmp") {
+                fs::remove_file(&path)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes the file of snapshot `meta` at `path` durably (through a temporary file, removed
+    /// if writing fails).
+    fn write(
+        &self,
+        meta: &SnapshotMeta,
+        path: PathBuf,
+        data: impl FnOnce(&mut dyn io::Write) -> io::Result<()>,
+    ) -> io::Result<PathBuf> {
+        let tmp = path.with_extension(format!(
+            "{}.tmp",
+            path.extension().and_then(|x| x.to_str()).unwrap_or("")
+        ));
+        if let Err(e) = write_file(&tmp, meta, data) {
+            let _ = fs::remove_file(&tmp);
+            return Err(e);
+        }
         crate::crash!("snap-before-rename");
         fs::rename(&tmp, &path)?;
         fs::File::open(&self.dir)?.sync_all()?;
         Ok(path)
     }
 
-    fn files(&self) -> io::Result<Vec<PathBuf>> {
+    /// The snapshot files (extension `snap`), or received ones, newest first.
+    fn files_of(&self, extension: &str) -> io::Result<Vec<PathBuf>> {
         let mut files: Vec<PathBuf> = fs::read_dir(&self.dir)?
             .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| p.extension().is_some_and(|x| x == "snap"))
+            .filter(|p| p.extension().is_some_and(|x| x == extension))
             .collect();
-        // Names sort by (term, index); order by index, newest first.
-        files.sort_by_key(|p| {
-            let n = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
-            n.get(17..33)
-                .map(|i| u64::from_str_radix(i, 16).unwrap_or(0))
-        });
+        files.sort_by_key(|p| index_of(p));
         files.reverse();
         Ok(files)
     }
 
-    /// The newest valid snapshot.
+    fn files(&self) -> io::Result<Vec<PathBuf>> {
+        self.files_of("snap")
+    }
+
+    /// The newest valid snapshot: its metadata (its data stays in its file, see
+    /// [`DataReader`]), after its checksum was checked reading the file piece by piece.
     pub fn load(&self) -> Result<Loaded, StorageError> {
         let files = self.files().map_err(|source| StorageError::Io {
             path: self.dir.clone(),
@@ -240,18 +287,37 @@ impl SnapDir {
         })?;
         let mut rejected = Vec::new();
         for path in &files {
-            let bytes = fs::read(path).map_err(|source| StorageError::Io {
-                path: path.clone(),
-                source,
-            })?;
-            match parse(bytes) {
-                Ok(snapshot) => {
+            let checked = DataReader::open_file(path).and_then(|(mut reader, meta)| {
+                io::copy(&mut reader, &mut io::sink())?;
+                Ok(meta)
+            });
+            match checked {
+                Ok(meta) => {
                     return Ok(Loaded {
-                        snapshot: Some(snapshot),
+                        snapshot: Some(Snapshot {
+                            meta,
+                            data: bytes::Bytes::new(),
+                        }),
                         rejected,
                     });
                 }
-                Err(why) => rejected.push((path.clone(), why.to_string())),
+                Err(why)
+                    if matches!(
+                        why.kind(),
+                        io::ErrorKind::Other | io::ErrorKind::UnexpectedEof
+                    ) =>
+                {
+                    let why = why.to_string();
+                    let prefix = format!("{}: ", path.display());
+                    let why = why.strip_prefix(&prefix).unwrap_or(&why).to_string();
+                    rejected.push((path.clone(), why));
+                }
+                Err(source) => {
+                    return Err(StorageError::Io {
+                        path: path.clone(),
+                        source,
+                    });
+                }
             }
         }
         if !files.is_empty() {
@@ -271,12 +337,55 @@ impl SnapDir {
     }
 
     /// Removes all but the newest `keep` snapshot files.
+    /// Received snapshots no newer than the newest one are dropped too (the core refused
+    /// them, or one replaced them).
     pub fn purge(&self, keep: usize) -> io::Result<()> {
-        for path in self.files()?.into_iter().skip(keep) {
+        let files = self.files()?;
+        for path in files.iter().skip(keep) {
             fs::remove_file(path)?;
+        }
+        let newest = files.first().map_or(0, |p| index_of(p));
+        for path in self.files_of(RECEIVED)? {
+            if index_of(&path) <= newest {
+                fs::remove_file(path)?;
+            }
         }
         Ok(())
     }
+}
+
+/// Writes the snapshot file of `meta` at `tmp`, its data written by `data`, and syncs it.
+fn write_file(
+    tmp: &Path,
+    meta: &SnapshotMeta,
+    data: impl FnOnce(&mut dyn io::Write) -> io::Result<()>,
+) -> io::Result<()> {
+    let encoded = encode(&PbSnapshotMeta::from(meta));
+    let mut head = Vec::with_capacity(16 + encoded.len());
+    head.extend_from_slice(MAGIC);
+    head.extend_from_slice(&(encoded.len() as u32).to_le_bytes());
+    head.extend_from_slice(&0u64.to_le_bytes());
+    head.extend_from_slice(&encoded);
+    let file = fs::File::create(tmp)?;
+    let mut out = Checksummed {
+        out: io::BufWriter::new(&file),
+        crc: 0,
+        len: 0,
+    };
+    out.out.write_all(&head)?;
+    data(&mut out)?;
+    let Checksummed {
+        out: mut buffered,
+        crc: data_crc,
+        len,
+    } = out;
+    head[8..16].copy_from_slice(&len.to_le_bytes());
+    let crc = crc32c::crc32c_combine(crc32c::crc32c(&head), data_crc, len as usize);
+    buffered.write_all(&crc.to_le_bytes())?;
+    buffered.flush()?;
+    drop(buffered);
+    std::os::unix::fs::FileExt::write_all_at(&file, &len.to_le_bytes(), 8)?;
+    file.sync_all()
 }
 
 #[cfg(test)]
@@ -303,14 +412,16 @@ mod tests {
         assert!(s.load().unwrap().snapshot.is_none());
         s.save(&snap(10)).unwrap();
         let newest = s.save(&snap(20)).unwrap();
-        assert_eq!(s.load().unwrap().snapshot, Some(snap(20)));
+        // (loading checks the file, and leaves the data in it)
+        let meta_of = |l: Loaded| l.snapshot.map(|s| (s.meta, s.data.len()));
+        assert_eq!(meta_of(s.load().unwrap()), Some((snap(20).meta, 0)));
         let mut bytes = fs::read(&newest).unwrap();
         let n = bytes.len();
         bytes[n - 10] ^= 1;
         fs::write(&newest, &bytes).unwrap();
         let loaded = s.load().unwrap();
-        assert_eq!(loaded.snapshot, Some(snap(10)));
-        assert!(loaded.rejected[0].1.contains("checksum"));
+        assert!(loaded.rejected[0].1.contains("checksum"), "{loaded:?}");
+        assert_eq!(meta_of(loaded), Some((snap(10).meta, 0)));
         // The data read piece by piece is the data; a damaged file fails on its last piece.
         let mut reader = DataReader::open(dir.path(), &snap(10).meta).unwrap();
         let mut data = Vec::new();
@@ -331,5 +442,55 @@ mod tests {
         // Only the damaged newest remains: an error, not silence.
         let err = s.load().unwrap_err();
         assert!(err.to_string().contains("no valid snapshot"), "{err}");
+    }
+
+    #[test]
+    fn a_received_snapshot_is_not_loaded_until_published() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = SnapDir::open(dir.path()).unwrap();
+        s.save(&snap(10)).unwrap();
+        let received = snap(30);
+        s.receive(&received.meta, |out| out.write_all(&received.data))
+            .unwrap();
+        s.receive(&snap(5).meta, |out| out.write_all(b"stale"))
+            .unwrap();
+        let loaded = |s: &SnapDir| s.load().unwrap().snapshot.map(|s| s.meta.index);
+        assert_eq!(loaded(&s), Some(10), "not taken by the core yet");
+        assert!(
+            !s.publish_received(&snap(20).meta).unwrap(),
+            "none received"
+        );
+        assert!(s.publish_received(&received.meta).unwrap());
+        assert_eq!(loaded(&s), Some(30));
+        let mut data = Vec::new();
+        io::Read::read_to_end(
+            &mut DataReader::open(dir.path(), &received.meta).unwrap(),
+            &mut data,
+        )
+        .unwrap();
+        assert_eq!(data, received.data);
+        // The stale one goes with the purge; another goes at the next start.
+        s.receive(&snap(40).meta, |out| out.write_all(b"x"))
+            .unwrap();
+        s.purge(1).unwrap();
+        let left = |ext: &str| {
+            s.files_of(ext)
+                .unwrap()
+                .iter()
+                .map(|p| index_of(p))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(left("snap"), [30]);
+        assert_eq!(left(RECEIVED), [40]);
+        s.clear_received().unwrap();
+        assert!(left(RECEIVED).is_empty());
+        // A transfer that stops leaves nothing to publish.
+        let err = s
+            .receive(&snap(50).meta, |_| {
+                Err(io::Error::other("the transfer stopped"))
+            })
+            .unwrap_err();
+        assert!(err.to_string().contains("stopped"));
+        assert!(!s.publish_received(&snap(50).meta).unwrap());
     }
 }
