@@ -687,6 +687,82 @@ fn writes_go_on_while_a_snapshot_is_saved() {
     assert!(count(c.log(0)) >= 2 && count(c.log(1)) >= 2);
 }
 
+/// The key space is applied by a thread of its own: a batch whose commit takes seconds (here a
+/// failpoint holds the leader's 21st batch 4 s; a durable commit of a large key space takes a
+/// few hundred milliseconds) delays the answers to the writes in it, but not the leader's Raft
+/// loop: its heartbeats go on, so the follower does not campaign and the leader stays. When
+/// the loop applied the batches itself, it stopped for those 4 s and the follower took over.
+#[test]
+fn the_raft_loop_goes_on_while_a_batch_is_applied() {
+    let mut c = cluster();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let held = c.wait_leader(LEADER_WAIT);
+    c.stop(held);
+    c.wait_leader(LEADER_WAIT);
+    c.start_member_with(
+        held,
+        &[],
+        &[("FAILPOINTS", "apply-before-commit=20*off->1*sleep(4000)")],
+    );
+    // The member with the failpoint leads (`move-leader` from the other one).
+    let hostport = |i: usize| c.members[i].url().trim_start_matches("http://").to_string();
+    let all = vec![hostport(0), hostport(1)];
+    let members = ok(etcdctl(&all, &["member", "list"], None));
+    let id = members
+        .lines()
+        .find(|l| l.contains(&format!(", {}, ", c.members[held].name)))
+        .and_then(|l| l.split(',').next())
+        .unwrap_or_else(|| panic!("{} not in {members}", c.members[held].name))
+        .to_string();
+    if c.wait_leader(LEADER_WAIT) != held {
+        ok(etcdctl(&all, &["move-leader", &id], None));
+    }
+    let leader = c.wait_leader(LEADER_WAIT);
+    assert_eq!(leader, held);
+    // (to the leader: a follower answers once it applied the write itself)
+    let eps = [c.members[leader].url()];
+    let term = |c: &Cluster, i: usize| -> u64 {
+        let out = ok(etcdctl(
+            &[c.members[i].url()],
+            &["endpoint", "status", "-w", "json"],
+            None,
+        ));
+        let status: serde_json::Value = serde_json::from_str(&out).expect("status JSON");
+        status[0]["Status"]["raftTerm"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("no raftTerm in {out}"))
+    };
+    let before = (term(&c, 0), term(&c, 1));
+    let started = Instant::now();
+    for i in 0..60 {
+        let (k, v) = (format!("a{i:03}"), format!("v{i}"));
+        assert!(rt.block_on(put_any(&eps, &k, &v, Duration::from_secs(20))));
+    }
+    let took = started.elapsed();
+    assert!(
+        c.log(held).contains("applying a batch took too long"),
+        "the leader held a batch (failpoint)"
+    );
+    assert!(
+        took >= Duration::from_secs(4),
+        "the writes waited for the held batch"
+    );
+    assert_eq!(
+        (term(&c, 0), term(&c, 1)),
+        before,
+        "the term moved while a batch was held: the loop waited for it; logs:\n{}\n{}",
+        c.log(0),
+        c.log(1)
+    );
+    assert_eq!(c.wait_leader(LEADER_WAIT), leader, "the leader changed");
+    for i in 0..2 {
+        println!(
+            "member {i}: the loop's longest turn {:?} s",
+            c.metric(i, "etcd_node_raft_loop_longest_turn_seconds")
+        );
+    }
+}
+
 /// A follower that is down while the leader snapshots and compacts its log (every 50 entries)
 /// comes back behind the log: it receives the key space as a snapshot, then the entries after
 /// it, and ends with records identical to the leader's.

@@ -355,7 +355,6 @@ pub fn rewrite(
     }
     put(Part::Revision(revision))?;
     put(Part::Compacted(compacted))?;
-    drop(put);
     Ok(tally.finish())
 }
 

@@ -16,6 +16,7 @@ use tonic::service::Routes;
 use tonic::transport::server::TcpIncoming;
 
 use super::api::{self, Api};
+use super::applier::Applier;
 use super::contract::{self, Announced, Input, Status};
 use super::driver::Driver;
 use super::lessor::Lessor;
@@ -467,6 +468,14 @@ pub async fn run(
     witness.follow(&members);
     let client_urls = Arc::new(Mutex::new(Default::default()));
     let watches = WatchHub::default();
+    let status_tx = Arc::new(status_tx);
+    let applier = Applier::start(
+        mvcc.clone(),
+        watches.clone(),
+        metrics.clone(),
+        status_tx.clone(),
+        inputs_tx.clone(),
+    )?;
 
     let raft_loop = RaftLoop {
         member: Driver::new(raft, rand::random()),
@@ -480,6 +489,7 @@ pub async fn run(
             metrics: metrics.clone(),
             watches: watches.clone(),
             lessor: Lessor::load(&mvcc.leases()?, std::time::Instant::now()),
+            applier,
             pending: Pending::default(),
         },
         inputs: inputs_rx,

@@ -51,6 +51,10 @@ pub enum Input {
         envelope: Envelope,
     },
     Witness(WitnessResponse),
+    /// The applier applied lease grants or revokes (sent before their clients are answered).
+    LeasesApplied(Vec<LeaseApplied>),
+    /// The applier failed to apply to the key space (the member must stop).
+    ApplyFailed(String),
     /// The loop's snapshot thread saved a snapshot of the key space (its data is in the file
     /// only), or why it could not.
     SnapshotSaved(Result<crate::raft::Snapshot, String>),
@@ -63,12 +67,20 @@ pub enum Input {
     Stop,
 }
 
+/// A lease change the applier applied, for the lessor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LeaseApplied {
+    Granted { id: i64, ttl: i64 },
+    Revoked { id: i64 },
+}
+
 /// What the API sees of the node, updated after every batch.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Status {
     pub leader: NodeId,
     pub term: u64,
     pub commit: u64,
+    /// The last entry applied to the key space (by the applier: readers wait for it).
     pub applied: u64,
     pub is_leader: bool,
     /// How this member asks its witness, with what it saw of it (None: no witness).

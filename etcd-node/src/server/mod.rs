@@ -4,6 +4,7 @@
 //! locally: witness steps run against the storage its `witness:` URL names.
 
 pub mod api;
+pub mod applier;
 pub mod bootstrap;
 pub mod contract;
 pub mod driver;

@@ -13,15 +13,15 @@ use prost::Message as _;
 use tokio::sync::{oneshot, watch};
 use witness_core::rules::Refusal;
 
+use super::applier::Applier;
 use super::contract::{
-    Input, LeaseAnswer, Status, leader_changed, no_leader, refused, regular_peer_url,
+    Input, LeaseAnswer, LeaseApplied, Status, leader_changed, no_leader, refused, regular_peer_url,
 };
 use super::driver::{Driver, World};
 use super::lessor::Lessor;
 use super::metrics::Metrics;
 use super::peer::Peers;
 use super::proposals::Proposals;
-use super::reads::Waiter;
 use super::watch_hub::WatchHub;
 use super::wire::Envelope;
 use super::witness_slot::WitnessSlot;
@@ -48,7 +48,8 @@ pub struct RaftLoop {
     /// What carrying out a `Ready` touches (the [`World`] side).
     pub fx: Effects,
     pub inputs: Receiver<Input>,
-    pub status: watch::Sender<Status>,
+    /// Published after every turn (its applied index by the applier).
+    pub status: Arc<watch::Sender<Status>>,
     pub tick: Duration,
     pub snapshot_count: u64,
     pub election_timeout: Duration,
@@ -69,6 +70,8 @@ pub struct Effects {
     /// Where applied changes go to the watchers.
     pub watches: WatchHub,
     pub lessor: Lessor,
+    /// Applies committed entries on a thread of its own.
+    pub applier: Applier,
     pub pending: Pending,
 }
 
@@ -83,8 +86,8 @@ pub struct Pending {
     next_ctx: u64,
     /// The index of the last snapshot of the key space (taken or installed).
     last_snapshot: u64,
-    /// Entries applied since the key space was last made durable.
-    unsynced: u64,
+    /// Why the applier failed, once it did.
+    apply_failed: Option<String>,
     /// The thread saving a snapshot of the key space, while it runs.
     snapshotting: Option<std::thread::JoinHandle<()>>,
     /// What it saved (the snapshot, its data in the file only), or why it failed.
@@ -97,12 +100,6 @@ pub struct Pending {
 /// a steady stream of revokes instead of a burst of entries that holds up the writes.
 const LEASE_REVOKE_RATE: u128 = 1000;
 
-/// Applied entries between two durable commits of the key space (bounds replay after a crash).
-const SYNC_EVERY: u64 = 10_000;
-
-/// An applied batch slower than this is logged (etcd's "apply request took too long").
-const SLOW_APPLY: Duration = Duration::from_millis(100);
-
 /// Why the Raft loop stopped: this member's own storage failed. Nothing more is acknowledged;
 /// what was acknowledged is durable (the caller says so, and stops the member).
 #[derive(Debug, thiserror::Error)]
@@ -113,12 +110,16 @@ pub enum LoopError {
     KeySpace(#[from] crate::mvcc::StoreError),
     #[error("a snapshot of the key space: {0}")]
     Snapshot(String),
+    #[error("applying to the key space: {0}")]
+    Applier(String),
 }
 
 impl RaftLoop {
     /// Runs until [`Input::Stop`] or a storage failure (returned: the node must stop).
     pub fn run(mut self) -> Result<(), LoopError> {
         let stopped = self.turns();
+        // (what was handed over is applied: the answers go out, the key space is current)
+        self.fx.applier.stop();
         // (the snapshot thread holds the key space open: the member is stopped once it ends)
         if let Some(saving) = self.fx.pending.snapshotting.take() {
             let _ = saving.join();
@@ -128,6 +129,7 @@ impl RaftLoop {
 
     fn turns(&mut self) -> Result<(), LoopError> {
         self.fx.pending.last_snapshot = self.fx.disk.snapshot().meta.index;
+        self.fx.applier.restored(self.member.raft.applied());
         let mut next_id = rand::random::<u64>() >> 1;
         // Whether this member led at the end of the last turn (to notice it starts leading).
         let mut leading = false;
@@ -161,6 +163,9 @@ impl RaftLoop {
                 Err(RecvTimeoutError::Timeout) => {}
                 Err(RecvTimeoutError::Disconnected) => return Ok(()),
             }
+            if let Some(why) = self.fx.pending.apply_failed.take() {
+                return Err(LoopError::Applier(why));
+            }
             let turn = Instant::now();
             let removed = self.member.turn(&mut self.fx)?;
             self.maybe_snapshot()?;
@@ -192,7 +197,8 @@ impl RaftLoop {
             leader: raft.leader(),
             term: raft.term(),
             commit: raft.commit(),
-            applied: raft.applied(),
+            // (the applier's to publish)
+            applied: self.status.borrow().applied,
             is_leader: raft.role() == Role::Leader,
             witness: raft.witness_caller(),
         };
@@ -206,8 +212,12 @@ impl RaftLoop {
                 .map(|(subterm, rset)| (subterm, witness.is_some_and(|w| rset.contains(&w)))),
         );
         self.status.send_if_modified(|old| {
-            let changed = *old != s;
-            *old = s;
+            let new = Status {
+                applied: old.applied,
+                ..s
+            };
+            let changed = *old != new;
+            *old = new;
             changed
         });
     }
@@ -287,6 +297,16 @@ impl RaftLoop {
             }
             Input::Witness(r) => raft.step_witness(r),
             Input::SnapshotSaved(saved) => self.fx.pending.snapshot_saved = Some(saved),
+            Input::LeasesApplied(changes) => {
+                let now = Instant::now();
+                for change in changes {
+                    match change {
+                        LeaseApplied::Granted { id, ttl } => self.fx.lessor.granted(id, ttl, now),
+                        LeaseApplied::Revoked { id } => self.fx.lessor.revoked(id),
+                    }
+                }
+            }
+            Input::ApplyFailed(why) => self.fx.pending.apply_failed = Some(why),
             Input::SnapshotSent {
                 to,
                 index,
@@ -353,8 +373,8 @@ impl RaftLoop {
         let Some(meta) = self.member.raft.snapshot_meta() else {
             return Ok(());
         };
-        self.fx.mvcc.sync()?;
-        pending.unsynced = 0;
+        // The key space at `meta`, durable: the log before it is dropped once it is saved.
+        self.fx.applier.barrier(true)?;
         let (mvcc, snaps) = (self.fx.mvcc.clone(), self.fx.disk.snap_files());
         let feedback = self.fx.feedback.clone();
         let (opened, fixed) = std::sync::mpsc::channel();
@@ -580,6 +600,8 @@ impl World for Effects {
     }
 
     fn install(&mut self, _: &Raft, snapshot: &Snapshot) -> Result<(), LoopError> {
+        // (what was handed over before the snapshot is applied first: then it is replaced)
+        self.applier.barrier(false)?;
         // (received, its data is in its file: read a piece at a time)
         let data = DataReader::open(self.disk.snap_dir(), &snapshot.meta)
             .map_err(|e| LoopError::Snapshot(format!("reading the received snapshot: {e}")))?;
@@ -590,6 +612,7 @@ impl World for Effects {
         crate::crash!("install-before-restore");
         self.mvcc
             .restore(std::io::BufReader::new(data), snapshot.meta.index)?;
+        self.applier.restored(snapshot.meta.index);
         self.pending.last_snapshot = snapshot.meta.index;
         let revision = self.mvcc.position()?.revision;
         self.watches.reset(revision);
@@ -604,7 +627,9 @@ impl World for Effects {
         Ok(())
     }
 
-    /// Applies committed entries to the key space and answers their waiters.
+    /// Hands committed entries, with the waiters of the client writes among them, to the
+    /// applier. A membership change is applied before the loop goes on: the links and the
+    /// witness follow the key space's member list.
     fn apply(
         &mut self,
         _: &Raft,
@@ -616,42 +641,20 @@ impl World for Effects {
         }
         let batch: Vec<(u64, Command)> =
             committed.iter().map(|e| (e.index, command_of(e))).collect();
-        self.pending.unsynced += batch.len() as u64;
-        let durable = self.pending.unsynced >= SYNC_EVERY;
-        if durable {
-            self.pending.unsynced = 0;
-        }
-        let started = Instant::now();
-        let outcome = self.mvcc.apply(&batch, durable)?;
-        let took = started.elapsed();
-        self.metrics.backend_commit(took);
-        if took > SLOW_APPLY {
-            tracing::warn!(
-                took = ?took,
-                entries = batch.len(),
-                durable,
-                "applying a batch took too long (disk slow or overloaded?)"
-            );
-        }
-        self.watches.publish(outcome.events, outcome.revision);
-        for ((_, c), r) in batch.iter().zip(outcome.results) {
+        let mut waiters = Vec::new();
+        let mut members = Vec::new();
+        for (at, (_, c)) in batch.iter().enumerate() {
             match c {
-                Command::Kv(p) => {
-                    match (&p.op, &r) {
-                        (Some(Op::LeaseGrant(g)), Some(Ok(_))) => {
-                            self.lessor.granted(g.id, g.ttl, Instant::now());
-                        }
-                        (Some(Op::LeaseRevoke(v)), Some(Ok(_))) => self.lessor.revoked(v.id),
-                        _ => {}
-                    }
-                    if let Some(r) = r
-                        && let Some(w) = writes.applied(p.id)
-                    {
-                        w.answer(r);
-                    }
-                }
-                Command::Member(c) => self.member_changed(c),
+                Command::Kv(p) => waiters.extend(writes.applied(p.id).map(|w| (at, w))),
+                Command::Member(c) => members.push(c.clone()),
                 Command::Noop => {}
+            }
+        }
+        self.applier.apply(batch, waiters)?;
+        if !members.is_empty() {
+            self.applier.barrier(false)?;
+            for c in &members {
+                self.member_changed(c);
             }
         }
         Ok(())

@@ -1,0 +1,245 @@
+//! The key space's applier: a thread of its own that applies the entries the Raft loop hands it,
+//! in the order committed, answers the clients of the writes among them, and publishes what
+//! changed (to the watchers, the lessor, and the applied index readers wait for).
+//!
+//! So the Raft loop does not wait for the key space: it goes on replicating, fsyncing its WAL
+//! and voting while a batch is applied, including the durable commits of the key space (one per
+//! [`SYNC_EVERY`] entries), which take a few hundred milliseconds with a large key space. The
+//! queue between them is bounded ([`QUEUE`] batches): a key space that cannot keep up slows the
+//! loop down instead of filling memory.
+//!
+//! Invariants:
+//! - entries are applied in index order, each once (the key space skips what it applied before
+//!   a restart);
+//! - a client's write is answered after its entry is applied, with its result; the applied index
+//!   readers wait for ([`Status::applied`]) is published before the answers, so a read that
+//!   follows an answered write sees it;
+//! - the lessor learns of a grant or a revoke (an input to the loop) before the client of that
+//!   grant is answered: a keep-alive sent after the answer finds the lease;
+//! - [`Applier::barrier`] returns once everything handed over is applied: the loop calls it
+//!   before what reads the key space as of the Raft applied index (a snapshot, a membership
+//!   change's links, installing a leader's snapshot);
+//! - a failure of the key space stops the applier and, through [`Input::ApplyFailed`], the
+//!   member: nothing is acknowledged after it.
+
+use std::sync::Arc;
+use std::sync::mpsc::{Receiver, Sender, SyncSender, sync_channel};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use tokio::sync::watch;
+
+use super::contract::{Input, LeaseApplied, Status, outcome_unknown};
+use super::metrics::Metrics;
+use super::node::{LoopError, WriteWaiter};
+use super::reads::Waiter as _;
+use super::watch_hub::WatchHub;
+use crate::mvcc::{Command, Mvcc, Op, Outcome};
+
+/// Applied entries between two durable commits of the key space (bounds replay after a crash).
+pub const SYNC_EVERY: u64 = 10_000;
+
+/// Batches handed over and not applied yet, at most.
+const QUEUE: usize = 256;
+
+/// An applied batch slower than this is logged (etcd's "apply request took too long").
+const SLOW_APPLY: Duration = Duration::from_millis(100);
+
+/// What the loop hands the applier.
+enum Work {
+    /// Committed entries, and the waiters of the client writes among them (by position).
+    Apply {
+        batch: Vec<(u64, Command)>,
+        waiters: Vec<(usize, WriteWaiter)>,
+    },
+    /// Answered once everything before it is applied (with `sync`, durably).
+    Barrier {
+        sync: bool,
+        done: SyncSender<Result<(), String>>,
+    },
+}
+
+/// The loop's handle on the applier thread.
+#[derive(Debug)]
+pub struct Applier {
+    work: Option<SyncSender<Work>>,
+    thread: Option<JoinHandle<()>>,
+    status: Arc<watch::Sender<Status>>,
+}
+
+/// What the applier thread owns.
+struct Thread {
+    mvcc: Arc<Mvcc>,
+    watches: WatchHub,
+    metrics: Arc<Metrics>,
+    status: Arc<watch::Sender<Status>>,
+    feedback: Sender<Input>,
+    /// Entries applied since the key space was last made durable.
+    unsynced: u64,
+}
+
+impl Applier {
+    /// Starts the applier of `mvcc`; `status` gets the applied index, `feedback` (the loop's
+    /// inputs) the lease changes and a failure.
+    pub fn start(
+        mvcc: Arc<Mvcc>,
+        watches: WatchHub,
+        metrics: Arc<Metrics>,
+        status: Arc<watch::Sender<Status>>,
+        feedback: Sender<Input>,
+    ) -> Result<Applier, LoopError> {
+        let (work, queue) = sync_channel(QUEUE);
+        let mut t = Thread {
+            mvcc,
+            watches,
+            metrics,
+            status: status.clone(),
+            feedback,
+            unsynced: 0,
+        };
+        let thread = std::thread::Builder::new()
+            .name("apply".into())
+            .spawn(move || t.run(queue))
+            .map_err(|e| LoopError::Applier(format!("cannot start its thread: {e}")))?;
+        Ok(Applier {
+            work: Some(work),
+            thread: Some(thread),
+            status,
+        })
+    }
+
+    fn send(&self, work: Work) -> Result<(), LoopError> {
+        self.work
+            .as_ref()
+            .and_then(|w| w.send(work).ok())
+            .ok_or_else(|| LoopError::Applier("the applier stopped".into()))
+    }
+
+    /// Hands over committed entries (waits while the queue is full).
+    pub fn apply(
+        &self,
+        batch: Vec<(u64, Command)>,
+        waiters: Vec<(usize, WriteWaiter)>,
+    ) -> Result<(), LoopError> {
+        self.send(Work::Apply { batch, waiters })
+    }
+
+    /// Returns once everything handed over is applied (and with `sync`, durable).
+    pub fn barrier(&self, sync: bool) -> Result<(), LoopError> {
+        let (done, wait) = sync_channel(1);
+        self.send(Work::Barrier { sync, done })?;
+        wait.recv()
+            .map_err(|_| LoopError::Applier("the applier stopped".into()))?
+            .map_err(LoopError::Applier)
+    }
+
+    /// The key space was replaced up to `index` (a snapshot installed; the applier is idle).
+    pub fn restored(&self, index: u64) {
+        publish_applied(&self.status, index);
+    }
+
+    /// Applies what is queued, then stops the thread.
+    pub fn stop(&mut self) {
+        self.work = None;
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Publishes `index` as the applied index (never backwards).
+pub fn publish_applied(status: &watch::Sender<Status>, index: u64) {
+    status.send_if_modified(|s| {
+        let moved = index > s.applied;
+        s.applied = s.applied.max(index);
+        moved
+    });
+}
+
+impl Thread {
+    fn run(&mut self, queue: Receiver<Work>) {
+        while let Ok(work) = queue.recv() {
+            let done = match work {
+                Work::Apply { batch, waiters } => self.apply(batch, waiters),
+                Work::Barrier { sync, done } => {
+                    let synced = if sync {
+                        self.unsynced = 0;
+                        self.mvcc.sync().map_err(|e| e.to_string())
+                    } else {
+                        Ok(())
+                    };
+                    let failed = synced.as_ref().err().cloned();
+                    let _ = done.send(synced);
+                    failed.map_or(Ok(()), Err)
+                }
+            };
+            if let Err(why) = done {
+                tracing::error!(error = %why, "applying to the key space failed");
+                let _ = self.feedback.send(Input::ApplyFailed(why));
+                return;
+            }
+        }
+    }
+
+    fn apply(
+        &mut self,
+        batch: Vec<(u64, Command)>,
+        waiters: Vec<(usize, WriteWaiter)>,
+    ) -> Result<(), String> {
+        let Some(&(last, _)) = batch.last() else {
+            return Ok(());
+        };
+        self.unsynced += batch.len() as u64;
+        let durable = self.unsynced >= SYNC_EVERY;
+        if durable {
+            self.unsynced = 0;
+        }
+        let started = Instant::now();
+        let outcome = self
+            .mvcc
+            .apply(&batch, durable)
+            .map_err(|e| e.to_string())?;
+        let took = started.elapsed();
+        self.metrics.backend_commit(took);
+        if took > SLOW_APPLY {
+            tracing::warn!(
+                took = ?took,
+                entries = batch.len(),
+                durable,
+                "applying a batch took too long (disk slow or overloaded?)"
+            );
+        }
+        let Outcome {
+            results,
+            events,
+            revision,
+        } = outcome;
+        self.watches.publish(events, revision);
+        let leases: Vec<LeaseApplied> = batch
+            .iter()
+            .zip(&results)
+            .filter_map(|((_, c), r)| match (c, r) {
+                (Command::Kv(p), Some(Ok(_))) => match &p.op {
+                    Some(Op::LeaseGrant(g)) => Some(LeaseApplied::Granted {
+                        id: g.id,
+                        ttl: g.ttl,
+                    }),
+                    Some(Op::LeaseRevoke(v)) => Some(LeaseApplied::Revoked { id: v.id }),
+                    _ => None,
+                },
+                _ => None,
+            })
+            .collect();
+        if !leases.is_empty() {
+            let _ = self.feedback.send(Input::LeasesApplied(leases));
+        }
+        publish_applied(&self.status, last);
+        let mut results: Vec<_> = results.into_iter().map(Some).collect();
+        for (at, waiter) in waiters {
+            // (no result: the entry was applied before a restart, which no waiter here saw)
+            let result = results.get_mut(at).and_then(Option::take).flatten();
+            waiter.answer(result.unwrap_or_else(|| Err(outcome_unknown())));
+        }
+        Ok(())
+    }
+}
