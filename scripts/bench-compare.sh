@@ -14,6 +14,10 @@
 #                                            # ranges, then memory and disk per member, the
 #                                            # Raft loop's longest turn, and a leader killed
 #                                            # under 16 writers with no timeout of their own
+#   SUITE=growth bash scripts/bench-compare.sh     # for each KEYS (default "100000 1000000";
+#                                            # add 5000000 outside CI): a fresh cluster loaded with
+#                                            # that many keys, then puts, ranges, memory, disk,
+#                                            # snapshot save and restore, and defragment times
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # Ports 26379-30380: below the kernel's ephemeral range (32768-60999 here; inside it a listener can
@@ -185,6 +189,75 @@ sustained() { # label eps ports-array-name pids...
   echo "killing the leader on port ${ports[$l]}"; kill -9 "${ps[$l]}"; wait $b
   echo "$(grep '^RESULT' "$work/fo") cluster=$label" | tee -a "$work/results"
 }
+# Growth (docs/benchmarks.md, "Growth"): a fresh cluster loaded with `keys` distinct keys (256-byte
+# values, 64 clients), then puts and linearizable ranges at 16 clients over those keys, what each
+# member holds, `etcdctl snapshot save` from one member, a restore of one member from that file
+# (etcdutl for etcd-node, etcd 3.4's etcdctl for etcd), and `etcdctl defrag` of one member.
+secs() { local t0=$1; echo "$(( ($(date +%s%N) - t0) / 1000000 ))"; }
+growth() { # label eps ports-array-name keys pids...
+  local label=$1 eps=$2 ports_name=$3 keys=$4; shift 4
+  local -n ports=$ports_name
+  local ps=("$@") one="127.0.0.1:${ports[0]}" t0
+  t0=$(date +%s%N)
+  "$bin/etcd-bench" --endpoints "$eps" --clients 64 --conns 8 \
+    put --total "$keys" --key-size 16 --val-size 256 --key-space-size "$keys" --sequential-keys >/dev/null
+  local load_ms; load_ms=$(secs "$t0")
+  bench "$label" "$eps" "${ps[@]}" -- --clients 16 --conns 4 put --total 40000 --key-size 16 --val-size 256 --key-space-size "$keys"
+  bench "$label" "$eps" "${ps[@]}" -- --clients 16 --conns 4 range 000 --consistency l --total 100000
+  local rss=() p dir kv=() data=()
+  for p in "${ps[@]}"; do rss+=("$(( $(rss_kb "$p") / 1024 ))"); done
+  for dir in $member_dirs; do
+    data+=("$(( $(du -sB1 "$dir" | cut -f1) / 1000000 ))")
+    kv+=("$(( $(du -B1 "$dir/$kv_file" | cut -f1) / 1000000 ))")
+  done
+  local snap=$work/growth.snap peak=0 r
+  rm -f "$snap"
+  t0=$(date +%s%N)
+  ETCDCTL_API=3 etcdctl --endpoints "$one" snapshot save "$snap" >/dev/null 2>&1 &
+  local c=$!
+  while kill -0 $c 2>/dev/null; do r=$(rss_kb "${ps[0]}"); [ "$r" -gt "$peak" ] && peak=$r; sleep 0.1; done
+  wait $c
+  local save_ms; save_ms=$(secs "$t0")
+  local snap_mb=$(( $(stat -c %s "$snap") / 1000000 ))
+  local restored=$work/restored; rm -rf "$restored" "$work/restore-witness"
+  t0=$(date +%s%N)
+  if [ "$label" = etcd-node ]; then
+    mkdir -p "$work/restore-witness"
+    local wurl="witness:mount?path=$(python3 -c 'import sys,urllib.parse;print(urllib.parse.quote(sys.argv[1],safe=""))' "$work/restore-witness")"
+    "$bin/etcdutl" witness init --name w --advertise-peer-url "$wurl" >/dev/null 2>&1
+    /usr/bin/time -f %M -o "$work/restore.rss" "$bin/etcdutl" snapshot restore "$snap" --name r1 --data-dir "$restored" \
+      --initial-cluster "r1=http://127.0.0.1:1,w=$wurl" --initial-advertise-peer-urls http://127.0.0.1:1 >/dev/null
+  else
+    ETCDCTL_API=3 /usr/bin/time -f %M -o "$work/restore.rss" etcdctl snapshot restore "$snap" --data-dir "$restored" >/dev/null 2>&1
+  fi
+  local restore_ms; restore_ms=$(secs "$t0")
+  local restore_rss_mb=$(( $(tail -1 "$work/restore.rss") / 1024 ))
+  t0=$(date +%s%N)
+  ETCDCTL_API=3 etcdctl --endpoints "$one" --command-timeout 600s defrag >/dev/null
+  local defrag_ms; defrag_ms=$(secs "$t0")
+  local first; first=$(echo "$member_dirs" | awk '{print $1}')
+  local kv_after=$(( $(du -B1 "$first/$kv_file" | cut -f1) / 1000000 ))
+  echo "RESULT op=growth cluster=$label keys=$keys load_ms=$load_ms rss_mb=$(IFS=,; echo "${rss[*]}") kv_file_mb=$(IFS=,; echo "${kv[*]}") data_dir_mb=$(IFS=,; echo "${data[*]}") snapshot_save_ms=$save_ms snapshot_mb=$snap_mb member_peak_rss_during_save_mb=$(( peak / 1024 )) restore_ms=$restore_ms restore_peak_rss_mb=$restore_rss_mb defrag_ms=$defrag_ms kv_file_after_defrag_mb=$kv_after" | tee -a "$work/results"
+  rm -rf "$snap" "$restored"
+}
+if [ "${SUITE:-all}" = growth ]; then
+  command -v /usr/bin/time >/dev/null || { echo "needs /usr/bin/time (apt-get install time)"; exit 1; }
+  for keys in ${KEYS:-100000 1000000}; do
+    echo "==> etcd-node: two members + witness, $keys keys"
+    rm -rf "$work/ours-http"; start_ours; for p in 26379 27379; do wait_healthy $p; done; sleep 1
+    member_dirs="$work/ours-http/n1 $work/ours-http/n2" kv_file=member/kv.redb
+    growth etcd-node "$ours_eps" ours_ports "$keys" "${ours[@]}"
+    kill -9 "${ours[@]}" 2>/dev/null || true; wait "${ours[@]}" 2>/dev/null || true
+    rm -rf "$work/ours-http"
+    echo "==> etcd $(etcd --version | head -1 | awk '{print $3}'): three members, $keys keys"
+    rm -rf "$work/etcd-http"; start_etcd; for p in 28379 29379 30379; do wait_healthy $p; done; sleep 1
+    member_dirs="$work/etcd-http/e1 $work/etcd-http/e2 $work/etcd-http/e3" kv_file=member/snap/db
+    growth etcd-3.4 "$theirs_eps" theirs_ports "$keys" "${theirs[@]}"
+    kill -9 "${theirs[@]}" 2>/dev/null || true; wait "${theirs[@]}" 2>/dev/null || true
+    rm -rf "$work/etcd-http"
+  done
+  echo; echo "==> all results"; cat "$work/results"; exit 0
+fi
 if [ "${SUITE:-all}" = sustained ]; then
   echo "==> etcd-node: two members + witness"
   start_ours; for p in 26379 27379; do wait_healthy $p; done; sleep 1

@@ -418,7 +418,7 @@ pub async fn run(
     let client_listeners = bind("--listen-client-urls", &cfg.listen_client_urls).await?;
     let metrics_listeners = bind("--listen-metrics-urls", &cfg.listen_metrics_urls).await?;
     let tls = setup_tls(&cfg)?;
-    let (disk, mvcc, ids) = open_storage(&cfg, &tls.peer_dialer).await?;
+    let (mut disk, mvcc, ids) = open_storage(&cfg, &tls.peer_dialer).await?;
     let tick = cfg.heartbeat_interval;
     let mut rc = raft::Config::new(ids.member);
     rc.cluster_id = ids.cluster;
@@ -433,6 +433,8 @@ pub async fn run(
         tracing::warn!("deliberate bug {name} switched on (a test build)");
     }
     let raft = Raft::new(rc, &disk).map_err(anyhow::Error::msg)?;
+    // (the core has the log now: the storage keeps no second copy in memory)
+    disk.release_entries();
 
     let members = mvcc.members()?;
     let own_client_urls: Vec<String> = cfg

@@ -24,8 +24,12 @@ const KEEP_SNAPSHOTS: usize = 5;
 pub struct DiskStorage {
     wal: Wal,
     snaps: SnapDir,
-    /// What is durable, in memory.
+    /// What is durable, in memory: the hard state, the snapshot's metadata, and the entries
+    /// until [`DiskStorage::release_entries`].
     mem: MemStorage,
+    /// Whether `mem` keeps the entries (until the Raft core, which keeps its own copy, is built
+    /// from them: two copies of up to `--snapshot-count` entries were tens of megabytes).
+    entries_kept: bool,
 }
 
 /// What opening found besides the state.
@@ -101,6 +105,7 @@ impl DiskStorage {
                 wal,
                 snaps,
                 mem: MemStorage::from_parts(rec.hard_state, snapshot, entries),
+                entries_kept: true,
             },
             report,
         ))
@@ -155,6 +160,13 @@ impl DiskStorage {
         self.snaps.dir()
     }
 
+    /// Forgets the entries in memory, and keeps none from now on: the Raft core built from this
+    /// storage keeps its own log, and the WAL has them. ([`Storage::entries`] is then empty.)
+    pub fn release_entries(&mut self) {
+        self.entries_kept = false;
+        self.mem = MemStorage::from_parts(self.mem.hard_state(), self.mem.snapshot(), Vec::new());
+    }
+
     /// Forgets the data of the latest snapshot in memory (its file keeps it; see
     /// [`super::snap::DataReader`]).
     pub fn release_snapshot_data(&mut self) {
@@ -170,7 +182,9 @@ impl DiskStorage {
             self.mem.install(snapshot.clone());
         }
         let synced = self.wal.save(ready.hard_state, &ready.entries)?;
-        self.mem.append(&ready.entries);
+        if self.entries_kept {
+            self.mem.append(&ready.entries);
+        }
         if let Some(hs) = ready.hard_state {
             self.mem.set_hard_state(hs);
         }
@@ -201,7 +215,11 @@ impl DiskStorage {
         }
         self.wal
             .mark_snapshot(snapshot.meta.index, snapshot.meta.term)?;
-        self.mem.compact(snapshot.clone());
+        if self.entries_kept {
+            self.mem.compact(snapshot.clone());
+        } else {
+            self.mem = MemStorage::from_parts(self.mem.hard_state(), snapshot.clone(), Vec::new());
+        }
         self.wal.release_to(snapshot.meta.index)?;
         self.snaps
             .purge(KEEP_SNAPSHOTS)
@@ -304,10 +322,24 @@ mod tests {
 
     #[test]
     fn compaction_drops_covered_segments_and_restart_sees_snapshot_plus_tail() {
+        compaction_and_restart(false);
+    }
+
+    /// The same, the entries released from memory first (as a running member does): what is
+    /// persisted and compacted is the same on disk.
+    #[test]
+    fn a_storage_that_keeps_no_entries_in_memory_persists_and_compacts_the_same() {
+        compaction_and_restart(true);
+    }
+
+    fn compaction_and_restart(release: bool) {
         let dir = tempfile::tempdir().unwrap();
         let (mut s, _) = DiskStorage::open_with(dir.path(), 2048).unwrap();
         s.bootstrap(Membership::new([1], None).unwrap(), None, |_| Ok(()))
             .unwrap();
+        if release {
+            s.release_entries();
+        }
         for i in 2..=200 {
             s.persist(&batch(vec![entry(i, 2)], i - 1)).unwrap();
         }
