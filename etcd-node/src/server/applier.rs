@@ -17,8 +17,10 @@
 //! - the lessor learns of a grant or a revoke (an input to the loop) before the client of that
 //!   grant is answered: a keep-alive sent after the answer finds the lease;
 //! - [`Applier::barrier`] returns once everything handed over is applied: the loop calls it
-//!   before what reads the key space as of the Raft applied index (a snapshot, a membership
-//!   change's links, installing a leader's snapshot);
+//!   before what reads the key space as of the Raft applied index (a membership change's links,
+//!   installing a leader's snapshot);
+//! - a snapshot of the key space is dumped as the applier leaves it at the snapshot's index
+//!   ([`Applier::snapshot_here`]), without the loop waiting;
 //! - a failure of the key space stops the applier and, through [`Input::ApplyFailed`], the
 //!   member: nothing is acknowledged after it.
 
@@ -52,10 +54,13 @@ enum Work {
         batch: Vec<(u64, Command)>,
         waiters: Vec<(usize, WriteWaiter)>,
     },
-    /// Answered once everything before it is applied (with `sync`, durably).
-    Barrier {
-        sync: bool,
-        done: SyncSender<Result<(), String>>,
+    /// Answered once everything before it is applied.
+    Barrier { done: SyncSender<()> },
+    /// A snapshot is taken here: `reached` tells its thread the key space is there; the
+    /// applier goes on once `opened` says the thread's view of it is fixed.
+    Snapshot {
+        reached: SyncSender<()>,
+        opened: Receiver<()>,
     },
 }
 
@@ -124,13 +129,24 @@ impl Applier {
         self.send(Work::Apply { batch, waiters })
     }
 
-    /// Returns once everything handed over is applied (and with `sync`, durable).
-    pub fn barrier(&self, sync: bool) -> Result<(), LoopError> {
+    /// Returns once everything handed over is applied.
+    pub fn barrier(&self) -> Result<(), LoopError> {
         let (done, wait) = sync_channel(1);
-        self.send(Work::Barrier { sync, done })?;
+        self.send(Work::Barrier { done })?;
         wait.recv()
-            .map_err(|_| LoopError::Applier("the applier stopped".into()))?
-            .map_err(LoopError::Applier)
+            .map_err(|_| LoopError::Applier("the applier stopped".into()))
+    }
+
+    /// Has the snapshot thread of `reached` and `opened` dump the key space as it is once
+    /// everything handed over so far is applied (the loop does not wait). Then the key space is
+    /// made durable, off the loop: by the time the snapshot is saved and the log compacted, a
+    /// restart need not restore from the snapshot (it could: docs/formats.md).
+    pub fn snapshot_here(
+        &self,
+        reached: SyncSender<()>,
+        opened: Receiver<()>,
+    ) -> Result<(), LoopError> {
+        self.send(Work::Snapshot { reached, opened })
     }
 
     /// The key space was replaced up to `index` (a snapshot installed; the applier is idle).
@@ -161,16 +177,17 @@ impl Thread {
         while let Ok(work) = queue.recv() {
             let done = match work {
                 Work::Apply { batch, waiters } => self.apply(batch, waiters),
-                Work::Barrier { sync, done } => {
-                    let synced = if sync {
-                        self.unsynced = 0;
-                        self.mvcc.sync().map_err(|e| e.to_string())
-                    } else {
-                        Ok(())
-                    };
-                    let failed = synced.as_ref().err().cloned();
-                    let _ = done.send(synced);
-                    failed.map_or(Ok(()), Err)
+                Work::Barrier { done } => {
+                    let _ = done.send(());
+                    Ok(())
+                }
+                Work::Snapshot { reached, opened } => {
+                    // (an error: the thread failed, and says so to the loop)
+                    if reached.send(()).is_ok() {
+                        let _ = opened.recv();
+                    }
+                    self.unsynced = 0;
+                    self.mvcc.sync().map_err(|e| e.to_string())
                 }
             };
             if let Err(why) = done {

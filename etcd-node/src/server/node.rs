@@ -373,34 +373,40 @@ impl RaftLoop {
         let Some(meta) = self.member.raft.snapshot_meta() else {
             return Ok(());
         };
-        // The key space at `meta`, durable: the log before it is dropped once it is saved.
-        self.fx.applier.barrier(true)?;
+        // The thread dumps the key space as the applier leaves it at `meta` (everything
+        // handed over so far, nothing after): the applier tells it when it gets there, and
+        // waits only until the dump's view is open. The loop does not wait at all.
         let (mvcc, snaps) = (self.fx.mvcc.clone(), self.fx.disk.snap_files());
         let feedback = self.fx.feedback.clone();
-        let (opened, fixed) = std::sync::mpsc::channel();
+        let (reached_tx, reached) = std::sync::mpsc::sync_channel(1);
+        let (opened_tx, opened) = std::sync::mpsc::sync_channel(1);
         let saving = std::thread::Builder::new()
             .name("snapshot".into())
             .spawn(move || {
-                // The dump goes straight into the file: memory does not grow with the key space.
-                let saved = save_streamed(&snaps, &meta, |out| {
-                    let fixed = || {
-                        let _ = opened.send(());
-                        crate::crash!("snapshot-before-save");
-                    };
-                    mvcc.dump_to(out, fixed)
-                        .map(drop)
-                        .map_err(std::io::Error::other)
-                })
-                .map(|()| Snapshot {
-                    meta,
-                    data: bytes::Bytes::new(),
-                })
-                .map_err(|e| e.to_string());
+                let saved = if reached.recv().is_err() {
+                    Err("the applier stopped before it reached the snapshot's index".into())
+                } else {
+                    // The dump goes straight into the file: memory does not grow with the key
+                    // space.
+                    save_streamed(&snaps, &meta, |out| {
+                        let fixed = || {
+                            let _ = opened_tx.send(());
+                            crate::crash!("snapshot-before-save");
+                        };
+                        mvcc.dump_to(out, fixed)
+                            .map(drop)
+                            .map_err(std::io::Error::other)
+                    })
+                    .map(|()| Snapshot {
+                        meta,
+                        data: bytes::Bytes::new(),
+                    })
+                    .map_err(|e| e.to_string())
+                };
                 let _ = feedback.send(Input::SnapshotSaved(saved));
             })
             .map_err(|e| LoopError::Snapshot(format!("cannot start its thread: {e}")))?;
-        // Nothing is applied until the dump's view is fixed: it is the key space at `meta`.
-        let _ = fixed.recv();
+        self.fx.applier.snapshot_here(reached_tx, opened)?;
         pending.snapshotting = Some(saving);
         Ok(())
     }
@@ -601,7 +607,7 @@ impl World for Effects {
 
     fn install(&mut self, _: &Raft, snapshot: &Snapshot) -> Result<(), LoopError> {
         // (what was handed over before the snapshot is applied first: then it is replaced)
-        self.applier.barrier(false)?;
+        self.applier.barrier()?;
         // (received, its data is in its file: read a piece at a time)
         let data = DataReader::open(self.disk.snap_dir(), &snapshot.meta)
             .map_err(|e| LoopError::Snapshot(format!("reading the received snapshot: {e}")))?;
@@ -652,7 +658,7 @@ impl World for Effects {
         }
         self.applier.apply(batch, waiters)?;
         if !members.is_empty() {
-            self.applier.barrier(false)?;
+            self.applier.barrier()?;
             for c in &members {
                 self.member_changed(c);
             }
