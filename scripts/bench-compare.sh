@@ -180,7 +180,7 @@ sustained() { # label eps ports-array-name pids...
     done
     # Applied batches over 100 ms (the member logs each, durable or not) and the slowest.
     for dir in $member_dirs; do
-      slow+="$(grep -c 'applying a batch took too long' "$dir.log" || true)/$(grep -o 'took=[0-9.]*ms' "$dir.log" | tr -dc '0-9.\n' | sort -n | tail -1)ms,"
+      slow+="$(grep -c 'applying a batch took too long' "$dir.log" || true)/$({ grep -o 'took=[0-9.]*ms' "$dir.log" || true; } | tr -dc '0-9.\n' | sort -n | tail -1)ms,"
     done
   fi
   echo "RESULT op=footprint cluster=$label writes=$(( warm + 100000 )) rss_mb=$(IFS=,; echo "${rss[*]}") kv_file_mb=$(IFS=,; echo "${kv[*]}") data_dir_mb=$(IFS=,; echo "${data[*]}") ${longest:+loop_longest_turn_ms=${longest%,}} ${slow:+slow_batches=${slow%,}}" | tee -a "$work/results"

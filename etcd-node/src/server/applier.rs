@@ -57,10 +57,12 @@ enum Work {
     /// Answered once everything before it is applied.
     Barrier { done: SyncSender<()> },
     /// A snapshot is taken here: `reached` tells its thread the key space is there; the
-    /// applier goes on once `opened` says the thread's view of it is fixed.
+    /// applier goes on once `opened` says the thread's view of it is fixed, then makes the key
+    /// space durable and says so on `synced`.
     Snapshot {
         reached: SyncSender<()>,
         opened: Receiver<()>,
+        synced: SyncSender<()>,
     },
 }
 
@@ -139,14 +141,19 @@ impl Applier {
 
     /// Has the snapshot thread of `reached` and `opened` dump the key space as it is once
     /// everything handed over so far is applied (the loop does not wait). Then the key space is
-    /// made durable, off the loop: by the time the snapshot is saved and the log compacted, a
-    /// restart need not restore from the snapshot (it could: docs/formats.md).
+    /// made durable, off the loop, and `synced` says so: the thread reports the snapshot saved
+    /// (and the loop compacts the log behind it) only after that.
     pub fn snapshot_here(
         &self,
         reached: SyncSender<()>,
         opened: Receiver<()>,
+        synced: SyncSender<()>,
     ) -> Result<(), LoopError> {
-        self.send(Work::Snapshot { reached, opened })
+        self.send(Work::Snapshot {
+            reached,
+            opened,
+            synced,
+        })
     }
 
     /// The key space was replaced up to `index` (a snapshot installed; the applier is idle).
@@ -181,13 +188,21 @@ impl Thread {
                     let _ = done.send(());
                     Ok(())
                 }
-                Work::Snapshot { reached, opened } => {
+                Work::Snapshot {
+                    reached,
+                    opened,
+                    synced,
+                } => {
                     // (an error: the thread failed, and says so to the loop)
                     if reached.send(()).is_ok() {
                         let _ = opened.recv();
                     }
                     self.unsynced = 0;
-                    self.mvcc.sync().map_err(|e| e.to_string())
+                    let durable = self.mvcc.sync().map_err(|e| e.to_string());
+                    if durable.is_ok() {
+                        let _ = synced.send(());
+                    }
+                    durable
                 }
             };
             if let Err(why) = done {

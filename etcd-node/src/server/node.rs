@@ -380,6 +380,7 @@ impl RaftLoop {
         let feedback = self.fx.feedback.clone();
         let (reached_tx, reached) = std::sync::mpsc::sync_channel(1);
         let (opened_tx, opened) = std::sync::mpsc::sync_channel(1);
+        let (synced_tx, synced) = std::sync::mpsc::sync_channel(1);
         let saving = std::thread::Builder::new()
             .name("snapshot".into())
             .spawn(move || {
@@ -397,16 +398,24 @@ impl RaftLoop {
                             .map(drop)
                             .map_err(std::io::Error::other)
                     })
+                    .map_err(|e| e.to_string())
+                    .and_then(|()| {
+                        // (the log is compacted behind a durable key space only)
+                        synced.recv().map_err(|_| {
+                            "the applier stopped before the key space was durable".to_string()
+                        })
+                    })
                     .map(|()| Snapshot {
                         meta,
                         data: bytes::Bytes::new(),
                     })
-                    .map_err(|e| e.to_string())
                 };
                 let _ = feedback.send(Input::SnapshotSaved(saved));
             })
             .map_err(|e| LoopError::Snapshot(format!("cannot start its thread: {e}")))?;
-        self.fx.applier.snapshot_here(reached_tx, opened)?;
+        self.fx
+            .applier
+            .snapshot_here(reached_tx, opened, synced_tx)?;
         pending.snapshotting = Some(saving);
         Ok(())
     }
