@@ -226,7 +226,7 @@ growth() { # label eps ports-array-name keys pids...
     local wurl="witness:mount?path=$(python3 -c 'import sys,urllib.parse;print(urllib.parse.quote(sys.argv[1],safe=""))' "$work/restore-witness")"
     "$bin/etcdutl" witness init --name w --advertise-peer-url "$wurl" >/dev/null 2>&1
     /usr/bin/time -f %M -o "$work/restore.rss" "$bin/etcdutl" snapshot restore "$snap" --name r1 --data-dir "$restored" \
-      --initial-cluster "r1=http://127.0.0.1:1,w=$wurl" --initial-advertise-peer-urls http://127.0.0.1:1 >/dev/null
+      --initial-cluster "r1=http://127.0.0.1:1,r2=http://127.0.0.1:2,w=$wurl" --initial-advertise-peer-urls http://127.0.0.1:1 >/dev/null
   else
     ETCDCTL_API=3 /usr/bin/time -f %M -o "$work/restore.rss" etcdctl snapshot restore "$snap" --data-dir "$restored" >/dev/null 2>&1
   fi
