@@ -17,7 +17,9 @@
 #   SUITE=growth bash scripts/bench-compare.sh     # for each KEYS (default "100000 1000000";
 #                                            # add 5000000 outside CI): a fresh cluster loaded with
 #                                            # that many keys, then puts, ranges, memory, disk,
-#                                            # snapshot save and restore, and defragment times
+#                                            # snapshot save and restore, and defragment times.
+#                                            # QUOTA sets --quota-backend-bytes on both systems
+#                                            # (default: theirs, 2 GiB; 5M keys need more)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # Ports 26379-30380: below the kernel's ephemeral range (32768-60999 here; inside it a listener can
@@ -75,7 +77,7 @@ start_ours() {
     "$bin/etcd-node" --name n$i --data-dir "$dir/n$i" \
       --listen-client-urls $scheme://127.0.0.1:$((25379 + i * 1000)) --advertise-client-urls $scheme://127.0.0.1:$((25379 + i * 1000)) \
       --listen-peer-urls $scheme://127.0.0.1:$((25380 + i * 1000)) --initial-advertise-peer-urls $scheme://127.0.0.1:$((25380 + i * 1000)) \
-      --initial-cluster "$ic" ${member_tls[@]+"${member_tls[@]}"} 2>"$dir/n$i.log" &
+      --initial-cluster "$ic" ${QUOTA:+--quota-backend-bytes "$QUOTA"} ${member_tls[@]+"${member_tls[@]}"} 2>"$dir/n$i.log" &
     ours+=($!); pids+=($!)
   done
   ours_eps=$scheme://127.0.0.1:26379,$scheme://127.0.0.1:27379
@@ -89,7 +91,7 @@ start_etcd() {
     etcd --name e$i --data-dir "$work/etcd-$scheme/e$i" \
       --listen-client-urls $scheme://127.0.0.1:$((27379 + i * 1000)) --advertise-client-urls $scheme://127.0.0.1:$((27379 + i * 1000)) \
       --listen-peer-urls $scheme://127.0.0.1:$((27380 + i * 1000)) --initial-advertise-peer-urls $scheme://127.0.0.1:$((27380 + i * 1000)) \
-      --initial-cluster "$ic" --initial-cluster-state new --log-level error \
+      --initial-cluster "$ic" --initial-cluster-state new --log-level error ${QUOTA:+--quota-backend-bytes "$QUOTA"} \
       ${member_tls[@]+"${member_tls[@]}"} 2>"$work/etcd-e$i.log" &
     theirs+=($!); pids+=($!)
   done
@@ -200,8 +202,10 @@ growth() { # label eps ports-array-name keys pids...
   local ps=("$@") one="127.0.0.1:${ports[0]}" t0
   t0=$(date +%s%N)
   "$bin/etcd-bench" --endpoints "$eps" --clients 64 --conns 8 \
-    put --total "$keys" --key-size 16 --val-size 256 --key-space-size "$keys" --sequential-keys >/dev/null
+    put --total "$keys" --key-size 16 --val-size 256 --key-space-size "$keys" --sequential-keys > "$work/load"
   local load_ms; load_ms=$(secs "$t0")
+  # (a full quota refuses the rest of the load: that is a result too, said in the RESULT line)
+  local load_errors; load_errors=$(grep -o 'errors=[0-9]*' "$work/load" | cut -d= -f2)
   bench "$label" "$eps" "${ps[@]}" -- --clients 16 --conns 4 put --total 40000 --key-size 16 --val-size 256 --key-space-size "$keys"
   bench "$label" "$eps" "${ps[@]}" -- --clients 16 --conns 4 range 000 --consistency l --total 100000
   local rss=() p dir kv=() data=()
@@ -237,7 +241,7 @@ growth() { # label eps ports-array-name keys pids...
   local defrag_ms; defrag_ms=$(secs "$t0")
   local first; first=$(echo "$member_dirs" | awk '{print $1}')
   local kv_after=$(( $(du -B1 "$first/$kv_file" | cut -f1) / 1000000 ))
-  echo "RESULT op=growth cluster=$label keys=$keys load_ms=$load_ms rss_mb=$(IFS=,; echo "${rss[*]}") kv_file_mb=$(IFS=,; echo "${kv[*]}") data_dir_mb=$(IFS=,; echo "${data[*]}") snapshot_save_ms=$save_ms snapshot_mb=$snap_mb member_peak_rss_during_save_mb=$(( peak / 1024 )) restore_ms=$restore_ms restore_peak_rss_mb=$restore_rss_mb defrag_ms=$defrag_ms kv_file_after_defrag_mb=$kv_after" | tee -a "$work/results"
+  echo "RESULT op=growth cluster=$label keys=$keys load_ms=$load_ms load_errors=$load_errors rss_mb=$(IFS=,; echo "${rss[*]}") kv_file_mb=$(IFS=,; echo "${kv[*]}") data_dir_mb=$(IFS=,; echo "${data[*]}") snapshot_save_ms=$save_ms snapshot_mb=$snap_mb member_peak_rss_during_save_mb=$(( peak / 1024 )) restore_ms=$restore_ms restore_peak_rss_mb=$restore_rss_mb defrag_ms=$defrag_ms kv_file_after_defrag_mb=$kv_after" | tee -a "$work/results"
   rm -rf "$snap" "$restored"
 }
 if [ "${SUITE:-all}" = growth ]; then
