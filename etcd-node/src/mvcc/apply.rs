@@ -14,10 +14,10 @@ use redb::{ReadableTable, Table, WriteTransaction};
 
 use super::auth;
 use super::events::event;
-use super::range::{self, scan_current};
+use super::range::{self, live_record, scan_current};
 use super::request::{Op, Response, needs_space};
 use super::{
-    ALARMS, AUTH, ApiError, CURRENT, HISTORY, LEASE_KEYS, LEASES, META, decode_kv, lease_keys_of,
+    ALARMS, AUTH, ApiError, HISTORY, LEASE_KEYS, LEASES, LIVE, META, decode_kv, lease_keys_of,
     meta_get,
 };
 
@@ -30,7 +30,7 @@ pub type Applied = Option<Result<Response, ApiError>>;
 
 pub(super) struct Writer<'t> {
     history: Table<'t, (&'static [u8], u64), &'static [u8]>,
-    current: Table<'t, &'static [u8], &'static [u8]>,
+    live: Table<'t, &'static [u8], u64>,
     meta: Table<'t, &'static str, u64>,
     leases: Table<'t, i64, i64>,
     lease_keys: Table<'t, (i64, &'static [u8]), ()>,
@@ -77,7 +77,7 @@ impl<'t> Writer<'t> {
         );
         Ok(Writer {
             history: tx.open_table(HISTORY)?,
-            current: tx.open_table(CURRENT)?,
+            live: tx.open_table(LIVE)?,
             meta,
             leases: tx.open_table(LEASES)?,
             lease_keys: tx.open_table(LEASE_KEYS)?,
@@ -186,8 +186,11 @@ impl<'t> Writer<'t> {
     }
 
     fn get(&self, key: &[u8]) -> Result<Option<PbKeyValue>, redb::Error> {
-        Ok(match self.current.get(key)? {
-            Some(v) => Some(decode_kv(key, v.value())?),
+        Ok(match self.live.get(key)? {
+            Some(rev) => Some(decode_kv(
+                key,
+                live_record(&self.history, key, rev.value())?.value(),
+            )?),
             None => None,
         })
     }
@@ -284,9 +287,9 @@ impl<'t> Writer<'t> {
         let record = kv.encode_to_vec();
         self.history.insert((key, rev), record.as_slice())?;
         if kv.version == 0 {
-            self.current.remove(key)?;
+            self.live.remove(key)?;
         } else {
-            self.current.insert(key, record.as_slice())?;
+            self.live.insert(key, rev)?;
         }
         Ok(())
     }
@@ -336,10 +339,16 @@ impl<'t> Writer<'t> {
         r: &PbDeleteRequest,
     ) -> Result<PbDeleteResponse, redb::Error> {
         let mut doomed = Vec::new();
-        scan_current(&self.current, &r.key, &r.range_end, |k, record| {
-            doomed.push(decode_kv(k, record)?);
-            Ok(true)
-        })?;
+        scan_current(
+            &self.live,
+            &self.history,
+            &r.key,
+            &r.range_end,
+            |k, record| {
+                doomed.push(decode_kv(k, record)?);
+                Ok(true)
+            },
+        )?;
         let tombstone = PbKeyValue {
             mod_revision: s.rev as i64,
             ..Default::default()
@@ -360,10 +369,16 @@ impl<'t> Writer<'t> {
     fn compare_all(&self, r: &PbTxnRequest) -> Result<bool, redb::Error> {
         for c in &r.compare {
             let mut kvs = Vec::new();
-            scan_current(&self.current, &c.key, &c.range_end, |k, record| {
-                kvs.push(decode_kv(k, record)?);
-                Ok(true)
-            })?;
+            scan_current(
+                &self.live,
+                &self.history,
+                &c.key,
+                &c.range_end,
+                |k, record| {
+                    kvs.push(decode_kv(k, record)?);
+                    Ok(true)
+                },
+            )?;
             let holds = if kvs.is_empty() {
                 // etcd compares a missing key as a zero KeyValue, except by value.
                 c.target != 3 && compare(c, &PbKeyValue::default())
@@ -384,14 +399,9 @@ impl<'t> Writer<'t> {
         for op in ops {
             let response = match &op.request {
                 Some(PbTxnOpRequest::RequestRange(q)) => {
-                    let out = range::range(
-                        &self.history,
-                        &self.current,
-                        self.revision,
-                        self.compacted,
-                        q,
-                    )?
-                    .unwrap_or_default(); // refusals were checked before the Txn ran
+                    let out =
+                        range::range(&self.history, &self.live, self.revision, self.compacted, q)?
+                            .unwrap_or_default(); // refusals were checked before the Txn ran
                     PbTxnOpResponse::ResponseRange(PbRangeResponse {
                         header: header(self.revision),
                         kvs: out.kvs,

@@ -4,9 +4,13 @@
 //! Tables (`docs/formats.md`):
 //! - `history`: (key, main revision) -> the key's `KeyValue` at that revision (key field empty;
 //!   a tombstone has version 0);
-//! - `current`: key -> its live `KeyValue` (absent once deleted): reads at the newest revision
-//!   touch only live keys;
-//! - `meta`: `revision` (newest main revision), `compact` (compacted revision), `applied` (the
+//! - `live`: key -> the revision of its newest history row, for every live key (absent once
+//!   deleted): reads at the newest revision walk only live keys, and each record is stored once,
+//!   in `history`;
+//! - `current`: an empty table of another type than format 1's `current` (key -> record), so
+//!   that a binary from before format 2 refuses the file instead of finding no keys in it;
+//! - `meta`: `format` ([`FORMAT`]; an older binary's files are upgraded when opened, a newer
+//!   one's refused), `revision` (newest main revision), `compact` (compacted revision), `applied` (the
 //!   last Raft index applied, committed in the same transaction as its changes, so replaying
 //!   the log after a crash never applies an entry twice), `member_id` and `cluster_id` (this
 //!   member's identity, fixed when it bootstraps or joins);
@@ -49,7 +53,11 @@ pub use range::RangeOutput;
 pub use request::{MemberChange, Op, Proposal, Response, check, needs_space};
 
 const HISTORY: TableDefinition<(&[u8], u64), &[u8]> = TableDefinition::new("history");
-const CURRENT: TableDefinition<&[u8], &[u8]> = TableDefinition::new("current");
+const LIVE: TableDefinition<&[u8], u64> = TableDefinition::new("live");
+/// Format 1's table of live records (upgraded to `live` when opened).
+const FORMAT1_CURRENT: TableDefinition<&[u8], &[u8]> = TableDefinition::new("current");
+/// Format 2 onwards: the same name with other types, which format-1 binaries fail to open.
+const DOWNGRADE_GUARD: TableDefinition<u64, ()> = TableDefinition::new("current");
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 const MEMBERS: TableDefinition<u64, &[u8]> = TableDefinition::new("members");
 const LEASES: TableDefinition<i64, i64> = TableDefinition::new("leases");
@@ -60,6 +68,10 @@ const AUTH: TableDefinition<&str, &[u8]> = TableDefinition::new("auth");
 /// The key space's page cache unless configured (`--backend-cache-bytes`; redb's own default
 /// is 1 GiB, which made a member's memory grow with its data).
 pub const DEFAULT_CACHE_BYTES: usize = 64 << 20;
+
+/// The key-space file's format. 1: a `current` table held a copy of every live key's record;
+/// 2: `live` holds only the revision of the record in `history` (a record is stored once).
+pub const FORMAT: u64 = 2;
 
 /// What a committed entry asks of the store.
 #[derive(Debug, Clone, PartialEq)]
@@ -190,9 +202,12 @@ impl Mvcc {
             unsynced_bytes: AtomicU64::new(0),
         };
         let tx = mvcc.db().begin_write().map_err(|e| err(&e))?;
+        upgrade(&tx, &name)
+            .map_err(|e| err(&e))?
+            .map_err(|why| err(&why))?;
         {
             tx.open_table(HISTORY).map_err(|e| err(&e))?;
-            tx.open_table(CURRENT).map_err(|e| err(&e))?;
+            tx.open_table(LIVE).map_err(|e| err(&e))?;
             tx.open_table(MEMBERS).map_err(|e| err(&e))?;
             tx.open_table(LEASES).map_err(|e| err(&e))?;
             tx.open_table(LEASE_KEYS).map_err(|e| err(&e))?;
@@ -502,7 +517,7 @@ impl Mvcc {
             let meta = tx.open_table(META)?;
             range::range(
                 &tx.open_table(HISTORY)?,
-                &tx.open_table(CURRENT)?,
+                &tx.open_table(LIVE)?,
                 meta_get(&meta, "revision")?.max(1),
                 meta_get(&meta, "compact")?,
                 req,
@@ -682,7 +697,7 @@ impl Mvcc {
         tx.set_durability(Durability::Immediate)
             .map_err(|e| self.fail(e))?;
         tx.delete_table(HISTORY).map_err(|e| self.fail(e))?;
-        tx.delete_table(CURRENT).map_err(|e| self.fail(e))?;
+        tx.delete_table(LIVE).map_err(|e| self.fail(e))?;
         tx.delete_table(AUTH).map_err(|e| self.fail(e))?;
         tx.delete_table(LEASES).map_err(|e| self.fail(e))?;
         tx.delete_table(LEASE_KEYS).map_err(|e| self.fail(e))?;
@@ -690,7 +705,7 @@ impl Mvcc {
         {
             let mut members = tx.open_table(MEMBERS).map_err(|e| self.fail(e))?;
             let mut history = tx.open_table(HISTORY).map_err(|e| self.fail(e))?;
-            let mut current = tx.open_table(CURRENT).map_err(|e| self.fail(e))?;
+            let mut live = tx.open_table(LIVE).map_err(|e| self.fail(e))?;
             let mut meta = tx.open_table(META).map_err(|e| self.fail(e))?;
             let mut leases = tx.open_table(LEASES).map_err(|e| self.fail(e))?;
             let mut lease_keys = tx.open_table(LEASE_KEYS).map_err(|e| self.fail(e))?;
@@ -731,19 +746,20 @@ impl Mvcc {
                         // Rows come in (key, revision) order: the last one of a key is its
                         // newest.
                         if dump::is_tombstone(&e.record).map_err(|e| self.fail(e))? {
-                            current.remove(e.key.as_slice()).map_err(|e| self.fail(e))?;
+                            live.remove(e.key.as_slice()).map_err(|e| self.fail(e))?;
                         } else {
-                            current
-                                .insert(e.key.as_slice(), e.record.as_slice())
+                            live.insert(e.key.as_slice(), e.revision)
                                 .map_err(|e| self.fail(e))?;
                         }
                     }
                 }
             }
             // The keys attached to leases: those of the live keys.
-            for row in current.iter().map_err(|e| self.fail(e))? {
-                let (k, v) = row.map_err(|e| self.fail(e))?;
-                let kv = decode_kv(k.value(), v.value()).map_err(|e| self.fail(e))?;
+            for row in live.iter().map_err(|e| self.fail(e))? {
+                let (k, rev) = row.map_err(|e| self.fail(e))?;
+                let record = range::live_record(&history, k.value(), rev.value())
+                    .map_err(|e| self.fail(e))?;
+                let kv = decode_kv(k.value(), record.value()).map_err(|e| self.fail(e))?;
                 if kv.lease != 0 {
                     lease_keys
                         .insert((kv.lease, k.value()), ())
@@ -772,6 +788,40 @@ pub struct DumpSummary {
     /// Rows of history (every kept version of every key, tombstones included).
     pub versions: u64,
     pub leases: u64,
+}
+
+/// Brings the file at `path` to [`FORMAT`] inside `tx`; `Ok(Err(why))` refuses a newer format.
+fn upgrade(tx: &redb::WriteTransaction, path: &str) -> Result<Result<(), String>, redb::Error> {
+    use redb::TableHandle;
+    let mut meta = tx.open_table(META)?;
+    let format = meta_get(&meta, "format")?;
+    if format > FORMAT {
+        return Ok(Err(format!(
+            "the file has format {format}, written by a newer etcd-node; this one reads formats \
+             up to {FORMAT}. Run the version that wrote it (a data directory cannot be \
+             downgraded: restore a snapshot into a new one instead)"
+        )));
+    }
+    if format == FORMAT {
+        return Ok(Ok(()));
+    }
+    let format1 = tx
+        .list_tables()?
+        .any(|t| t.name() == FORMAT1_CURRENT.name());
+    if format1 {
+        let mut live = tx.open_table(LIVE)?;
+        for row in tx.open_table(FORMAT1_CURRENT)?.iter()? {
+            let (k, v) = row?;
+            let kv = decode_kv(k.value(), v.value())?;
+            live.insert(k.value(), kv.mod_revision as u64)?;
+        }
+        drop(live);
+        tx.delete_table(FORMAT1_CURRENT)?;
+        tracing::info!(path, "key-space file upgraded from format 1 to {FORMAT}");
+    }
+    tx.open_table(DOWNGRADE_GUARD)?;
+    meta.insert("format", FORMAT)?;
+    Ok(Ok(()))
 }
 
 /// A stored record back into a `KeyValue` (the key is not stored in the record).

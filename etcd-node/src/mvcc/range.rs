@@ -22,40 +22,50 @@ pub struct RangeOutput {
 
 pub(super) trait HistoryTable: ReadableTable<(&'static [u8], u64), &'static [u8]> {}
 impl<T: ReadableTable<(&'static [u8], u64), &'static [u8]>> HistoryTable for T {}
-pub(super) trait CurrentTable: ReadableTable<&'static [u8], &'static [u8]> {}
-impl<T: ReadableTable<&'static [u8], &'static [u8]>> CurrentTable for T {}
+pub(super) trait LiveTable: ReadableTable<&'static [u8], u64> {}
+impl<T: ReadableTable<&'static [u8], u64>> LiveTable for T {}
+
+/// The history record of a live key whose newest revision is `rev` (the `live` table says
+/// which; its history row is never compacted away, so a missing one is damage).
+pub(super) fn live_record<'h>(
+    history: &'h impl HistoryTable,
+    key: &[u8],
+    rev: u64,
+) -> Result<redb::AccessGuard<'h, &'static [u8]>, redb::Error> {
+    match history.get((key, rev))? {
+        Some(v) => Ok(v),
+        None => Err(redb::StorageError::Corrupted(format!(
+            "key {key:?} is live at revision {rev} but its history has no row there"
+        ))
+        .into()),
+    }
+}
 
 /// Calls `f` with each live key of `[start, end)` at the newest revision, in key order, until
 /// it returns false. `f` gets the key and its stored record.
 pub(super) fn scan_current(
-    current: &impl CurrentTable,
+    live: &impl LiveTable,
+    history: &impl HistoryTable,
     start: &[u8],
     end: &[u8],
     mut f: impl FnMut(&[u8], &[u8]) -> Result<bool, redb::Error>,
 ) -> Result<(), redb::Error> {
-    match end {
+    let rows = match end {
         [] => {
-            if let Some(v) = current.get(start)? {
-                f(start, v.value())?;
+            if let Some(rev) = live.get(start)? {
+                f(start, live_record(history, start, rev.value())?.value())?;
             }
             return Ok(());
         }
-        [0] => {
-            for row in current.range::<&[u8]>(start..)? {
-                let (k, v) = row?;
-                if !f(k.value(), v.value())? {
-                    break;
-                }
-            }
-        }
-        _ if end <= start => {}
-        _ => {
-            for row in current.range::<&[u8]>(start..end)? {
-                let (k, v) = row?;
-                if !f(k.value(), v.value())? {
-                    break;
-                }
-            }
+        [0] => live.range::<&[u8]>(start..)?,
+        _ if end <= start => return Ok(()),
+        _ => live.range::<&[u8]>(start..end)?,
+    };
+    for row in rows {
+        let (k, rev) = row?;
+        let key = k.value();
+        if !f(key, live_record(history, key, rev.value())?.value())? {
+            break;
         }
     }
     Ok(())
@@ -127,14 +137,14 @@ fn is_tombstone(key: &[u8], record: &[u8]) -> Result<bool, redb::Error> {
 /// Calls `f` with the live keys of `[start, end)` at revision `at` (None: the newest).
 pub(super) fn scan(
     history: &impl HistoryTable,
-    current: &impl CurrentTable,
+    live: &impl LiveTable,
     start: &[u8],
     end: &[u8],
     at: Option<u64>,
     f: impl FnMut(&[u8], &[u8]) -> Result<bool, redb::Error>,
 ) -> Result<(), redb::Error> {
     match at {
-        None => scan_current(current, start, end, f),
+        None => scan_current(live, history, start, end, f),
         Some(at) => scan_history(history, start, end, at, f),
     }
 }
@@ -143,7 +153,7 @@ pub(super) fn scan(
 /// `compacted`.
 pub(super) fn range(
     history: &impl HistoryTable,
-    current: &impl CurrentTable,
+    live: &impl LiveTable,
     revision: u64,
     compacted: u64,
     req: &PbRangeRequest,
@@ -177,20 +187,13 @@ pub(super) fn range(
         revision,
         ..Default::default()
     };
-    scan(
-        history,
-        current,
-        &req.key,
-        &req.range_end,
-        at,
-        |k, record| {
-            out.count += 1;
-            if out.kvs.len() < keep {
-                out.kvs.push(decode_kv(k, record)?);
-            }
-            Ok(true)
-        },
-    )?;
+    scan(history, live, &req.key, &req.range_end, at, |k, record| {
+        out.count += 1;
+        if out.kvs.len() < keep {
+            out.kvs.push(decode_kv(k, record)?);
+        }
+        Ok(true)
+    })?;
     out.kvs.retain(|kv| {
         (req.max_mod_revision == 0 || kv.mod_revision <= req.max_mod_revision)
             && (req.min_mod_revision == 0 || kv.mod_revision >= req.min_mod_revision)

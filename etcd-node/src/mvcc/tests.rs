@@ -911,3 +911,104 @@ fn rewritten(
     rewrite(dump, &mut out, &members, bump, mark_compacted)?;
     Ok(out)
 }
+
+/// A key-space file as format 1 wrote it: every live record also in `current`.
+fn write_format1(path: &Path, rows: &[(&str, u64, PbKeyValue)]) {
+    let db = redb::Database::create(path).unwrap();
+    let tx = db.begin_write().unwrap();
+    {
+        let mut history = tx.open_table(HISTORY).unwrap();
+        let mut current = tx.open_table(FORMAT1_CURRENT).unwrap();
+        let mut meta = tx.open_table(META).unwrap();
+        for (key, rev, kv) in rows {
+            let record = kv.encode_to_vec();
+            history
+                .insert((key.as_bytes(), *rev), record.as_slice())
+                .unwrap();
+            if kv.version == 0 {
+                current.remove(key.as_bytes()).unwrap();
+            } else {
+                current.insert(key.as_bytes(), record.as_slice()).unwrap();
+            }
+            meta.insert("revision", *rev).unwrap();
+        }
+    }
+    tx.commit().unwrap();
+}
+
+fn kv(value: &str, create: i64, rev: i64, version: i64) -> PbKeyValue {
+    PbKeyValue {
+        value: value.into(),
+        create_revision: create,
+        mod_revision: rev,
+        version,
+        ..Default::default()
+    }
+}
+
+#[test]
+fn a_format1_file_is_upgraded_and_a_format1_binary_refuses_the_result() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("kv.redb");
+    write_format1(
+        &path,
+        &[
+            ("a", 2, kv("1", 2, 2, 1)),
+            ("a", 3, kv("2", 2, 3, 2)),
+            ("b", 4, kv("x", 4, 4, 1)),
+            ("c", 5, kv("y", 5, 5, 1)),
+            ("c", 6, kv("", 0, 6, 0)),
+        ],
+    );
+    let mvcc = Mvcc::open(&path).unwrap();
+    let mut f = Fixture {
+        _dir: dir,
+        mvcc,
+        index: 0,
+    };
+    assert_eq!(f.values(&get("a", "\0")), pairs(&[("a", "2"), ("b", "x")]));
+    let a = &f.range(&get("a", "")).unwrap().kvs[0];
+    assert_eq!((a.create_revision, a.mod_revision, a.version), (2, 3, 2));
+    f.apply(put("a", "3")).unwrap();
+    let a = &f.range(&get("a", "")).unwrap().kvs[0];
+    assert_eq!((a.mod_revision, a.version), (7, 3));
+    let old = PbRangeRequest {
+        revision: 5,
+        ..get("a", "\0")
+    };
+    assert_eq!(f.values(&old), pairs(&[("a", "2"), ("b", "x"), ("c", "y")]));
+
+    // A binary of format 1 opens `current` as key -> record: the types differ, it fails.
+    let path = f._dir.path().join("kv.redb");
+    drop(f.mvcc);
+    let db = redb::Database::open(&path).unwrap();
+    let tx = db.begin_write().unwrap();
+    let err = tx.open_table(FORMAT1_CURRENT).map(|_| ()).unwrap_err();
+    assert!(
+        matches!(err, redb::TableError::TableTypeMismatch { .. }),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_file_of_a_newer_format_is_refused_with_what_to_do() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("kv.redb");
+    drop(Mvcc::open(&path).unwrap());
+    {
+        let db = redb::Database::open(&path).unwrap();
+        let tx = db.begin_write().unwrap();
+        tx.open_table(META)
+            .unwrap()
+            .insert("format", FORMAT + 1)
+            .unwrap();
+        tx.commit().unwrap();
+    }
+    let err = Mvcc::open(&path).unwrap_err().to_string();
+    assert!(
+        err.contains(&format!("has format {}", FORMAT + 1))
+            && err.contains("written by a newer etcd-node")
+            && err.contains("restore a snapshot"),
+        "{err}"
+    );
+}
