@@ -17,8 +17,11 @@ use crate::raft::{
     Entry, HardState, KnownWitness, MemStorage, Membership, Ready, Snapshot, SnapshotMeta, Storage,
 };
 
-/// Snapshot files kept after a compaction.
-const KEEP_SNAPSHOTS: usize = 5;
+/// Snapshot files kept after a compaction: only the newest. Each is a dump of the whole key
+/// space (not, as etcd's `.snap` files, a few kilobytes of metadata), and an older one could
+/// not be used anyway: the WAL is released up to the newest, so starting from an older one
+/// finds entries missing and refuses (`StorageError::Inconsistent`).
+const KEEP_SNAPSHOTS: usize = 1;
 
 #[derive(Debug)]
 pub struct DiskStorage {
