@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use e2e_tests::azurite::Azurite;
 use e2e_tests::cluster::{Cluster, etcdctl, etcdctl_for, two_hashes_agree};
+use e2e_tests::free_port;
 use etcd_client::{
     Client, EventType, GetOptions, WatchFilterType, WatchOptions, WatchResponse, WatchStream,
 };
@@ -24,6 +25,29 @@ fn bins() -> (&'static Path, &'static Path) {
 fn cluster() -> Cluster {
     let (node, etcdutl) = bins();
     Cluster::start(node, etcdutl, &[])
+}
+
+/// Waits up to 30 s for member `i` to exit by itself; fails saying `what`, with its log.
+fn wait_exited(c: &mut Cluster, i: usize, what: &str) {
+    let started = Instant::now();
+    while !c.exited(i) {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "{what}:\n{}",
+            c.log(i)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// etcdctl failed, saying `what`.
+fn refused_with(out: Output, what: &str) {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && stderr.contains(what),
+        "expected etcdctl to fail with {what:?}: {}{stderr}",
+        String::from_utf8_lossy(&out.stdout)
+    );
 }
 
 fn ok(out: Output) -> String {
@@ -949,6 +973,71 @@ fn member_id(list: &str, name: &str) -> String {
         .to_string()
 }
 
+/// A member removed while it was frozen (SIGSTOP) never applies its own removal. Resumed, it
+/// campaigns; its former peers refuse its messages as etcd's do, and it stops with a message
+/// instead of campaigning in vain. Its data directory then refuses to start, saying why.
+#[test]
+fn a_member_removed_while_away_is_refused_and_stops() {
+    let mut c = cluster();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let leader = c.wait_leader(LEADER_WAIT);
+    let lead_ep = c.members[leader].url();
+    let eps = vec![lead_ep.clone()];
+    // A third regular member, so that one can be removed (a witness needs two beside it).
+    let new = c.new_member("n3");
+    let peer = format!("--peer-urls={}", c.members[new].peer_url());
+    let added = ok(etcdctl(
+        &eps,
+        &["member", "add", "n3", &peer, "--learner"],
+        None,
+    ));
+    let new_id = added.split_whitespace().nth(1).unwrap().to_string();
+    c.start_member(new);
+    assert!(rt.block_on(put_until(&lead_ep, "k0", "v0", Duration::from_secs(30))));
+    let started = Instant::now();
+    while !etcdctl(&eps, &["member", "promote", &new_id], None)
+        .status
+        .success()
+    {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "n3 never promotable"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let away = if leader == 0 { 1 } else { 0 };
+    let away_id = member_id(
+        &ok(etcdctl(&eps, &["member", "list"], None)),
+        &c.members[away].name,
+    );
+    c.pause(away);
+    ok(etcdctl(&eps, &["member", "remove", &away_id], None));
+    for i in 1..20 {
+        assert!(rt.block_on(put_until(
+            &lead_ep,
+            &format!("k{i}"),
+            "v",
+            Duration::from_secs(30)
+        )));
+    }
+    c.resume(away);
+    wait_exited(&mut c, away, "the removed member kept running");
+    let log = c.log(away);
+    assert!(
+        log.contains("the member has been permanently removed from the cluster")
+            && log.contains("must not be used again"),
+        "{log}"
+    );
+    // Started again on its data directory: refused at once, with the same words.
+    c.kill(away); // (reaps the exited process)
+    c.start_member(away);
+    wait_exited(&mut c, away, "it started again");
+    let log = c.log(away);
+    assert!(log.matches("must not be used again").count() >= 2, "{log}");
+    // The cluster went on: n3 and the leader hold every write.
+    assert!(rt.block_on(put_until(&lead_ep, "after", "v", Duration::from_secs(30))));
+}
+
 /// Replacing a member whose machine is gone, as an etcd operator would: the follower dies for
 /// good; `etcdctl member add --learner` registers a new machine, which starts with
 /// `--initial-cluster-state existing`, receives the key space as a snapshot, is promoted, and
@@ -995,6 +1084,21 @@ fn a_dead_member_is_replaced_through_the_membership_api() {
         added.contains("ETCD_INITIAL_CLUSTER_STATE=\"existing\""),
         "{added}"
     );
+    // As etcd: a learner that holds none of the log yet is not promoted, and a second learner
+    // is one past --experimental-max-learners (1).
+    refused_with(
+        etcdctl(&eps, &["member", "promote", &new_id], None),
+        "etcdserver: can only promote a learner member which is in sync with leader",
+    );
+    let other_peer = format!("--peer-urls=http://127.0.0.1:{}", free_port());
+    refused_with(
+        etcdctl(
+            &eps,
+            &["member", "add", "n4", &other_peer, "--learner"],
+            None,
+        ),
+        "etcdserver: too many learner members in cluster",
+    );
     c.start_member(new);
     let new_ep = c.members[new].url();
     rt.block_on(wait_caught_up(&new_ep, "r", &acked));
@@ -1004,8 +1108,34 @@ fn a_dead_member_is_replaced_through_the_membership_api() {
             .any(|l| l.starts_with(&new_id) && l.ends_with("true")),
         "n3 is a learner: {list}"
     );
+    // A learner serves what etcd's learners serve: serializable reads and Status.
+    let learner = [new_ep.clone()];
+    assert_eq!(
+        ok(etcdctl(&learner, &["get", "r000", "--consistency=s"], None)),
+        "r000\nv0\n"
+    );
+    ok(etcdctl(&learner, &["endpoint", "status"], None));
+    for args in [
+        &["get", "r000"][..],
+        &["put", "k", "v"],
+        &["member", "list"],
+    ] {
+        refused_with(
+            etcdctl(&learner, args, None),
+            "etcdserver: rpc not supported for learner",
+        );
+    }
     // A learner does not vote: the promotion makes it one.
     ok(etcdctl(&eps, &["member", "promote", &new_id], None));
+    // (once the new voter has applied its promotion, it serves writes)
+    let started = Instant::now();
+    while !etcdctl(&learner, &["put", "k", "v"], None).status.success() {
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "the promoted member never served a put"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
     ok(etcdctl(&eps, &["member", "remove", &dead_id], None));
     let list = ok(etcdctl(&eps, &["member", "list"], None));
     assert_eq!(list.lines().count(), 3, "n1, n3 and the witness: {list}");
@@ -1034,14 +1164,7 @@ fn joining_without_member_add_is_refused_with_the_fix() {
     c.wait_leader(LEADER_WAIT);
     let new = c.new_member("n3");
     c.start_member(new);
-    let started = Instant::now();
-    while !c.exited(new) {
-        assert!(
-            started.elapsed() < Duration::from_secs(20),
-            "n3 kept running"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    wait_exited(&mut c, new, "n3 kept running");
     let log = c.log(new);
     assert!(
         log.contains("etcdctl member add n3 --peer-urls=http://127.0.0.1:"),

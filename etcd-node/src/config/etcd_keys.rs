@@ -49,7 +49,6 @@ const NO_EFFECT: &[(&str, bool)] = &[
     ("experimental-compaction-sleep-interval", true),
     ("experimental-warning-apply-duration", true),
     ("experimental-bootstrap-defrag-threshold-megabytes", true),
-    ("experimental-max-learners", true),
     ("experimental-distributed-tracing-address", true),
     ("experimental-distributed-tracing-service-name", true),
     ("experimental-distributed-tracing-instance-id", true),

@@ -190,6 +190,10 @@ pub struct Flags {
     /// --peer-auto-tls, in years.
     #[arg(long, env = "ETCD_SELF_SIGNED_CERT_VALIDITY", default_value_t = 1)]
     pub self_signed_cert_validity: u32,
+    /// The most learners the cluster may have at once (`member add --learner` past it is
+    /// refused).
+    #[arg(long, env = "ETCD_EXPERIMENTAL_MAX_LEARNERS", default_value_t = 1)]
+    pub experimental_max_learners: usize,
     /// Reject requests larger than this many bytes (etcd's default: 1.5 MiB).
     #[arg(long, env = "ETCD_MAX_REQUEST_BYTES", default_value_t = 1536 * 1024)]
     pub max_request_bytes: u64,
@@ -329,6 +333,8 @@ pub struct ServerConfig {
     /// Years the auto-TLS certificates are valid.
     pub self_signed_cert_validity: u32,
     pub max_request_bytes: usize,
+    /// `--experimental-max-learners`.
+    pub max_learners: usize,
     pub auto_compaction: Option<AutoCompaction>,
     /// etcd flags or keys that were set but have no effect here (named in a WARN at start).
     pub ignored: Vec<String>,
@@ -737,6 +743,7 @@ impl ServerConfig {
             tls_policy,
             self_signed_cert_validity: f.self_signed_cert_validity,
             max_request_bytes,
+            max_learners: f.experimental_max_learners,
             auto_compaction,
             ignored: Vec::new(),
         })

@@ -42,6 +42,10 @@ pub(super) struct PbDump {
     pub alarms: Vec<PbAlarmMember>,
     #[prost(message, repeated, tag = "7")]
     pub auth: Vec<PbDumpAuthRow>,
+    /// The members removed from the cluster (one varint field each: a reader from before
+    /// skips them).
+    #[prost(uint64, repeated, packed = "false", tag = "8")]
+    pub removed: Vec<u64>,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
@@ -70,6 +74,7 @@ pub(super) enum Part {
     Lease(PbDumpLease),
     Alarm(PbAlarmMember),
     Auth(PbDumpAuthRow),
+    Removed(u64),
 }
 
 /// The largest field a dump may hold: a record is at most a request (a few MiB); a larger
@@ -144,7 +149,10 @@ impl<R: Read> Parts<R> {
                         Part::Compacted(v)
                     }));
                 }
-                (1..=7, _) if field <= 2 || wire != 2 => {
+                (8, 0) => {
+                    return Ok(Some(Part::Removed(self.varint(false)?.unwrap_or_default())));
+                }
+                (1..=8, _) if field <= 2 || field == 8 || wire != 2 => {
                     return Err(self.bad(format!("field {field} has wire type {wire}")));
                 }
                 (_, 0) => {
@@ -188,6 +196,7 @@ pub(super) fn write_part(out: &mut dyn Write, part: &Part) -> io::Result<()> {
         Part::Lease(l) => message::encode(5, l, &mut buf),
         Part::Alarm(a) => message::encode(6, a, &mut buf),
         Part::Auth(r) => message::encode(7, r, &mut buf),
+        Part::Removed(id) => uint64::encode(8, id, &mut buf),
     }
     out.write_all(&buf)
 }
@@ -249,7 +258,7 @@ impl Tally {
                 }
             }
             Part::Lease(_) => s.leases += 1,
-            Part::Member(_) | Part::Alarm(_) | Part::Auth(_) => {}
+            Part::Member(_) | Part::Alarm(_) | Part::Auth(_) | Part::Removed(_) => {}
         }
         Ok(())
     }
@@ -310,7 +319,8 @@ pub fn rewrite(
         match part {
             Part::Revision(r) => revision = r,
             Part::Compacted(c) => compacted = c,
-            Part::Member(_) | Part::Alarm(_) => {}
+            // (a restored cluster has new members: the old ones' removals mean nothing there)
+            Part::Member(_) | Part::Alarm(_) | Part::Removed(_) => {}
             Part::Auth(mut row) => {
                 if row.key == "secret" {
                     use sha2::{Digest, Sha256};
@@ -420,14 +430,15 @@ mod tests {
                 key: "secret".into(),
                 value: vec![1, 2],
             }],
+            removed: vec![5, 6],
         };
         let mut bytes = dump.encode_to_vec();
         // An unknown varint, fixed64, length-delimited and fixed32 field.
         for (key, extra) in [
-            (8 << 3, vec![0x96, 0x01]),
-            ((9 << 3) | 1, vec![0; 8]),
-            ((10 << 3) | 2, vec![2, 0xaa, 0xbb]),
-            ((11 << 3) | 5, vec![0; 4]),
+            (12 << 3, vec![0x96, 0x01]),
+            ((13 << 3) | 1, vec![0; 8]),
+            ((14 << 3) | 2, vec![2, 0xaa, 0xbb]),
+            ((15 << 3) | 5, vec![0; 4]),
         ] {
             encode_varint(key, &mut bytes);
             bytes.extend(extra);
@@ -443,6 +454,7 @@ mod tests {
                 Part::Lease(l) => back.leases.push(l),
                 Part::Alarm(a) => back.alarms.push(a),
                 Part::Auth(r) => back.auth.push(r),
+                Part::Removed(id) => back.removed.push(id),
             }
         }
         assert_eq!(back, dump);

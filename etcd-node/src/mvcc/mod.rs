@@ -17,6 +17,8 @@
 //! - `members`: member id -> etcd's `Member` (name, peer URLs, learner flag): the cluster's
 //!   members as the applied configuration changes left them, seeded at bootstrap from
 //!   `--initial-cluster`;
+//! - `removed`: member id -> nothing: every member an applied change removed (ids are never
+//!   reused), so that their messages are refused;
 //! - `leases`: lease id -> its granted TTL in seconds (when it expires is the leader's business,
 //!   in memory: a revoke goes through Raft);
 //! - `lease_keys`: (lease id, key) -> nothing: the live keys attached to each lease;
@@ -36,6 +38,7 @@ pub mod events;
 mod range;
 pub mod request;
 
+use std::collections::BTreeSet;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{PoisonError, RwLock, RwLockReadGuard};
@@ -60,6 +63,7 @@ const FORMAT1_CURRENT: TableDefinition<&[u8], &[u8]> = TableDefinition::new("cur
 const DOWNGRADE_GUARD: TableDefinition<u64, ()> = TableDefinition::new("current");
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 const MEMBERS: TableDefinition<u64, &[u8]> = TableDefinition::new("members");
+const REMOVED: TableDefinition<u64, ()> = TableDefinition::new("removed");
 const LEASES: TableDefinition<i64, i64> = TableDefinition::new("leases");
 const LEASE_KEYS: TableDefinition<(i64, &[u8]), ()> = TableDefinition::new("lease_keys");
 const ALARMS: TableDefinition<(u64, i32), ()> = TableDefinition::new("alarms");
@@ -165,6 +169,8 @@ pub struct Mvcc {
     /// The encoded size of what was applied since the last durable commit: redb may hold those
     /// pages in memory, not in the file yet, so [`Mvcc::db_size`] adds it.
     unsynced_bytes: AtomicU64,
+    /// The `removed` table, as applied (the peer service asks at every message).
+    removed: RwLock<BTreeSet<u64>>,
 }
 
 /// Where the store stands.
@@ -200,6 +206,7 @@ impl Mvcc {
             path: name.clone(),
             auth_on: AtomicBool::new(false),
             unsynced_bytes: AtomicU64::new(0),
+            removed: RwLock::default(),
         };
         let tx = mvcc.db().begin_write().map_err(|e| err(&e))?;
         upgrade(&tx, &name)
@@ -209,6 +216,7 @@ impl Mvcc {
             tx.open_table(HISTORY).map_err(|e| err(&e))?;
             tx.open_table(LIVE).map_err(|e| err(&e))?;
             tx.open_table(MEMBERS).map_err(|e| err(&e))?;
+            tx.open_table(REMOVED).map_err(|e| err(&e))?;
             tx.open_table(LEASES).map_err(|e| err(&e))?;
             tx.open_table(LEASE_KEYS).map_err(|e| err(&e))?;
             tx.open_table(ALARMS).map_err(|e| err(&e))?;
@@ -220,6 +228,7 @@ impl Mvcc {
         }
         tx.commit().map_err(|e| err(&e))?;
         mvcc.refresh_auth_on()?;
+        mvcc.refresh_removed()?;
         Ok(mvcc)
     }
 
@@ -355,6 +364,22 @@ impl Mvcc {
         self.read_members(&tx)
     }
 
+    /// Did an applied change remove member `id` from the cluster?
+    pub fn was_removed(&self, id: u64) -> bool {
+        self.removed
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .contains(&id)
+    }
+
+    fn refresh_removed(&self) -> Result<(), StoreError> {
+        let db = self.db();
+        let tx = db.begin_read().map_err(|e| self.fail(e))?;
+        let ids = read_removed(&tx).map_err(|e| self.fail(e))?;
+        *self.removed.write().unwrap_or_else(PoisonError::into_inner) = ids.into_iter().collect();
+        Ok(())
+    }
+
     /// The members as `tx` sees them.
     fn read_members(&self, tx: &redb::ReadTransaction) -> Result<Vec<PbMember>, StoreError> {
         let table = tx.open_table(MEMBERS).map_err(|e| self.fail(e))?;
@@ -419,6 +444,9 @@ impl Mvcc {
                             let mut members = tx.open_table(MEMBERS).map_err(|e| self.fail(e))?;
                             if c.remove {
                                 members.remove(m.id).map_err(|e| self.fail(e))?;
+                                let mut removed =
+                                    tx.open_table(REMOVED).map_err(|e| self.fail(e))?;
+                                removed.insert(m.id, ()).map_err(|e| self.fail(e))?;
                             } else {
                                 members
                                     .insert(m.id, m.encode_to_vec().as_slice())
@@ -468,6 +496,12 @@ impl Mvcc {
         });
         if auth_changed {
             self.refresh_auth_on()?;
+        }
+        if entries
+            .iter()
+            .any(|(_, c)| matches!(c, Command::Member(m) if m.remove))
+        {
+            self.refresh_removed()?;
         }
         Ok(outcome)
     }
@@ -665,6 +699,7 @@ impl View<'_> {
                 .map(|(id, ttl)| PbDumpLease { id, ttl })
                 .collect(),
             alarms: read_alarms(tx).map_err(|e| m.fail(e))?,
+            removed: read_removed(tx).map_err(|e| m.fail(e))?,
             auth: read_auth(tx, "")
                 .map_err(|e| m.fail(e))?
                 .into_iter()
@@ -704,6 +739,7 @@ impl Mvcc {
         tx.delete_table(ALARMS).map_err(|e| self.fail(e))?;
         {
             let mut members = tx.open_table(MEMBERS).map_err(|e| self.fail(e))?;
+            let mut removed = tx.open_table(REMOVED).map_err(|e| self.fail(e))?;
             let mut history = tx.open_table(HISTORY).map_err(|e| self.fail(e))?;
             let mut live = tx.open_table(LIVE).map_err(|e| self.fail(e))?;
             let mut meta = tx.open_table(META).map_err(|e| self.fail(e))?;
@@ -729,6 +765,10 @@ impl Mvcc {
                     }
                     Part::Lease(l) => {
                         leases.insert(l.id, l.ttl).map_err(|e| self.fail(e))?;
+                    }
+                    // (added to what this member knows: a dump from before the table has none)
+                    Part::Removed(id) => {
+                        removed.insert(id, ()).map_err(|e| self.fail(e))?;
                     }
                     Part::Auth(row) => {
                         auth.insert(row.key.as_str(), row.value.as_slice())
@@ -774,7 +814,8 @@ impl Mvcc {
         }
         tx.commit().map_err(|e| self.fail(e))?;
         drop(db); // (see `apply`)
-        self.refresh_auth_on()
+        self.refresh_auth_on()?;
+        self.refresh_removed()
     }
 }
 
@@ -844,6 +885,15 @@ fn read_auth(
             break;
         }
         out.push((k.value().to_string(), v.value().to_vec()));
+    }
+    Ok(out)
+}
+
+/// The ids of the removed members.
+fn read_removed(tx: &redb::ReadTransaction) -> Result<Vec<u64>, redb::Error> {
+    let mut out = Vec::new();
+    for row in tx.open_table(REMOVED)?.iter()? {
+        out.push(row?.0.value());
     }
     Ok(out)
 }

@@ -33,7 +33,7 @@ use witness_core::rules::{AppendReply, AppendRequest, Caller, VoteRequest};
 
 use super::config::Config;
 use super::log::RaftLog;
-use super::membership::{ConfChange, Membership};
+use super::membership::{ChangeKind, ConfChange, Membership};
 use super::mutation::Mutation;
 use super::progress::Progress;
 use super::replication_set::{self, Liveness};
@@ -42,6 +42,10 @@ use super::types::{
     Body, Entry, EntryData, HardState, KnownWitness, Message, NONE, NodeId, ReadState, Ready,
     Snapshot, SnapshotMeta, WitnessRequest, WitnessResponse,
 };
+
+/// The share of the leader's log a learner must hold to be promoted, in percent (etcd's
+/// `readyPercent`, 0.9).
+const LEARNER_READY_PERCENT: u64 = 90;
 
 /// A node's role.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -680,6 +684,21 @@ impl Raft {
             .membership
             .apply(cc)
             .map_err(Refused::InvalidConfChange)?;
+        // etcd's readiness rule: a learner is promoted only once it holds at least 90% of the
+        // leader's log, so the new voter does not hold the quorum back while it catches up.
+        let leader_match = self.match_of(self.cfg.id);
+        for c in &cc.changes {
+            let promoted =
+                c.kind == ChangeKind::AddVoter && self.membership.learners.contains(&c.node);
+            if promoted
+                && u128::from(self.match_of(c.node)) * 100
+                    < u128::from(leader_match) * u128::from(LEARNER_READY_PERCENT)
+            {
+                return Err(Refused::InvalidConfChange(
+                    "can only promote a learner member which is in sync with leader".into(),
+                ));
+            }
+        }
         let w = next
             .witness()
             .filter(|&w| witness_usable && self.membership.witness() == Some(w));
@@ -1870,7 +1889,7 @@ impl Raft {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::raft::{MemStorage, Voters};
+    use crate::raft::{Change, MemStorage, Voters};
 
     /// docs/raft.md, "Bugs the simulator must catch": with four or more regular voters only the
     /// outgoing half's granting voters keep the witness from electing a candidate that misses a
@@ -1899,6 +1918,65 @@ mod tests {
         let vote = vote.expect("the witness's vote completes both halves at once");
         assert_eq!(vote.granted, vec![1]);
         assert_eq!(vote.granted_outgoing, vec![1]);
+    }
+
+    /// `member promote` of a learner that holds less than 90% of the leader's log is refused
+    /// with etcd's message; once it caught up, it is accepted.
+    #[test]
+    fn a_learner_is_promoted_only_once_in_sync() {
+        let members = Membership {
+            voters: Voters {
+                regular: [1].into_iter().collect(),
+                witness: None,
+            },
+            outgoing: None,
+            learners: [2].into_iter().collect(),
+        };
+        let mut cfg = Config::new(1);
+        cfg.pre_vote = false;
+        let mut raft = Raft::new(cfg, &MemStorage::bootstrap(members, None)).unwrap();
+        raft.campaign();
+        turn(&mut raft);
+        assert_eq!(raft.role(), Role::Leader);
+        for i in 0..20 {
+            raft.propose(vec![i]).unwrap();
+            turn(&mut raft);
+        }
+        let last = raft.log().last_index();
+        let promote = ConfChange {
+            changes: vec![Change {
+                kind: ChangeKind::AddVoter,
+                node: 2,
+            }],
+            witness_generation: 0,
+            context: Vec::new(),
+        };
+        let behind = last * LEARNER_READY_PERCENT / 100 - 1;
+        raft.step(from_2(
+            raft.term(),
+            Body::AppendResp {
+                index: behind,
+                reject: false,
+            },
+        ));
+        turn(&mut raft);
+        match raft.check_reconfig_quorum(&promote, false) {
+            Err(Refused::InvalidConfChange(why)) => assert_eq!(
+                why,
+                "can only promote a learner member which is in sync with leader"
+            ),
+            other => panic!("a learner at {behind} of {last} was promotable: {other:?}"),
+        }
+        raft.step(from_2(
+            raft.term(),
+            Body::AppendResp {
+                index: last,
+                reject: false,
+            },
+        ));
+        turn(&mut raft);
+        raft.check_reconfig_quorum(&promote, false)
+            .expect("a learner holding the whole log is promoted");
     }
 
     /// Carries out a Ready as a host whose disk and sends never fail; returns what it sent.

@@ -21,7 +21,7 @@ use super::contract::{self, Announced, Input, Status};
 use super::driver::Driver;
 use super::lessor::Lessor;
 use super::metrics::Metrics;
-use super::node::{Effects, Pending, RaftLoop};
+use super::node::{Effects, LoopError, Pending, RaftLoop};
 use super::peer::{self, Identity, MAX_FRAME_BYTES, PeerService, Peers};
 use super::watch_hub::WatchHub;
 use super::witness_probe;
@@ -130,6 +130,9 @@ async fn open_storage(
     let member_dir = cfg.data_dir.join("member");
     std::fs::create_dir_all(&member_dir)
         .with_context(|| format!("--data-dir: cannot create {}", member_dir.display()))?;
+    if let Ok(why) = std::fs::read_to_string(member_dir.join(REMOVED_MARK)) {
+        bail!("{why}");
+    }
     let (mut disk, report) = DiskStorage::open(&member_dir)?;
     if report.torn_bytes > 0 {
         tracing::warn!(
@@ -225,6 +228,31 @@ async fn open_storage(
         );
     }
     Ok((disk, mvcc, ids))
+}
+
+/// The file that marks a data directory whose member was removed while it was away (its own
+/// key space never applied the removal): the member refuses to start on it.
+const REMOVED_MARK: &str = "removed";
+
+/// Member `member` learned from member `by` that it was removed: marks its data directory so
+/// that it is never started again, and says what to do.
+fn removed(cfg: &ServerConfig, member: u64, by: u64) -> anyhow::Error {
+    let why = format!(
+        "member {member:x} was removed from the cluster (member {by:x} refuses its messages: {}); \
+         its data directory {} must not be used again (remove it, then `etcdctl member add` and \
+         start with --initial-cluster-state existing to rejoin)",
+        super::peer::MEMBER_REMOVED,
+        cfg.data_dir.display()
+    );
+    let mark = cfg.data_dir.join("member").join(REMOVED_MARK);
+    let written = std::fs::File::create(&mark).and_then(|mut f| {
+        std::io::Write::write_all(&mut f, why.as_bytes())?;
+        f.sync_all()
+    });
+    if let Err(e) = written {
+        tracing::error!(path = %mark.display(), error = %e, "could not mark the data directory as removed");
+    }
+    anyhow::anyhow!(why)
 }
 
 /// A new member's first reading of the witness `--initial-cluster` names, before it writes
@@ -528,6 +556,7 @@ pub async fn run(
         election_timeout: cfg.election_timeout,
         credentials: credentials(&cfg),
         max_request_bytes: cfg.max_request_bytes,
+        max_learners: cfg.max_learners,
         client_dialer: tls.client_dialer.clone(),
     };
     let (stop_tx, stop_rx) = watch::channel(false);
@@ -561,6 +590,10 @@ pub async fn run(
         let router = grpc
             .into_axum_router()
             .layer(axum::middleware::map_response(etcd_size_error))
+            .layer(axum::middleware::from_fn_with_state(
+                api.status.clone(),
+                api::learner_gate,
+            ))
             .layer(axum::middleware::from_fn_with_state(
                 api.metrics.clone(),
                 super::metrics::grpc_layer,
@@ -613,6 +646,7 @@ pub async fn run(
         () = shutdown => Ok(()),
         r = done_rx => match r {
             Ok(Ok(())) => Ok(()),
+            Ok(Err(LoopError::Removed { by })) => Err(removed(&cfg, ids.member, by)),
             Ok(Err(e)) => Err(anyhow::anyhow!(
                 "storage failure in --data-dir {}, stopping: {e}. Nothing more is \
                  acknowledged; what was acknowledged is durable. Fix the disk (a full one: \

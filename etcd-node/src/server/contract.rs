@@ -55,6 +55,10 @@ pub enum Input {
     LeasesApplied(Vec<LeaseApplied>),
     /// The applier failed to apply to the key space (the member must stop).
     ApplyFailed(String),
+    /// Member `by` refused this member's messages: it applied this member's removal.
+    RemovedByPeer {
+        by: NodeId,
+    },
     /// The loop's snapshot thread saved a snapshot of the key space (its data is in the file
     /// only), or why it could not.
     SnapshotSaved(Result<crate::raft::Snapshot, String>),
@@ -83,6 +87,8 @@ pub struct Status {
     /// The last entry applied to the key space (by the applier: readers wait for it).
     pub applied: u64,
     pub is_leader: bool,
+    /// This member is a learner (it serves only what etcd's learners serve).
+    pub is_learner: bool,
     /// How this member asks its witness, with what it saw of it (None: no witness).
     pub witness: Option<Caller>,
 }

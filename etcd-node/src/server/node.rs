@@ -88,6 +88,8 @@ pub struct Pending {
     last_snapshot: u64,
     /// Why the applier failed, once it did.
     apply_failed: Option<String>,
+    /// A member that refused this member's messages, as removed.
+    removed_by: Option<NodeId>,
     /// The thread saving a snapshot of the key space, while it runs.
     snapshotting: Option<std::thread::JoinHandle<()>>,
     /// What it saved (the snapshot, its data in the file only), or why it failed.
@@ -112,6 +114,10 @@ pub enum LoopError {
     Snapshot(String),
     #[error("applying to the key space: {0}")]
     Applier(String),
+    /// Not a storage failure: member `by` applied this member's removal and refuses its
+    /// messages.
+    #[error("member {by:x} refuses this member's messages: it was removed from the cluster")]
+    Removed { by: NodeId },
 }
 
 impl RaftLoop {
@@ -166,6 +172,14 @@ impl RaftLoop {
             if let Some(why) = self.fx.pending.apply_failed.take() {
                 return Err(LoopError::Applier(why));
             }
+            if let Some(by) = self.fx.pending.removed_by.take() {
+                let raft = &self.member.raft;
+                // (a leader, or a member whose log may hold the only copy of some entries,
+                // goes on until the removal rules let it stop: `removal::Removal`)
+                if raft.role() != Role::Leader && !raft.retiring() {
+                    return Err(LoopError::Removed { by });
+                }
+            }
             let turn = Instant::now();
             let removed = self.member.turn(&mut self.fx)?;
             self.maybe_snapshot()?;
@@ -200,6 +214,7 @@ impl RaftLoop {
             // (the applier's to publish)
             applied: self.status.borrow().applied,
             is_leader: raft.role() == Role::Leader,
+            is_learner: raft.membership().learners.contains(&raft.id()),
             witness: raft.witness_caller(),
         };
         let proposals = &self.member.proposals;
@@ -307,6 +322,7 @@ impl RaftLoop {
                 }
             }
             Input::ApplyFailed(why) => self.fx.pending.apply_failed = Some(why),
+            Input::RemovedByPeer { by } => self.fx.pending.removed_by = Some(by),
             Input::SnapshotSent {
                 to,
                 index,

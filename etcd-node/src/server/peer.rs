@@ -102,8 +102,13 @@ impl Peers {
             return;
         }
         let (envelopes, rx) = mpsc::channel(QUEUE);
-        self.runtime
-            .spawn(run_link(self.me.clone(), id, url.to_string(), rx));
+        self.runtime.spawn(run_link(
+            self.me.clone(),
+            id,
+            url.to_string(),
+            rx,
+            self.reports.clone(),
+        ));
         // One snapshot in the slot, one on its way: more would only repeat them.
         let (snapshots, rx) = mpsc::channel(1);
         let sender = SnapshotSender {
@@ -352,7 +357,17 @@ pub async fn fetch_members(
     Ok((reply.cluster_id, members))
 }
 
-async fn run_link(me: Identity, to: NodeId, url: String, mut rx: mpsc::Receiver<Envelope>) {
+/// What a member answers to the messages of a member it knows was removed (etcd's words); the
+/// removed member stops when it reads them.
+pub const MEMBER_REMOVED: &str = "the member has been permanently removed from the cluster";
+
+async fn run_link(
+    me: Identity,
+    to: NodeId,
+    url: String,
+    mut rx: mpsc::Receiver<Envelope>,
+    reports: Sender<Input>,
+) {
     let mut backoff = Duration::from_millis(100);
     if let Err(e) = tonic::transport::Endpoint::from_shared(url.clone()) {
         tracing::error!(peer = %url, error = %e, "bad peer URL; not connecting");
@@ -386,6 +401,13 @@ async fn run_link(me: Identity, to: NodeId, url: String, mut rx: mpsc::Receiver<
                     None => return, // the node stopped
                 },
                 ended = &mut call => {
+                    if let Ok(Err(status)) = &ended
+                        && status.message().starts_with(MEMBER_REMOVED)
+                    {
+                        tracing::error!(peer = %url, "{}", status.message());
+                        let _ = reports.send(Input::RemovedByPeer { by: to });
+                        return;
+                    }
                     tracing::debug!(peer = %url, result = ?ended.map(|r| r.map(|_| ())), "peer stream ended");
                     break;
                 }
@@ -578,6 +600,13 @@ impl PeerService {
                 "cluster id mismatch: this member is in cluster {:x}, the sender ({from:x}) in \
                  {cluster_id:x}; check --initial-cluster and --initial-cluster-token on both",
                 self.me.cluster_id
+            )));
+        }
+        if self.mvcc.was_removed(from) {
+            return Err(Status::failed_precondition(format!(
+                "{MEMBER_REMOVED}: member {from:x} was removed by a configuration change that \
+                 member {:x} applied; it must stop, and its data directory must not be used again",
+                self.me.member_id
             )));
         }
         if to != self.me.member_id {

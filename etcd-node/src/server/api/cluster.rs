@@ -74,6 +74,12 @@ impl PbClusterService for Cluster {
             Some(_) => vec![WitnessUrl::identity(&r.peer_ur_ls[0])],
             None => r.peer_ur_ls.clone(),
         };
+        if r.is_learner && members.iter().filter(|m| m.is_learner).count() >= self.api.max_learners
+        {
+            return Err(Status::failed_precondition(
+                "etcdserver: too many learner members in cluster",
+            ));
+        }
         let (name, generation) = witness.unwrap_or_default();
         let member = PbMember {
             id: crate::config::member_id(&hashed, &now.to_string()),

@@ -49,6 +49,8 @@ pub struct Api {
     pub credentials: crate::server::witness_slot::Credentials,
     /// `--max-request-bytes`: the largest write proposed (and watch response fragment).
     pub max_request_bytes: usize,
+    /// `--experimental-max-learners`: `member add --learner` past it is refused.
+    pub max_learners: usize,
     /// How this member calls other members' client URLs (the corruption check).
     pub client_dialer: crate::tls::Dialer,
 }
@@ -70,6 +72,27 @@ pub fn leader_check(
         }
         Ok(request)
     }
+}
+
+/// etcd's refusal of what a learner does not serve.
+pub fn not_for_learner() -> Status {
+    Status::unavailable("etcdserver: rpc not supported for learner")
+}
+
+/// The calls a learner serves, as etcd's: Status, and Range (only serializable: the Range
+/// handler refuses the others), every other call and stream refused with etcd's error. A
+/// learner holds no vote and may be far behind; a client balancing over the endpoints then
+/// moves on to a voter.
+pub async fn learner_gate(
+    axum::extract::State(status): axum::extract::State<status_watch::Receiver<NodeStatus>>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    const SERVED: [&str; 2] = ["/etcdserverpb.Maintenance/Status", "/etcdserverpb.KV/Range"];
+    if status.borrow().is_learner && !SERVED.contains(&request.uri().path()) {
+        return not_for_learner().into_http();
+    }
+    next.run(request).await
 }
 
 pub(super) fn internal(e: impl std::fmt::Display) -> Status {

@@ -35,6 +35,9 @@ impl PbKvService for Kv {
         let token = caller_of(&request);
         let req = request.into_inner();
         if !req.serializable {
+            if self.api.status.borrow().is_learner {
+                return Err(super::handle::not_for_learner());
+            }
             self.api.barrier().await?;
         }
         // After the barrier: a linearizable read sees every permission change committed

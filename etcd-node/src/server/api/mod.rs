@@ -22,7 +22,7 @@ use tonic::service::{Routes, interceptor::InterceptedService};
 
 use auth::Auth;
 use cluster::Cluster;
-pub use handle::{Api, leader_check};
+pub use handle::{Api, leader_check, learner_gate};
 use kv::Kv;
 use lease::Lease;
 use maintenance::Maintenance;
