@@ -37,5 +37,8 @@ cargo fmt --all -- --check
 echo "==> cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
+echo "==> building the previous release (the rolling-upgrade test starts from it)"
+bash scripts/build-previous.sh
+
 echo "==> cargo test"
 cargo test --workspace --locked

@@ -24,4 +24,5 @@ pub mod server;
 pub mod sim;
 pub mod storage;
 pub mod tls;
+pub mod version;
 pub mod witness;

@@ -2664,3 +2664,308 @@ fn an_oversized_request_is_resource_exhausted_as_etcd_answers() {
         "{status:?}"
     );
 }
+
+/// Member `i`'s `/version` page, parsed (null while the member does not answer).
+fn version_page(c: &Cluster, i: usize) -> serde_json::Value {
+    let Some((code, body)) = c.http_get(i, "/version") else {
+        return serde_json::Value::Null;
+    };
+    assert_eq!(code, 200, "{body}");
+    serde_json::from_str(&body).expect("/version is JSON")
+}
+
+/// Waits up to 30 s until every running member's `/version` satisfies `ok`.
+fn wait_versions(c: &Cluster, what: &str, ok: impl Fn(&serde_json::Value) -> bool) {
+    let started = Instant::now();
+    loop {
+        let pages: Vec<_> = (0..c.members.len())
+            .filter(|&i| c.members[i].is_running())
+            .map(|i| version_page(c, i))
+            .collect();
+        if pages.iter().all(&ok) {
+            return;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "{what}: /version pages {pages:?}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+const GATE: &str = "SnapshotCompression";
+
+/// Is the cluster feature on, as `/version` reports it?
+fn feature_on(v: &serde_json::Value) -> bool {
+    v["features"]
+        .as_array()
+        .is_some_and(|f| f.iter().any(|f| f == GATE))
+}
+
+/// A cluster feature is on only once every regular member turns it on: one member with
+/// `--feature-gates SnapshotCompression=true` leaves it off (in `/version` and in
+/// `etcd_server_feature_enabled`); once the second turns it on too, the leader records it and
+/// snapshots then travel compressed, and arrive whole.
+#[test]
+fn a_cluster_feature_stays_off_until_every_member_turns_it_on() {
+    let (node, etcdutl) = bins();
+    let mut c = Cluster::start(node, etcdutl, &["--snapshot-count", "50"]);
+    c.wait_leader(LEADER_WAIT);
+    let here = env!("CARGO_PKG_VERSION");
+    wait_versions(&c, "the cluster version is decided", |v| {
+        v["etcdnodecluster"] == here && v["etcdcluster"] == "3.5.0" && !feature_on(v)
+    });
+    let gate = format!("{GATE}=true");
+    c.stop(0);
+    c.start_member_with(0, &["--feature-gates", &gate], &[]);
+    c.wait_leader(LEADER_WAIT);
+    // Several rounds of the leader's decision, with member 0's gate announced.
+    std::thread::sleep(Duration::from_secs(4));
+    wait_versions(&c, "one member's gate leaves it off", |v| !feature_on(v));
+    let metric = format!("etcd_server_feature_enabled{{name=\"{GATE}\",stage=\"Alpha\"}}");
+    assert_eq!(c.metric(0, &metric), Some(0.0));
+    c.stop(1);
+    c.start_member_with(1, &["--feature-gates", &gate], &[]);
+    wait_versions(&c, "on once both turn it on", feature_on);
+    assert_eq!(c.metric(1, &metric), Some(1.0));
+    // The behaviour it gates: a lagging member gets a compressed snapshot, and the same data.
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let leader = c.wait_leader(LEADER_WAIT);
+    let follower = 1 - leader;
+    let ep = c.members[leader].url();
+    c.stop(follower);
+    let mut acked = Vec::new();
+    for i in 0..150 {
+        let (k, v) = (
+            format!("g{:03}", i % 60),
+            format!("v{i}-{}", "z".repeat(500)),
+        );
+        assert!(rt.block_on(put_until(&ep, &k, &v, Duration::from_secs(10))));
+        acked.retain(|(key, _)| *key != k);
+        acked.push((k, v));
+    }
+    acked.sort();
+    c.start_member_with(follower, &["--feature-gates", &gate], &[]);
+    rt.block_on(wait_caught_up(&c.members[follower].url(), "g", &acked));
+    let log = c.log(leader);
+    assert!(
+        log.lines()
+            .any(|l| l.contains("sent a snapshot") && l.contains("compressed=true")),
+        "no compressed snapshot sent; leader's log:\n{log}"
+    );
+    let a = rt.block_on(local_records(&ep, "g"));
+    let b = rt.block_on(local_records(&c.members[follower].url(), "g"));
+    assert_eq!(a, b, "records (key, value, version, create, mod) differ");
+}
+
+/// A member that announces a peer protocol the others do not speak (the failpoint
+/// `peer-protocol`) is refused with a message naming both versions; in a new cluster it stops
+/// instead of serving, saying so; restarted with a release the others speak, on the same data
+/// directory, it joins.
+#[test]
+fn a_new_cluster_with_mixed_peer_protocols_does_not_start() {
+    let (node, etcdutl) = bins();
+    let mut c = Cluster::prepare(node, etcdutl, &[]);
+    c.start_member_with(1, &[], &[("FAILPOINTS", "peer-protocol=return(9)")]);
+    c.start_member(0);
+    wait_exited(&mut c, 1, "the member of another protocol kept running");
+    let log = c.log(1);
+    assert!(
+        log.contains("must speak a common peer protocol")
+            && log.contains("peer protocol not spoken")
+            && log.contains("speaks peer protocol 9"),
+        "{log}"
+    );
+    c.kill(1);
+    // (member 0 may have stopped too, on member 1's refusal of its frames)
+    if c.exited(0) {
+        c.kill(0);
+        c.start_member(0);
+    }
+    c.start_member(1);
+    c.wait_leader(LEADER_WAIT);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    assert!(rt.block_on(put_any(&c.endpoints(), "k", "v", Duration::from_secs(30))));
+}
+
+/// The previous release's binaries (`scripts/build-previous.sh`, which builds them once from a
+/// pinned commit of this repository and caches them; the test suite builds them first).
+fn previous_release() -> (std::path::PathBuf, std::path::PathBuf) {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let out = std::process::Command::new("bash")
+        .arg(root.join("scripts/build-previous.sh"))
+        .current_dir(&root)
+        .output()
+        .expect("run scripts/build-previous.sh");
+    assert!(
+        out.status.success(),
+        "scripts/build-previous.sh failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let dir = root.join(String::from_utf8_lossy(&out.stdout).trim());
+    (dir.join("etcd-node"), dir.join("etcdutl"))
+}
+
+/// A rolling upgrade from the previous release, one member at a time, under steady writes:
+/// every acknowledged write is on both members afterwards; while the members' releases differ
+/// the cluster's version is the older one and a feature both new members turn on stays off;
+/// it turns on once the last member is upgraded. Prints the writes that failed and the
+/// longest pause between two acknowledged writes (measured, not asserted).
+#[test]
+fn a_rolling_upgrade_from_the_previous_release_keeps_every_write() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let (old_node, old_etcdutl) = previous_release();
+    let (node, _) = bins();
+    let mut c = Cluster::start(&old_node, &old_etcdutl, &[]);
+    c.wait_leader(LEADER_WAIT);
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let (stop, eps) = (stop.clone(), c.endpoints());
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Runtime::new().unwrap();
+            let (mut acked, mut failed, mut longest) = (Vec::new(), 0u32, Duration::ZERO);
+            let mut last = Instant::now();
+            let mut i = 0u32;
+            while !stop.load(Ordering::Relaxed) {
+                let (k, v) = (format!("u{i:06}"), format!("v{i}"));
+                if rt.block_on(put_any(&eps, &k, &v, Duration::from_secs(10))) {
+                    acked.push((k, v));
+                    longest = longest.max(last.elapsed());
+                    last = Instant::now();
+                } else {
+                    failed += 1;
+                }
+                i += 1;
+            }
+            (acked, failed, longest)
+        })
+    };
+    let gate = format!("{GATE}=true");
+    let here = env!("CARGO_PKG_VERSION");
+    std::thread::sleep(Duration::from_secs(2));
+    c.set_binary(node);
+    c.stop(0);
+    c.start_member_with(0, &["--feature-gates", &gate], &[]);
+    // Mixed: the cluster's version, once the upgraded member leads (an older leader decides
+    // nothing), is the older release's, and the feature stays off.
+    let all = c.endpoints();
+    let id0 = member_id(
+        &ok(etcdctl(&all, &["member", "list"], None)),
+        &c.members[0].name,
+    );
+    let started = Instant::now();
+    while c.metric(0, "etcd_server_is_leader") != Some(1.0) {
+        let _ = etcdctl(&all, &["move-leader", &id0], None);
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the upgraded member never took the lead"
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let started = Instant::now();
+    while version_page(&c, 0)["etcdnodecluster"] != "0.1.0" {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the mixed cluster's version: {}",
+            version_page(&c, 0)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(!feature_on(&version_page(&c, 0)), "{}", version_page(&c, 0));
+    c.stop(1);
+    c.start_member_with(1, &["--feature-gates", &gate], &[]);
+    wait_versions(&c, "the upgraded cluster", |v| {
+        v["etcdnodecluster"] == here && feature_on(v)
+    });
+    std::thread::sleep(Duration::from_secs(2));
+    stop.store(true, Ordering::Relaxed);
+    let (acked, failed, longest) = writer.join().unwrap();
+    eprintln!(
+        "rolling upgrade: {} writes acknowledged, {failed} failed, longest pause between \
+         acknowledged writes {longest:?}",
+        acked.len()
+    );
+    assert!(
+        acked.len() > 20,
+        "too few writes went through: {}",
+        acked.len()
+    );
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    for i in 0..2 {
+        let started = Instant::now();
+        loop {
+            let have: std::collections::HashMap<String, String> = rt
+                .block_on(local_keys(&c.members[i].url(), "u"))
+                .unwrap_or_default()
+                .into_iter()
+                .collect();
+            let missing = acked.iter().filter(|(k, v)| have.get(k) != Some(v)).count();
+            if missing == 0 {
+                break;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "member {i} lacks {missing} acknowledged writes; its log:\n{}",
+                c.log(i)
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+}
+
+/// `etcdctl member update` gives a member new peer URLs, as etcd's: the member, restarted
+/// listening on the new URL, is reached there and catches up; the member list shows it. The
+/// witness and a URL another member has are refused with messages.
+#[test]
+fn member_update_moves_a_members_peer_url() {
+    let mut c = cluster();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let leader = c.wait_leader(LEADER_WAIT);
+    let follower = 1 - leader;
+    let eps = vec![c.members[leader].url()];
+    let list = ok(etcdctl(&eps, &["member", "list"], None));
+    let id = member_id(&list, &c.members[follower].name);
+    let witness_id = list
+        .lines()
+        .find(|l| l.contains("witness:"))
+        .and_then(|l| l.split(", ").next())
+        .unwrap()
+        .to_string();
+    refused_with(
+        etcdctl(
+            &eps,
+            &[
+                "member",
+                "update",
+                &witness_id,
+                "--peer-urls=http://127.0.0.1:1",
+            ],
+            None,
+        ),
+        "is the witness",
+    );
+    let taken = format!("--peer-urls={}", c.members[leader].peer_url());
+    refused_with(
+        etcdctl(&eps, &["member", "update", &id, &taken], None),
+        "Peer URLs already exists",
+    );
+    c.stop(follower);
+    let url = c.move_peer_port(follower);
+    ok(etcdctl(
+        &eps,
+        &["member", "update", &id, &format!("--peer-urls={url}")],
+        None,
+    ));
+    let mut acked = Vec::new();
+    for i in 0..20 {
+        let (k, v) = (format!("m{i:02}"), format!("v{i}"));
+        assert!(rt.block_on(put_until(&eps[0], &k, &v, Duration::from_secs(10))));
+        acked.push((k, v));
+    }
+    c.start_member(follower);
+    rt.block_on(wait_caught_up(&c.members[follower].url(), "m", &acked));
+    let list = ok(etcdctl(&eps, &["member", "list"], None));
+    assert!(list.contains(&url), "{list}");
+}

@@ -142,6 +142,13 @@ impl Cluster {
         Self::start_with(dir, node_bin, etcdutl, url, flags)
     }
 
+    /// As [`Cluster::start`], no member started yet (start each with
+    /// [`Cluster::start_member_with`]: its own flags or environment from the first start on).
+    pub fn prepare(node_bin: &Path, etcdutl: &Path, flags: &[&str]) -> Cluster {
+        let (dir, url) = witness_dir();
+        Self::assemble(dir, node_bin, etcdutl, url, flags, false, Vec::new(), None)
+    }
+
     /// Two members and the witness at `witness_url` (initialised here), started with `flags`.
     pub fn start_with(
         dir: tempfile::TempDir,
@@ -160,6 +167,7 @@ impl Cluster {
             Vec::new(),
             None,
         )
+        .start_all()
     }
 
     /// Two members with TLS on every client and peer URL, client certificates required on
@@ -178,6 +186,7 @@ impl Cluster {
             Vec::new(),
             Some(pki.to_path_buf()),
         )
+        .start_all()
     }
 
     /// Two members reaching each other only through proxies, so that [`Cluster::partition`]
@@ -201,6 +210,7 @@ impl Cluster {
             wrapper,
             None,
         )
+        .start_all()
     }
 
     #[allow(clippy::too_many_arguments)] // (private: the public constructors name the cases)
@@ -242,7 +252,7 @@ impl Cluster {
             .chain([format!("w={witness_url}")])
             .collect::<Vec<_>>()
             .join(",");
-        let mut c = Cluster {
+        Cluster {
             dir,
             node_bin: node_bin.to_path_buf(),
             witness_url,
@@ -252,11 +262,15 @@ impl Cluster {
             proxies,
             wrapper,
             pki,
-        };
-        for i in 0..c.members.len() {
-            c.start_member(i);
         }
-        c
+    }
+
+    /// Starts every member.
+    fn start_all(mut self) -> Cluster {
+        for i in 0..self.members.len() {
+            self.start_member(i);
+        }
+        self
     }
 
     /// Cuts the members apart (every peer connection closed, new ones refused; clients and the
@@ -305,6 +319,29 @@ impl Cluster {
         self.initial_cluster = format!("{},{}={}", self.initial_cluster, name, m.peer_url());
         self.members.push(m);
         self.members.len() - 1
+    }
+
+    /// Member `i` (not running) listens for peers on a new port from its next start on, and
+    /// later starts list it there in `--initial-cluster` (after `etcdctl member update`); the
+    /// new peer URL.
+    pub fn move_peer_port(&mut self, i: usize) -> String {
+        assert!(
+            self.proxies.is_empty(),
+            "a partitionable cluster's ports stay"
+        );
+        let old = self.members[i].peer_url();
+        let port = free_port();
+        self.members[i].peer_port = port;
+        self.members[i].listen_peer_port = port;
+        let new = self.members[i].peer_url();
+        self.initial_cluster = self.initial_cluster.replace(&old, &new);
+        new
+    }
+
+    /// Later starts of any member run `bin` (a rolling upgrade: stop a member, switch, start
+    /// it again).
+    pub fn set_binary(&mut self, bin: &Path) {
+        self.node_bin = bin.to_path_buf();
     }
 
     /// Starts member `i` (again) on its data directory.

@@ -190,6 +190,10 @@ pub struct Flags {
     /// --peer-auto-tls, in years.
     #[arg(long, env = "ETCD_SELF_SIGNED_CERT_VALIDITY", default_value_t = 1)]
     pub self_signed_cert_validity: u32,
+    /// Cluster features to turn on, as Name=true,Other=false: a feature is used once every
+    /// regular member turns it on (etcd-node/src/version.rs lists them).
+    #[arg(long, env = "ETCD_FEATURE_GATES", default_value = "")]
+    pub feature_gates: String,
     /// The most learners the cluster may have at once (`member add --learner` past it is
     /// refused).
     #[arg(long, env = "ETCD_EXPERIMENTAL_MAX_LEARNERS", default_value_t = 1)]
@@ -335,6 +339,8 @@ pub struct ServerConfig {
     pub max_request_bytes: usize,
     /// `--experimental-max-learners`.
     pub max_learners: usize,
+    /// The cluster features `--feature-gates` turns on.
+    pub feature_gates: std::collections::BTreeSet<String>,
     pub auto_compaction: Option<AutoCompaction>,
     /// etcd flags or keys that were set but have no effect here (named in a WARN at start).
     pub ignored: Vec<String>,
@@ -744,6 +750,7 @@ impl ServerConfig {
             self_signed_cert_validity: f.self_signed_cert_validity,
             max_request_bytes,
             max_learners: f.experimental_max_learners,
+            feature_gates: crate::version::parse_gates(&f.feature_gates)?,
             auto_compaction,
             ignored: Vec::new(),
         })

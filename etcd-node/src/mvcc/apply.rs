@@ -17,8 +17,8 @@ use super::events::event;
 use super::range::{self, live_record, scan_current};
 use super::request::{Op, Response, needs_space};
 use super::{
-    ALARMS, AUTH, ApiError, HISTORY, LEASE_KEYS, LEASES, LIVE, META, decode_kv, lease_keys_of,
-    meta_get,
+    ALARMS, AUTH, ApiError, CLUSTER, HISTORY, LEASE_KEYS, LEASES, LIVE, META, decode_kv,
+    lease_keys_of, meta_get,
 };
 
 /// etcd's alarm types (`AlarmType`).
@@ -36,6 +36,7 @@ pub(super) struct Writer<'t> {
     lease_keys: Table<'t, (i64, &'static [u8]), ()>,
     alarms: Table<'t, (u64, i32), ()>,
     auth: Table<'t, &'static str, &'static [u8]>,
+    cluster: Table<'t, &'static str, &'static [u8]>,
     pub applied: u64,
     pub revision: u64,
     compacted: u64,
@@ -83,6 +84,7 @@ impl<'t> Writer<'t> {
             lease_keys: tx.open_table(LEASE_KEYS)?,
             alarms: tx.open_table(ALARMS)?,
             auth: tx.open_table(AUTH)?,
+            cluster: tx.open_table(CLUSTER)?,
             applied,
             revision,
             compacted,
@@ -116,6 +118,12 @@ impl<'t> Writer<'t> {
         };
         let out = match op {
             Op::Alarm(r) => Ok(Response::Alarm(self.alarm(r)?)),
+            Op::ClusterParams(p) => {
+                self.cluster.insert("version", p.version.as_bytes())?;
+                self.cluster
+                    .insert("features", p.features.join(",").as_bytes())?;
+                Ok(Response::ClusterParams(None))
+            }
             Op::Auth(c) => match &c.op {
                 Some(op) => auth::apply(&mut self.auth, op)?.map(|()| Response::Auth(None)),
                 None => Err(ApiError::invalid("etcdserver: empty request")),

@@ -13,7 +13,7 @@ use etcd_client::proto::{PbAlarmMember, PbKeyValue, PbMember};
 use prost::Message;
 use prost::encoding::decode_varint;
 
-use super::DumpSummary;
+use super::{ClusterParamsSet, DumpSummary};
 
 #[derive(Clone, PartialEq, prost::Message)]
 pub(super) struct PbDumpEntry {
@@ -46,6 +46,9 @@ pub(super) struct PbDump {
     /// skips them).
     #[prost(uint64, repeated, packed = "false", tag = "8")]
     pub removed: Vec<u64>,
+    /// The cluster's version and features, once the leader recorded them.
+    #[prost(message, optional, tag = "9")]
+    pub cluster_params: Option<ClusterParamsSet>,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
@@ -75,6 +78,7 @@ pub(super) enum Part {
     Alarm(PbAlarmMember),
     Auth(PbDumpAuthRow),
     Removed(u64),
+    ClusterParams(ClusterParamsSet),
 }
 
 /// The largest field a dump may hold: a record is at most a request (a few MiB); a larger
@@ -152,7 +156,7 @@ impl<R: Read> Parts<R> {
                 (8, 0) => {
                     return Ok(Some(Part::Removed(self.varint(false)?.unwrap_or_default())));
                 }
-                (1..=8, _) if field <= 2 || field == 8 || wire != 2 => {
+                (1..=9, _) if field <= 2 || field == 8 || wire != 2 => {
                     return Err(self.bad(format!("field {field} has wire type {wire}")));
                 }
                 (_, 0) => {
@@ -174,6 +178,7 @@ impl<R: Read> Parts<R> {
                         5 => PbDumpLease::decode(bytes).map(Part::Lease),
                         6 => PbAlarmMember::decode(bytes).map(Part::Alarm),
                         7 => PbDumpAuthRow::decode(bytes).map(Part::Auth),
+                        9 => ClusterParamsSet::decode(bytes).map(Part::ClusterParams),
                         _ => continue,
                     };
                     return part.map(Some).map_err(|e| self.bad(e));
@@ -197,6 +202,7 @@ pub(super) fn write_part(out: &mut dyn Write, part: &Part) -> io::Result<()> {
         Part::Alarm(a) => message::encode(6, a, &mut buf),
         Part::Auth(r) => message::encode(7, r, &mut buf),
         Part::Removed(id) => uint64::encode(8, id, &mut buf),
+        Part::ClusterParams(p) => message::encode(9, p, &mut buf),
     }
     out.write_all(&buf)
 }
@@ -258,7 +264,11 @@ impl Tally {
                 }
             }
             Part::Lease(_) => s.leases += 1,
-            Part::Member(_) | Part::Alarm(_) | Part::Auth(_) | Part::Removed(_) => {}
+            Part::Member(_)
+            | Part::Alarm(_)
+            | Part::Auth(_)
+            | Part::Removed(_)
+            | Part::ClusterParams(_) => {}
         }
         Ok(())
     }
@@ -320,7 +330,8 @@ pub fn rewrite(
             Part::Revision(r) => revision = r,
             Part::Compacted(c) => compacted = c,
             // (a restored cluster has new members: the old ones' removals mean nothing there)
-            Part::Member(_) | Part::Alarm(_) | Part::Removed(_) => {}
+            // (nor its parameters: its leader decides them from its members)
+            Part::Member(_) | Part::Alarm(_) | Part::Removed(_) | Part::ClusterParams(_) => {}
             Part::Auth(mut row) => {
                 if row.key == "secret" {
                     use sha2::{Digest, Sha256};
@@ -431,6 +442,10 @@ mod tests {
                 value: vec![1, 2],
             }],
             removed: vec![5, 6],
+            cluster_params: Some(ClusterParamsSet {
+                version: "0.1.0".into(),
+                features: vec!["SnapshotCompression".into()],
+            }),
         };
         let mut bytes = dump.encode_to_vec();
         // An unknown varint, fixed64, length-delimited and fixed32 field.
@@ -455,6 +470,7 @@ mod tests {
                 Part::Alarm(a) => back.alarms.push(a),
                 Part::Auth(r) => back.auth.push(r),
                 Part::Removed(id) => back.removed.push(id),
+                Part::ClusterParams(p) => back.cluster_params = Some(p),
             }
         }
         assert_eq!(back, dump);

@@ -24,7 +24,9 @@
 //! - `lease_keys`: (lease id, key) -> nothing: the live keys attached to each lease;
 //! - `alarms`: (member id, alarm type) -> nothing: the raised alarms (NOSPACE, CORRUPT), as
 //!   etcd keeps them, applied through Raft so every member refuses the same writes;
-//! - `auth`: users, roles, permissions and whether auth is on ([`auth`]).
+//! - `auth`: users, roles, permissions and whether auth is on ([`auth`]);
+//! - `cluster`: `version` and `features` (comma-separated), the cluster's parameters as the
+//!   leader last recorded them (`crate::version`).
 //!
 //! Applying is deterministic: every node computes the same revisions, results and errors from
 //! the same entries. Requests are checked ([`check`]) before they are proposed; what can only
@@ -49,11 +51,12 @@ use redb::{
     Database, Durability, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition,
 };
 
+use crate::version::ClusterParams;
 pub use apply::Applied;
 pub use dump::{Hashing, rewrite, summarize};
 use dump::{Part, Parts, PbDump, PbDumpAuthRow, PbDumpEntry, PbDumpLease, write_part};
 pub use range::RangeOutput;
-pub use request::{MemberChange, Op, Proposal, Response, check, needs_space};
+pub use request::{ClusterParamsSet, MemberChange, Op, Proposal, Response, check, needs_space};
 
 const HISTORY: TableDefinition<(&[u8], u64), &[u8]> = TableDefinition::new("history");
 const LIVE: TableDefinition<&[u8], u64> = TableDefinition::new("live");
@@ -68,6 +71,7 @@ const LEASES: TableDefinition<i64, i64> = TableDefinition::new("leases");
 const LEASE_KEYS: TableDefinition<(i64, &[u8]), ()> = TableDefinition::new("lease_keys");
 const ALARMS: TableDefinition<(u64, i32), ()> = TableDefinition::new("alarms");
 const AUTH: TableDefinition<&str, &[u8]> = TableDefinition::new("auth");
+const CLUSTER: TableDefinition<&str, &[u8]> = TableDefinition::new("cluster");
 
 /// The key space's page cache unless configured (`--backend-cache-bytes`; redb's own default
 /// is 1 GiB, which made a member's memory grow with its data).
@@ -171,6 +175,8 @@ pub struct Mvcc {
     unsynced_bytes: AtomicU64,
     /// The `removed` table, as applied (the peer service asks at every message).
     removed: RwLock<BTreeSet<u64>>,
+    /// The `cluster` table, as applied (None: not decided yet).
+    params: RwLock<Option<ClusterParams>>,
 }
 
 /// Where the store stands.
@@ -207,6 +213,7 @@ impl Mvcc {
             auth_on: AtomicBool::new(false),
             unsynced_bytes: AtomicU64::new(0),
             removed: RwLock::default(),
+            params: RwLock::default(),
         };
         let tx = mvcc.db().begin_write().map_err(|e| err(&e))?;
         upgrade(&tx, &name)
@@ -217,6 +224,7 @@ impl Mvcc {
             tx.open_table(LIVE).map_err(|e| err(&e))?;
             tx.open_table(MEMBERS).map_err(|e| err(&e))?;
             tx.open_table(REMOVED).map_err(|e| err(&e))?;
+            tx.open_table(CLUSTER).map_err(|e| err(&e))?;
             tx.open_table(LEASES).map_err(|e| err(&e))?;
             tx.open_table(LEASE_KEYS).map_err(|e| err(&e))?;
             tx.open_table(ALARMS).map_err(|e| err(&e))?;
@@ -229,6 +237,7 @@ impl Mvcc {
         tx.commit().map_err(|e| err(&e))?;
         mvcc.refresh_auth_on()?;
         mvcc.refresh_removed()?;
+        mvcc.refresh_params()?;
         Ok(mvcc)
     }
 
@@ -372,6 +381,34 @@ impl Mvcc {
             .contains(&id)
     }
 
+    /// The cluster's version and features as the leader last recorded them (None: not yet).
+    pub fn cluster_params(&self) -> Option<ClusterParams> {
+        self.params
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Is cluster feature `name` on (recorded on by the leader)?
+    pub fn cluster_feature(&self, name: &str) -> bool {
+        self.params
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+            .is_some_and(|p| p.features.contains(name))
+    }
+
+    fn refresh_params(&self) -> Result<(), StoreError> {
+        let db = self.db();
+        let tx = db.begin_read().map_err(|e| self.fail(e))?;
+        let set = read_params(&tx).map_err(|e| self.fail(e))?;
+        *self.params.write().unwrap_or_else(PoisonError::into_inner) = set.map(|p| ClusterParams {
+            version: p.version,
+            features: p.features.into_iter().collect(),
+        });
+        Ok(())
+    }
+
     fn refresh_removed(&self) -> Result<(), StoreError> {
         let db = self.db();
         let tx = db.begin_read().map_err(|e| self.fail(e))?;
@@ -485,16 +522,12 @@ impl Mvcc {
         }
         // (the guard goes first: reading it again while Defragment waits would deadlock)
         drop(db);
-        let auth_changed = entries.iter().any(|(_, c)| {
-            matches!(
-                c,
-                Command::Kv(Proposal {
-                    op: Some(Op::Auth(_)),
-                    ..
-                })
-            )
-        });
-        if auth_changed {
+        let has_op = |wanted: fn(&Op) -> bool| {
+            entries
+                .iter()
+                .any(|(_, c)| matches!(c, Command::Kv(Proposal { op: Some(op), .. }) if wanted(op)))
+        };
+        if has_op(|op| matches!(op, Op::Auth(_))) {
             self.refresh_auth_on()?;
         }
         if entries
@@ -502,6 +535,9 @@ impl Mvcc {
             .any(|(_, c)| matches!(c, Command::Member(m) if m.remove))
         {
             self.refresh_removed()?;
+        }
+        if has_op(|op| matches!(op, Op::ClusterParams(_))) {
+            self.refresh_params()?;
         }
         Ok(outcome)
     }
@@ -700,6 +736,7 @@ impl View<'_> {
                 .collect(),
             alarms: read_alarms(tx).map_err(|e| m.fail(e))?,
             removed: read_removed(tx).map_err(|e| m.fail(e))?,
+            cluster_params: read_params(tx).map_err(|e| m.fail(e))?,
             auth: read_auth(tx, "")
                 .map_err(|e| m.fail(e))?
                 .into_iter()
@@ -737,7 +774,9 @@ impl Mvcc {
         tx.delete_table(LEASES).map_err(|e| self.fail(e))?;
         tx.delete_table(LEASE_KEYS).map_err(|e| self.fail(e))?;
         tx.delete_table(ALARMS).map_err(|e| self.fail(e))?;
+        tx.delete_table(CLUSTER).map_err(|e| self.fail(e))?;
         {
+            let mut cluster = tx.open_table(CLUSTER).map_err(|e| self.fail(e))?;
             let mut members = tx.open_table(MEMBERS).map_err(|e| self.fail(e))?;
             let mut removed = tx.open_table(REMOVED).map_err(|e| self.fail(e))?;
             let mut history = tx.open_table(HISTORY).map_err(|e| self.fail(e))?;
@@ -769,6 +808,14 @@ impl Mvcc {
                     // (added to what this member knows: a dump from before the table has none)
                     Part::Removed(id) => {
                         removed.insert(id, ()).map_err(|e| self.fail(e))?;
+                    }
+                    Part::ClusterParams(p) => {
+                        cluster
+                            .insert("version", p.version.as_bytes())
+                            .map_err(|e| self.fail(e))?;
+                        cluster
+                            .insert("features", p.features.join(",").as_bytes())
+                            .map_err(|e| self.fail(e))?;
                     }
                     Part::Auth(row) => {
                         auth.insert(row.key.as_str(), row.value.as_slice())
@@ -815,7 +862,8 @@ impl Mvcc {
         tx.commit().map_err(|e| self.fail(e))?;
         drop(db); // (see `apply`)
         self.refresh_auth_on()?;
-        self.refresh_removed()
+        self.refresh_removed()?;
+        self.refresh_params()
     }
 }
 
@@ -887,6 +935,28 @@ fn read_auth(
         out.push((k.value().to_string(), v.value().to_vec()));
     }
     Ok(out)
+}
+
+/// The `cluster` table (None: never recorded).
+fn read_params(tx: &redb::ReadTransaction) -> Result<Option<ClusterParamsSet>, redb::Error> {
+    let table = tx.open_table(CLUSTER)?;
+    let get = |k: &str| -> Result<Option<String>, redb::Error> {
+        Ok(table
+            .get(k)?
+            .map(|v| String::from_utf8_lossy(v.value()).into_owned()))
+    };
+    let Some(version) = get("version")? else {
+        return Ok(None);
+    };
+    let features = get("features")?.unwrap_or_default();
+    Ok(Some(ClusterParamsSet {
+        version,
+        features: features
+            .split(',')
+            .filter(|f| !f.is_empty())
+            .map(str::to_string)
+            .collect(),
+    }))
 }
 
 /// The ids of the removed members.

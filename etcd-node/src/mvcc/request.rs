@@ -40,6 +40,20 @@ pub enum Op {
     /// A change of users, roles, permissions, or auth on/off.
     #[prost(message, tag = "9")]
     Auth(AuthChange),
+    /// The cluster's version and features, as the leader decided them
+    /// (`crate::version::decide`). A member from before it decodes no op here and changes
+    /// nothing.
+    #[prost(message, tag = "10")]
+    ClusterParams(ClusterParamsSet),
+}
+
+/// The cluster's parameters, through Raft.
+#[derive(Clone, PartialEq, Eq, prost::Message)]
+pub struct ClusterParamsSet {
+    #[prost(string, tag = "1")]
+    pub version: String,
+    #[prost(string, repeated, tag = "2")]
+    pub features: Vec<String>,
 }
 
 /// Does `op` need space: a Put, a lease grant, or a Txn with a Put in any branch (what etcd
@@ -62,7 +76,8 @@ pub fn needs_space(op: &Op) -> bool {
         | Op::Compaction(_)
         | Op::LeaseRevoke(_)
         | Op::Alarm(_)
-        | Op::Auth(_) => false,
+        | Op::Auth(_)
+        | Op::ClusterParams(_) => false,
     }
 }
 
@@ -71,7 +86,7 @@ pub fn needs_space(op: &Op) -> bool {
 pub struct Proposal {
     #[prost(uint64, tag = "1")]
     pub id: u64,
-    #[prost(oneof = "Op", tags = "2, 3, 4, 5, 6, 7, 8, 9")]
+    #[prost(oneof = "Op", tags = "2, 3, 4, 5, 6, 7, 8, 9, 10")]
     pub op: Option<Op>,
 }
 
@@ -104,6 +119,8 @@ pub enum Response {
     Alarm(PbAlarmResponse),
     /// An auth change applied (the API builds the response of its kind).
     Auth(Option<etcd_client::proto::PbResponseHeader>),
+    /// The cluster's parameters recorded.
+    ClusterParams(Option<etcd_client::proto::PbResponseHeader>),
 }
 
 impl Response {
@@ -117,7 +134,7 @@ impl Response {
             Response::LeaseGrant(r) => &mut r.header,
             Response::LeaseRevoke(r) => &mut r.header,
             Response::Alarm(r) => &mut r.header,
-            Response::Auth(header) => header,
+            Response::Auth(header) | Response::ClusterParams(header) => header,
         }
     }
 }
@@ -194,7 +211,8 @@ pub fn check(op: &Op) -> Result<(), ApiError> {
         | Op::LeaseGrant(_)
         | Op::LeaseRevoke(_)
         | Op::Alarm(_)
-        | Op::Auth(_) => Ok(()),
+        | Op::Auth(_)
+        | Op::ClusterParams(_) => Ok(()),
     }
 }
 

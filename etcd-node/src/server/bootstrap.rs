@@ -122,11 +122,11 @@ struct Ids {
 }
 
 /// The member's storage, opened (bootstrapped for a new cluster, or set up to join a running
-/// one), and the ids it stores.
+/// one), the ids it stores, and whether this start bootstrapped a new cluster.
 async fn open_storage(
     cfg: &ServerConfig,
     dialer: &Dialer,
-) -> anyhow::Result<(DiskStorage, Arc<Mvcc>, Ids)> {
+) -> anyhow::Result<(DiskStorage, Arc<Mvcc>, Ids, bool)> {
     let member_dir = cfg.data_dir.join("member");
     std::fs::create_dir_all(&member_dir)
         .with_context(|| format!("--data-dir: cannot create {}", member_dir.display()))?;
@@ -227,7 +227,8 @@ async fn open_storage(
             cfg.data_dir.display()
         );
     }
-    Ok((disk, mvcc, ids))
+    let new_cluster = bootstrapped_now && cfg.initial_cluster_state == ClusterState::New;
+    Ok((disk, mvcc, ids, new_cluster))
 }
 
 /// The file that marks a data directory whose member was removed while it was away (its own
@@ -446,7 +447,7 @@ pub async fn run(
     let client_listeners = bind("--listen-client-urls", &cfg.listen_client_urls).await?;
     let metrics_listeners = bind("--listen-metrics-urls", &cfg.listen_metrics_urls).await?;
     let tls = setup_tls(&cfg)?;
-    let (mut disk, mvcc, ids) = open_storage(&cfg, &tls.peer_dialer).await?;
+    let (mut disk, mvcc, ids, new_cluster) = open_storage(&cfg, &tls.peer_dialer).await?;
     let tick = cfg.heartbeat_interval;
     let mut rc = raft::Config::new(ids.member);
     rc.cluster_id = ids.cluster;
@@ -476,6 +477,9 @@ pub async fn run(
         client_urls: own_client_urls.clone(),
         name: cfg.name.clone(),
         dialer: tls.peer_dialer.clone(),
+        attributes: crate::version::own_attributes(&cfg.feature_gates),
+        refusals: peer::Refusals::default(),
+        key_space: mvcc.clone(),
     };
     let peer_list: Vec<(u64, String)> = members
         .iter()
@@ -546,7 +550,9 @@ pub async fn run(
         own: Announced {
             name: cfg.name.clone(),
             client_urls: own_client_urls,
+            attributes: me.attributes.clone(),
         },
+        peer_refusals: me.refusals.clone(),
         metrics,
         request_timeout: Duration::from_secs(5) + 2 * cfg.election_timeout,
         watches,
@@ -634,6 +640,7 @@ pub async fn run(
             every,
         ));
     }
+    tokio::spawn(api::cluster_params::run(api.clone()));
     if let Some(mode) = cfg.auto_compaction {
         tokio::spawn(api::compactor::run(api.clone(), mode));
     }
@@ -644,6 +651,7 @@ pub async fn run(
 
     let result = tokio::select! {
         () = shutdown => Ok(()),
+        why = mixed_protocols(new_cluster, mvcc.clone(), me.refusals.clone()) => Err(why),
         r = done_rx => match r {
             Ok(Ok(())) => Ok(()),
             Ok(Err(LoopError::Removed { by })) => Err(removed(&cfg, ids.member, by)),
@@ -677,6 +685,41 @@ pub async fn run(
         servers.abort_all();
     }
     result
+}
+
+/// A new cluster whose members do not share a peer protocol does not start: while this start
+/// bootstrapped a new cluster and the key space holds no write yet (a member may have been
+/// elected with the witness's vote alone, but nothing was acknowledged), a peer's refusal of
+/// this member's protocol ends the start with the peer's words. Once a write is applied, a
+/// refusal is waited out instead, as in a running cluster (the others may be upgraded next;
+/// Status shows it). Never ends otherwise.
+async fn mixed_protocols(
+    new_cluster: bool,
+    mvcc: Arc<Mvcc>,
+    refusals: peer::Refusals,
+) -> anyhow::Error {
+    if new_cluster {
+        let mut tick = tokio::time::interval(Duration::from_millis(100));
+        loop {
+            tick.tick().await;
+            if mvcc.position().map_or(true, |p| p.revision > 1) {
+                break;
+            }
+            let refused = refusals
+                .lock()
+                .ok()
+                .and_then(|r| r.values().next().map(|(_, why)| why.clone()));
+            if let Some(why) = refused {
+                return anyhow::anyhow!(
+                    "a new cluster's members must speak a common peer protocol: {why}. \
+                     Start this member again, on the same --data-dir, with a release that \
+                     shares a protocol with the others (the versions and protocols are in \
+                     docs/operations.md, \"Upgrades and going back\")"
+                );
+            }
+        }
+    }
+    std::future::pending().await
 }
 
 /// How long a stopping member waits for its requests in flight before closing its connections.
@@ -716,7 +759,7 @@ async fn etcd_size_error(mut r: axum::response::Response) -> axum::response::Res
 }
 
 fn with_http(router: axum::Router, api: &Api) -> Routes {
-    let (a, b) = (api.clone(), api.clone());
+    let (a, b, c) = (api.clone(), api.clone(), api.clone());
     Routes::from(
         router
             .route(
@@ -744,6 +787,13 @@ fn with_http(router: axum::Router, api: &Api) -> Routes {
                 get(move || {
                     let api = b.clone();
                     async move { api.metrics_text() }
+                }),
+            )
+            .route(
+                "/version",
+                get(move || {
+                    let api = c.clone();
+                    async move { api::handle::version_json(&api).to_string() }
                 }),
             ),
     )

@@ -157,4 +157,6 @@ pub type ClientUrls = Arc<Mutex<HashMap<NodeId, Announced>>>;
 pub struct Announced {
     pub name: String,
     pub client_urls: Vec<String>,
+    /// Its version, peer protocol and cluster features.
+    pub attributes: crate::version::Attributes,
 }

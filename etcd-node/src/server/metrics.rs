@@ -14,12 +14,13 @@ use std::time::{Duration, Instant, SystemTime};
 use prometheus::core::Collector;
 use prometheus::{
     Encoder, Gauge, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
-    Opts, Registry, TextEncoder, exponential_buckets,
+    IntGaugeVec, Opts, Registry, TextEncoder, exponential_buckets,
 };
 use witness_core::client::Stepped;
 
 use super::contract::Status;
 use crate::raft::{NodeId, WitnessResponse};
+use crate::version::ClusterParams;
 
 const STEPS: [&str; 4] = ["append", "vote", "pre-vote", "read-term"];
 
@@ -63,6 +64,11 @@ pub struct Metrics {
     watch_catch_ups: IntCounter,
     grpc_started: IntCounterVec,
     grpc_handled: IntCounterVec,
+    server_version: IntGaugeVec,
+    cluster_version: IntGaugeVec,
+    node_version: IntGaugeVec,
+    node_cluster_version: IntGaugeVec,
+    features: IntGaugeVec,
     /// The leader this member last saw (0: none), to count changes.
     last_leader: Mutex<NodeId>,
     /// Per peer: when the oldest heartbeat not answered yet left (the round-trip measure).
@@ -102,6 +108,13 @@ fn counter(r: &Registry, name: &str, help: &str) -> IntCounter {
 
 fn gauge(r: &Registry, name: &str, help: &str) -> IntGauge {
     register(r, IntGauge::new(name, help).expect("valid metric"))
+}
+
+fn gauges(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
+    register(
+        r,
+        IntGaugeVec::new(Opts::new(name, help), labels).expect("valid metric"),
+    )
 }
 
 fn counters(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
@@ -299,6 +312,41 @@ impl Metrics {
                 "Total number of RPCs completed on the server, regardless of success or failure.",
                 &["grpc_type", "grpc_service", "grpc_method", "grpc_code"],
             ),
+            server_version: gauges(
+                &r,
+                "etcd_server_version",
+                "Which version of the etcd API is running. 1 for 'server_version' label with \
+                 current version.",
+                &["server_version"],
+            ),
+            cluster_version: gauges(
+                &r,
+                "etcd_cluster_version",
+                "Which version of the etcd API the cluster serves. 1 for 'cluster_version' \
+                 label with current cluster version (once the leader recorded it).",
+                &["cluster_version"],
+            ),
+            node_version: gauges(
+                &r,
+                "etcd_node_version",
+                "This member's etcd-node release and the peer protocol it speaks (1 on the \
+                 labels).",
+                &["version", "peer_protocol"],
+            ),
+            node_cluster_version: gauges(
+                &r,
+                "etcd_node_cluster_version",
+                "The cluster's etcd-node version, the lowest of its regular members', as the \
+                 leader recorded it (1 on the label; none before it is recorded).",
+                &["cluster_version"],
+            ),
+            features: gauges(
+                &r,
+                "etcd_server_feature_enabled",
+                "Whether a cluster feature is on: 1 once every regular member turns it on \
+                 (--feature-gates) and the leader recorded it, 0 otherwise.",
+                &["name", "stage"],
+            ),
             registry: r,
             last_leader: Mutex::new(0),
             heartbeats: Mutex::new(HashMap::new()),
@@ -447,7 +495,9 @@ impl Metrics {
     }
 
     /// The text exposition, with the gauges read from `status` and the key space's size.
-    pub fn render(&self, status: &Status, db_size: u64) -> String {
+    /// The page, with the cluster's parameters as recorded (None: not yet).
+    pub fn render(&self, status: &Status, db_size: u64, params: Option<&ClusterParams>) -> String {
+        self.versions(params);
         self.has_leader.set(i64::from(status.leader != 0));
         self.is_leader.set(i64::from(status.is_leader));
         self.term.set(status.term as i64);
@@ -473,6 +523,33 @@ impl Metrics {
         match TextEncoder::new().encode(&self.registry.gather(), &mut out) {
             Ok(()) => String::from_utf8_lossy(&out).into_owned(),
             Err(e) => format!("# metrics could not be encoded: {e}\n"),
+        }
+    }
+
+    /// The version gauges: etcd's (the etcd API served), ours, and one per cluster feature.
+    fn versions(&self, params: Option<&ClusterParams>) {
+        use crate::server::api::handle::{CLUSTER_VERSION, VERSION};
+        use crate::version::{BINARY, FEATURES, own_protocol};
+        self.server_version.with_label_values(&[VERSION]).set(1);
+        let protocol = own_protocol().to_string();
+        self.node_version
+            .with_label_values(&[BINARY, protocol.as_str()])
+            .set(1);
+        self.cluster_version.reset();
+        self.node_cluster_version.reset();
+        if let Some(p) = params {
+            self.cluster_version
+                .with_label_values(&[CLUSTER_VERSION])
+                .set(1);
+            self.node_cluster_version
+                .with_label_values(&[p.version.as_str()])
+                .set(1);
+        }
+        for f in FEATURES {
+            let on = params.is_some_and(|p| p.features.contains(f.name));
+            self.features
+                .with_label_values(&[f.name, f.stage])
+                .set(i64::from(on));
         }
     }
 
@@ -626,7 +703,7 @@ mod tests {
         m.wal_fsync(Duration::from_micros(1500));
         m.heartbeat_sent(0xabc);
         m.heartbeat_answered(0xabc);
-        let page = m.render(&Status::default(), 4096);
+        let page = m.render(&Status::default(), 4096, None);
         assert!(page.contains("# TYPE etcd_disk_wal_fsync_duration_seconds histogram"));
         assert!(page.contains("etcd_disk_wal_fsync_duration_seconds_bucket{le=\"0.001\"} 0"));
         assert!(page.contains("etcd_disk_wal_fsync_duration_seconds_bucket{le=\"0.002\"} 1"));

@@ -17,7 +17,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::mpsc::Sender;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -29,6 +29,7 @@ use crate::mvcc::Mvcc;
 use crate::raft::{Body, Message, NodeId, Snapshot};
 use crate::storage::snap::{DataReader, SnapDir};
 use crate::tls::Dialer;
+use crate::version::{self, Attributes};
 
 use pb::peer_client::PeerClient;
 use pb::peer_server::Peer;
@@ -54,7 +55,23 @@ pub struct Identity {
     pub name: String,
     /// How it connects to its peers (TLS for `https://` peer URLs).
     pub dialer: Dialer,
+    /// Its version, peer protocol and cluster features, announced on every frame.
+    pub attributes: Attributes,
+    /// Peers that refused this member's frames lately, and why (Status shows them).
+    pub refusals: Refusals,
+    /// The key space: the cluster's features, as recorded, say how snapshots travel.
+    pub key_space: Arc<Mvcc>,
 }
+
+/// Peers that refused this member's frames (a peer protocol it does not speak), by peer: when
+/// and why.
+pub type Refusals = Arc<std::sync::Mutex<HashMap<NodeId, (Instant, String)>>>;
+
+/// How long a refusal shows in Status after the last one.
+pub const REFUSAL_SHOWN: Duration = Duration::from_secs(10);
+
+/// The start of the message a member refuses a frame of a protocol it does not speak with.
+pub const PROTOCOL_REFUSED: &str = "peer protocol not spoken";
 
 /// The sending side: one queue per peer, and one slot for a snapshot.
 #[derive(Debug)]
@@ -70,6 +87,8 @@ pub struct Peers {
 
 #[derive(Debug)]
 struct Link {
+    /// The peer URL it reaches the member at.
+    url: String,
     envelopes: mpsc::Sender<Envelope>,
     snapshots: mpsc::Sender<Message>,
 }
@@ -96,11 +115,14 @@ impl Peers {
         p
     }
 
-    /// Starts a link to a member added to the cluster (nothing if there is one).
+    /// Starts a link to a member added to the cluster (nothing if there is one to the same
+    /// URL; a link to another URL is replaced).
     pub fn add(&mut self, id: NodeId, url: &str) {
-        if id == self.me.member_id || self.links.contains_key(&id) {
+        if id == self.me.member_id || self.links.get(&id).is_some_and(|l| l.url == url) {
             return;
         }
+        // (a member given new peer URLs: the old link ends as its queues close)
+        self.links.remove(&id);
         let (envelopes, rx) = mpsc::channel(QUEUE);
         self.runtime.spawn(run_link(
             self.me.clone(),
@@ -122,6 +144,7 @@ impl Peers {
         self.links.insert(
             id,
             Link {
+                url: url.to_string(),
                 envelopes,
                 snapshots,
             },
@@ -207,10 +230,11 @@ impl SnapshotSender {
             let outcome = self.send(&m, snapshot).await;
             let delivered = outcome.is_ok();
             match outcome {
-                Ok(bytes) => tracing::info!(
+                Ok((bytes, compressed)) => tracing::info!(
                     peer = format!("{:x}", self.to),
                     index,
                     bytes,
+                    compressed,
                     seconds = started.elapsed().as_secs_f64(),
                     "sent a snapshot"
                 ),
@@ -242,8 +266,8 @@ impl SnapshotSender {
         }
     }
 
-    /// Sends the snapshot of `m`; returns the bytes of data sent.
-    async fn send(&self, m: &Message, snapshot: &Snapshot) -> Result<u64, String> {
+    /// Sends the snapshot; (its data length, whether it went compressed).
+    async fn send(&self, m: &Message, snapshot: &Snapshot) -> Result<(u64, bool), String> {
         let mut client = connect(&self.me.dialer, &self.url).await?;
         let head = Message {
             body: Body::Snapshot {
@@ -271,6 +295,10 @@ impl SnapshotSender {
         let length = reader
             .as_ref()
             .map_or(snapshot.data.len() as u64, |r| r.data_len);
+        let compress = self
+            .me
+            .key_space
+            .cluster_feature(version::SNAPSHOT_COMPRESSION);
         let first = SnapshotChunk {
             cluster_id: self.me.cluster_id,
             from: self.me.member_id,
@@ -278,12 +306,14 @@ impl SnapshotSender {
             envelope: Envelope::Raft(head).encode(),
             data_length: length,
             data: bytes::Bytes::new(),
+            compressed: compress,
         };
         let outcome = match reader {
             // From the file, a few pieces in memory at a time.
             Some(reader) => {
                 let (tx, rx) = mpsc::channel(2);
-                let reading = tokio::task::spawn_blocking(move || read_pieces(reader, first, &tx));
+                let reading =
+                    tokio::task::spawn_blocking(move || read_pieces(reader, first, compress, &tx));
                 let sent = client.snapshot(ReceiverStream::new(rx)).await;
                 reading
                     .await
@@ -299,14 +329,41 @@ impl SnapshotSender {
                 let chunks = (0..length.div_ceil(CHUNK).max(1)).map(move |i| {
                     let piece = data.slice((i * CHUNK).min(length)..((i + 1) * CHUNK).min(length));
                     let mut chunk = first.take().unwrap_or_default();
-                    chunk.data = piece;
+                    chunk.data = if compress { deflate(&piece) } else { piece };
+                    chunk.compressed = compress;
                     chunk
                 });
                 client.snapshot(tokio_stream::iter(chunks)).await
             }
         };
-        outcome.map(|_| length).map_err(|s| s.message().to_string())
+        outcome
+            .map(|_| (length, compress))
+            .map_err(|s| s.message().to_string())
     }
+}
+
+/// A piece of snapshot data, deflate-compressed (the cluster feature SnapshotCompression).
+fn deflate(piece: &[u8]) -> bytes::Bytes {
+    use std::io::Write as _;
+    let mut e = flate2::write::DeflateEncoder::new(Vec::new(), flate2::Compression::fast());
+    // (writing into memory cannot fail)
+    let _ = e.write_all(piece);
+    e.finish().unwrap_or_default().into()
+}
+
+/// A compressed piece back, refusing one that inflates past a chunk (damage, or a sender
+/// that does not keep to the chunk size).
+fn inflate(piece: &[u8]) -> Result<bytes::Bytes, String> {
+    use std::io::Read as _;
+    let mut out = Vec::new();
+    flate2::read::DeflateDecoder::new(piece)
+        .take(CHUNK as u64 + 1)
+        .read_to_end(&mut out)
+        .map_err(|e| format!("a compressed chunk does not inflate: {e}"))?;
+    if out.len() > CHUNK {
+        return Err(format!("a compressed chunk inflates past {CHUNK} bytes"));
+    }
+    Ok(out.into())
 }
 
 /// Feeds `tx` the chunks of a snapshot file, `first` with the first piece. A piece that cannot
@@ -315,15 +372,24 @@ impl SnapshotSender {
 fn read_pieces(
     mut reader: DataReader,
     mut first: SnapshotChunk,
+    compress: bool,
     tx: &mpsc::Sender<SnapshotChunk>,
 ) -> std::io::Result<()> {
-    first.data = reader.next_piece(CHUNK)?.unwrap_or_default().into();
+    let encode = |piece: Vec<u8>| -> bytes::Bytes {
+        if compress {
+            deflate(&piece)
+        } else {
+            piece.into()
+        }
+    };
+    first.data = encode(reader.next_piece(CHUNK)?.unwrap_or_default());
     if tx.blocking_send(first).is_err() {
         return Ok(()); // the transfer failed; its error is reported
     }
     while let Some(piece) = reader.next_piece(CHUNK)? {
         let chunk = SnapshotChunk {
-            data: piece.into(),
+            data: encode(piece),
+            compressed: compress,
             ..Default::default()
         };
         if tx.blocking_send(chunk).is_err() {
@@ -408,6 +474,15 @@ async fn run_link(
                         let _ = reports.send(Input::RemovedByPeer { by: to });
                         return;
                     }
+                    if let Ok(Err(status)) = &ended
+                        && status.message().starts_with(PROTOCOL_REFUSED)
+                    {
+                        // (the seed's rule: wait for the cluster, retrying, and say so)
+                        tracing::warn!(peer = %url, "{}; retrying", status.message());
+                        if let Ok(mut r) = me.refusals.lock() {
+                            r.insert(to, (Instant::now(), status.message().to_string()));
+                        }
+                    }
                     tracing::debug!(peer = %url, result = ?ended.map(|r| r.map(|_| ())), "peer stream ended");
                     break;
                 }
@@ -426,6 +501,9 @@ async fn run_link(
                 envelopes,
                 client_urls: me.client_urls.clone(),
                 name: me.name.clone(),
+                version: me.attributes.version.clone(),
+                protocol: me.attributes.protocol,
+                features: me.attributes.features.iter().cloned().collect(),
             };
             if frames.send(frame).await.is_err() {
                 break;
@@ -477,12 +555,35 @@ impl Peer for PeerService {
         let inputs = self.inputs.clone();
         while let Some(frame) = frames.message().await? {
             self.check_addressing(frame.cluster_id, frame.from, frame.to)?;
+            if !version::speaks(frame.protocol) {
+                let version = if frame.version.is_empty() {
+                    "an older release"
+                } else {
+                    frame.version.as_str()
+                };
+                return Err(Status::failed_precondition(format!(
+                    "{PROTOCOL_REFUSED}: member {:x} (etcd-node {version}) speaks peer protocol \
+                     {}; member {:x} (etcd-node {}) speaks {}..={}. Upgrade the older one \
+                     (one member at a time), or run versions that share a protocol",
+                    frame.from,
+                    version::announced_protocol(frame.protocol),
+                    self.me.member_id,
+                    version::BINARY,
+                    version::spoken().start(),
+                    version::spoken().end()
+                )));
+            }
             if let Ok(mut urls) = self.client_urls.lock() {
                 urls.insert(
                     frame.from,
                     Announced {
                         name: frame.name,
                         client_urls: frame.client_urls,
+                        attributes: Attributes {
+                            version: version::announced_version(frame.version),
+                            protocol: version::announced_protocol(frame.protocol),
+                            features: frame.features.into_iter().collect(),
+                        },
                     },
                 );
             }
@@ -549,8 +650,17 @@ impl Peer for PeerService {
             })
         });
         let mut got = 0u64;
-        let mut piece = first.data;
+        let mut chunk = SnapshotChunk {
+            data: first.data,
+            compressed: first.compressed,
+            ..Default::default()
+        };
         loop {
+            let piece = if chunk.compressed {
+                inflate(&chunk.data).map_err(&bad)?
+            } else {
+                std::mem::take(&mut chunk.data)
+            };
             got += piece.len() as u64;
             if got > length {
                 return Err(bad(format!("more data than the {length} bytes announced")));
@@ -559,7 +669,7 @@ impl Peer for PeerService {
                 break; // (the writer failed: its error is below)
             }
             match chunks.message().await? {
-                Some(chunk) => piece = chunk.data,
+                Some(next) => chunk = next,
                 None => break,
             }
         }

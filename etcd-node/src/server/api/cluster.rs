@@ -8,10 +8,10 @@ use tonic::{Request, Response, Status};
 use witness_core::WitnessUrl;
 
 use super::auth::caller_of;
-use super::handle::{Api, internal, not_yet};
+use super::handle::{Api, internal};
 use crate::config::HttpUrl;
 use crate::mvcc::MemberChange;
-use crate::server::contract::Input;
+use crate::server::contract::{Input, regular_peer_url};
 
 /// Cluster, over the shared API handle.
 #[derive(Debug, Clone)]
@@ -121,11 +121,51 @@ impl PbClusterService for Cluster {
             members: self.api.member_views()?,
         }))
     }
+    /// New peer URLs for a regular member, as etcd's: through Raft, every member then reaches
+    /// it at the new ones (the member itself is restarted listening on them; its name and
+    /// client URLs stay). The witness moves by adding a new one and removing the old.
     async fn member_update(
         &self,
-        _: Request<PbMemberUpdateRequest>,
+        request: Request<PbMemberUpdateRequest>,
     ) -> Result<Response<PbMemberUpdateResponse>, Status> {
-        Err(not_yet("MemberUpdate"))
+        self.api.require_root(caller_of(&request).as_ref())?;
+        let r = request.into_inner();
+        let mut member = self.api.member(r.id)?;
+        if regular_peer_url(&member).is_none() {
+            return Err(Status::failed_precondition(format!(
+                "etcdserver: member {:x} is the witness; a witness is moved by adding the new \
+                 location and removing this one (docs/operations.md, \"Moving or replacing the \
+                 witness\")",
+                r.id
+            )));
+        }
+        if r.peer_ur_ls.is_empty() {
+            return Err(bad_urls("no peer URL given; write http://host:port"));
+        }
+        for u in &r.peer_ur_ls {
+            if WitnessUrl::is_witness(u) {
+                return Err(bad_urls(
+                    "a regular member's peer URLs are http:// or https:// URLs, not witness: ones",
+                ));
+            }
+            HttpUrl::parse("peer-urls", u).map_err(|e| bad_urls(&e))?;
+        }
+        let members = self.api.mvcc.members().map_err(internal)?;
+        if members
+            .iter()
+            .filter(|m| m.id != r.id)
+            .any(|m| m.peer_ur_ls.iter().any(|u| r.peer_ur_ls.contains(u)))
+        {
+            return Err(Status::failed_precondition(
+                "etcdserver: Peer URLs already exists",
+            ));
+        }
+        member.peer_ur_ls = r.peer_ur_ls;
+        self.api.change_member(member, false, 0).await?;
+        Ok(Response::new(PbMemberUpdateResponse {
+            header: self.api.header(self.api.revision()?),
+            members: self.api.member_views()?,
+        }))
     }
     async fn member_promote(
         &self,

@@ -22,6 +22,9 @@ use crate::server::watch_hub::WatchHub;
 pub(super) const WITNESS_ERROR_WINDOW: Duration = Duration::from_secs(30);
 /// The version reported by Status: etcd clients check it (this API matches etcd 3.5's).
 pub const VERSION: &str = "3.5.17";
+/// The etcd cluster version `/version` and `etcd_cluster_version` report: the etcd API every
+/// member serves (etcd reports major.minor.0 there).
+pub const CLUSTER_VERSION: &str = "3.5.0";
 
 /// What every API handler shares.
 #[derive(Debug, Clone)]
@@ -49,6 +52,8 @@ pub struct Api {
     pub credentials: crate::server::witness_slot::Credentials,
     /// `--max-request-bytes`: the largest write proposed (and watch response fragment).
     pub max_request_bytes: usize,
+    /// Peers that refused this member's frames lately (Status shows them).
+    pub peer_refusals: crate::server::peer::Refusals,
     /// `--experimental-max-learners`: `member add --learner` past it is refused.
     pub max_learners: usize,
     /// How this member calls other members' client URLs (the corruption check).
@@ -234,9 +239,27 @@ impl Api {
     }
 
     pub fn metrics_text(&self) -> String {
-        self.metrics
-            .render(&self.status.borrow(), self.mvcc.db_size())
+        self.metrics.render(
+            &self.status.borrow(),
+            self.mvcc.db_size(),
+            self.mvcc.cluster_params().as_ref(),
+        )
     }
+}
+
+/// `/version`, as etcd serves it (`etcdserver`, `etcdcluster`: the etcd API), with etcd-node's
+/// own: this member's release and peer protocol, the cluster's release (the lowest regular
+/// member's) and the cluster features on, once the leader recorded them.
+pub fn version_json(api: &Api) -> serde_json::Value {
+    let params = api.mvcc.cluster_params();
+    serde_json::json!({
+        "etcdserver": VERSION,
+        "etcdcluster": if params.is_some() { CLUSTER_VERSION } else { "not_decided" },
+        "etcdnode": crate::version::BINARY,
+        "etcdnodecluster": params.as_ref().map_or("not_decided", |p| p.version.as_str()),
+        "peerprotocol": crate::version::own_protocol(),
+        "features": params.map(|p| p.features.into_iter().collect::<Vec<_>>()).unwrap_or_default(),
+    })
 }
 
 pub(super) fn not_yet(what: &str) -> Status {

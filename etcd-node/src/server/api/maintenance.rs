@@ -5,7 +5,7 @@ use etcd_client::proto::*;
 use tonic::{Request, Response, Status};
 
 use super::auth::caller_of;
-use super::handle::{Api, VERSION, WITNESS_ERROR_WINDOW, internal, not_yet, stopped, timed_out};
+use super::handle::{Api, VERSION, WITNESS_ERROR_WINDOW, internal, stopped, timed_out};
 use crate::mvcc::{Op, Response as Applied};
 use crate::server::contract::Input;
 use crate::storage::backup;
@@ -122,6 +122,15 @@ impl PbMaintenanceService for Maintenance {
         // failed lately (the witness was needed and did not answer).
         if let Some(why) = self.api.metrics.witness_problem(WITNESS_ERROR_WINDOW) {
             errors.push(format!("etcdserver: witness unavailable: {why}"));
+        }
+        if let Ok(refusals) = self.api.peer_refusals.lock() {
+            for (peer, (when, why)) in refusals.iter() {
+                if when.elapsed() < crate::server::peer::REFUSAL_SHOWN {
+                    errors.push(format!(
+                        "etcdserver: member {peer:x} refuses this member: {why}"
+                    ));
+                }
+            }
         }
         for a in self.api.mvcc.alarms().map_err(internal)? {
             let name =
@@ -266,6 +275,17 @@ impl PbMaintenanceService for Maintenance {
         &self,
         _: Request<PbDowngradeRequest>,
     ) -> Result<Response<PbDowngradeResponse>, Status> {
-        Err(not_yet("Downgrade"))
+        // etcd's downgrade lowers the cluster's etcd API version (3.5 -> 3.4) so members of
+        // the older etcd can join; every etcd-node release serves the same API level, and
+        // going back to an older etcd-node release is a matter of its formats, not of a
+        // cluster-wide switch (docs/operations.md, "Upgrades and going back").
+        Err(Status::failed_precondition(
+            "etcdserver: downgrade is not supported by etcd-node: every release serves etcd \
+             API 3.5, so there is no cluster version to lower. To go back to an older \
+             etcd-node release, replace the binaries one member at a time while the cluster's \
+             version (GET /version, etcdnodecluster) allows it; a member whose key space an \
+             older release cannot read refuses to start with that release and says so \
+             (docs/operations.md, \"Upgrades and going back\")",
+        ))
     }
 }

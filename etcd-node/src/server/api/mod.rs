@@ -7,6 +7,7 @@
 
 pub mod auth;
 pub mod cluster;
+pub mod cluster_params;
 pub mod compactor;
 pub mod corruption;
 pub mod handle;
