@@ -20,6 +20,7 @@ pub mod config;
 pub mod failpoint;
 pub mod mvcc;
 pub mod raft;
+pub mod reconcile;
 pub mod server;
 pub mod sim;
 pub mod storage;

@@ -12,6 +12,7 @@ use e2e_tests::free_port;
 use etcd_client::{
     Client, EventType, GetOptions, WatchFilterType, WatchOptions, WatchResponse, WatchStream,
 };
+use witness_core::WitnessUrl;
 
 const LEADER_WAIT: Duration = Duration::from_secs(30);
 
@@ -2968,4 +2969,198 @@ fn member_update_moves_a_members_peer_url() {
     rt.block_on(wait_caught_up(&c.members[follower].url(), "m", &acked));
     let list = ok(etcdctl(&eps, &["member", "list"], None));
     assert!(list.contains(&url), "{list}");
+}
+
+/// Runs `etcdutl cluster reconcile` against `endpoints` with `desired` (YAML written to a
+/// file in `dir`): its exit status and what it printed.
+fn reconcile(dir: &Path, endpoints: &[String], desired: &str, apply: bool) -> (i32, String) {
+    let file = dir.join("desired.yaml");
+    std::fs::write(&file, desired).unwrap();
+    let mut args = vec![
+        "cluster".to_string(),
+        "reconcile".into(),
+        format!("--endpoints={}", endpoints.join(",")),
+        format!("--desired={}", file.display()),
+    ];
+    if apply {
+        args.push("--apply".into());
+    }
+    let out = std::process::Command::new(bins().1)
+        .args(&args)
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    eprintln!("etcdutl {}:\n{text}", args.join(" "));
+    (out.status.code().unwrap_or(-1), text)
+}
+
+/// The desired file for `members` (name, peer URL) and the witness at `witness`.
+fn desired_yaml(members: &[(&str, String)], witness: &str) -> String {
+    let mut y = String::from("members:\n");
+    for (name, url) in members {
+        y += &format!("  - name: {name}\n    peer-urls: [\"{url}\"]\n");
+    }
+    y + &format!("witness:\n  name: w\n  url: \"{witness}\"\n")
+}
+
+/// The member list as (name, first peer URL, learner?) rows, sorted.
+fn member_rows(endpoints: &[String]) -> Vec<String> {
+    let list = ok(etcdctl(endpoints, &["member", "list", "-w", "json"], None));
+    let v: serde_json::Value = serde_json::from_str(&list).unwrap();
+    let mut rows: Vec<String> = v["members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| {
+            format!(
+                "{} {} {}",
+                m["name"].as_str().unwrap_or(""),
+                m["peerURLs"][0].as_str().unwrap_or(""),
+                m["isLearner"].as_bool().unwrap_or(false)
+            )
+        })
+        .collect();
+    rows.sort();
+    rows
+}
+
+/// `etcdutl cluster reconcile`: a healthy cluster as desired is left untouched (dry run and
+/// --apply); the witness is moved to a new, empty location (initialised by the reconciler);
+/// a dead member is replaced in the witness-safe order (the replacement added as a learner, the
+/// reconciler waiting, exit 2, until the operator starts it, then promoted, and only then the
+/// dead member removed); an extra member is removed. Writes go on and the new member holds them.
+#[test]
+fn the_reconciler_moves_the_witness_replaces_a_dead_member_and_removes_an_extra_one() {
+    let mut c = cluster();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let leader = c.wait_leader(LEADER_WAIT);
+    let dead = 1 - leader;
+    let dir = c.dir.path().to_path_buf();
+    let lead_eps = vec![c.members[leader].url()];
+    let peer = |c: &Cluster, i: usize| (c.members[i].name.clone(), c.members[i].peer_url());
+    let (n_lead, u_lead) = peer(&c, leader);
+    let (n_dead, u_dead) = peer(&c, dead);
+    let as_is = desired_yaml(
+        &[(n_lead.as_str(), u_lead.clone()), (n_dead.as_str(), u_dead)],
+        &c.witness_url,
+    );
+    let before = member_rows(&lead_eps);
+    for apply in [false, true] {
+        let (code, out) = reconcile(&dir, &c.endpoints(), &as_is, apply);
+        assert_eq!(code, 0, "{out}");
+        assert!(out.contains("nothing to do"), "{out}");
+    }
+    assert_eq!(
+        member_rows(&lead_eps),
+        before,
+        "a healthy cluster was changed"
+    );
+
+    // The witness moves to an empty directory.
+    let w2_dir = dir.join("witness2");
+    std::fs::create_dir_all(&w2_dir).unwrap();
+    let w2 = WitnessUrl::mount(&w2_dir).unwrap().to_url_string();
+    let (n_dead, u_dead) = peer(&c, dead);
+    let moved = desired_yaml(
+        &[(n_lead.as_str(), u_lead.clone()), (n_dead.as_str(), u_dead)],
+        &w2,
+    );
+    let (code, out) = reconcile(&dir, &c.endpoints(), &moved, false);
+    assert_eq!(code, 2, "{out}");
+    assert!(
+        out.contains("would: member remove") && out.contains("the witness"),
+        "{out}"
+    );
+    assert_eq!(
+        member_rows(&lead_eps),
+        before,
+        "a dry run changed the cluster"
+    );
+    let (code, out) = reconcile(&dir, &c.endpoints(), &moved, true);
+    assert_eq!(code, 0, "{out}");
+    let rows = member_rows(&lead_eps);
+    assert!(rows.iter().any(|r| r.contains("witness2")), "{rows:?}");
+    assert!(rt.block_on(put_until(&lead_eps[0], "r1", "v", Duration::from_secs(30))));
+
+    // A member dies for good; its replacement n2 is listed instead.
+    c.kill(dead);
+    let n2 = c.new_member("n9");
+    let u2 = c.members[n2].peer_url();
+    let replaced = desired_yaml(
+        &[(n_lead.as_str(), u_lead.clone()), ("n9", u2.clone())],
+        &w2,
+    );
+    let (code, out) = reconcile(&dir, &lead_eps, &replaced, true);
+    assert_eq!(code, 2, "{out}");
+    assert!(
+        out.contains("member add n9 --learner") && out.contains("wait: learner n9"),
+        "{out}"
+    );
+    let rows = member_rows(&lead_eps);
+    assert!(
+        rows.iter().any(|r| r.starts_with(&format!("{n_dead} "))),
+        "the dead member was removed before its replacement voted: {rows:?}"
+    );
+    c.start_member(n2);
+    // (run again, as a periodic job would, until n2 has started and announced itself)
+    let started = Instant::now();
+    let out = loop {
+        let (code, out) = reconcile(&dir, &lead_eps, &replaced, true);
+        if code == 0 {
+            break out;
+        }
+        assert!(
+            code == 2 && out.contains("wait: learner n9") && !out.contains("step"),
+            "{out}"
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "{out}\nn9's log:\n{}",
+            c.log(n2)
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    let promoted = out.find("member promote").expect("a promotion");
+    let removed = out
+        .find(&format!("({n_dead})"))
+        .expect("the dead member removed");
+    assert!(promoted < removed, "removed before the promotion: {out}");
+    assert!(rt.block_on(put_until(&lead_eps[0], "r2", "v", Duration::from_secs(30))));
+
+    // An extra member (a learner someone added and started) is removed.
+    let n3 = c.new_member("n8");
+    let u3 = format!("--peer-urls={}", c.members[n3].peer_url());
+    ok(etcdctl(
+        &lead_eps,
+        &["member", "add", "n8", &u3, "--learner"],
+        None,
+    ));
+    c.start_member(n3);
+    let started = Instant::now();
+    while !member_rows(&lead_eps).iter().any(|r| r.starts_with("n8 ")) {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "n8 never announced itself"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let (code, out) = reconcile(&dir, &lead_eps, &replaced, true);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("(n8)"), "{out}");
+    let rows = member_rows(&lead_eps);
+    assert_eq!(rows.len(), 3, "{rows:?}");
+    assert!(
+        rows.iter()
+            .any(|r| r.starts_with("n9 ") && r.ends_with("false")),
+        "{rows:?}"
+    );
+    let want = [
+        ("r1".to_string(), "v".to_string()),
+        ("r2".to_string(), "v".to_string()),
+    ];
+    rt.block_on(wait_caught_up(&c.members[n2].url(), "r", &want));
 }

@@ -1,5 +1,5 @@
-//! etcdutl: offline tools for etcd-node. `etcdutl witness init|status`, `etcdutl snapshot
-//! restore|status`.
+//! etcdutl: tools for etcd-node. `etcdutl witness init|status|add`, `etcdutl snapshot
+//! restore|status`, `etcdutl cluster reconcile`.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -8,6 +8,7 @@ use anyhow::Context;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use etcd_node::config::ServerConfig;
 use etcd_node::mvcc::summarize;
+use etcd_node::reconcile;
 use etcd_node::server::restore::{RestoreOptions, restore};
 use etcd_node::storage::backup;
 use etcd_node::witness::{InitOptions, init, status};
@@ -28,6 +29,35 @@ enum Command {
     /// Restore or inspect a snapshot file saved with `etcdctl snapshot save`.
     #[command(subcommand)]
     Snapshot(SnapshotCommand),
+    /// Manage a running cluster's members.
+    #[command(subcommand)]
+    Cluster(ClusterCommand),
+}
+
+#[derive(Subcommand, Debug)]
+enum ClusterCommand {
+    /// Compare the cluster's members and witness with a desired list and print the next step
+    /// (with --apply: take the steps, one membership change at a time, re-reading the cluster
+    /// after each). Exit status: 0 the cluster is as desired, 2 waiting for something only the
+    /// operator can do (start a member's process), 1 an error.
+    Reconcile {
+        /// Client URLs of the cluster's members, comma-separated.
+        #[arg(long, default_value = "127.0.0.1:2379", value_delimiter = ',')]
+        endpoints: Vec<String>,
+        /// The desired members and witness (YAML or JSON): `members: [{name, peer-urls}]` and
+        /// `witness: {name, url}`.
+        #[arg(long)]
+        desired: PathBuf,
+        /// Take the steps (without it: print the first one only, change nothing).
+        #[arg(long)]
+        apply: bool,
+        /// USER:PASSWORD of a root user, when authentication is enabled.
+        #[arg(long)]
+        user: Option<String>,
+        /// How long a promotion waits for the learner to catch up.
+        #[arg(long, default_value = "60s", value_parser = |s: &str| etcd_node::config::parse_go_duration("wait", s))]
+        wait: std::time::Duration,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -139,8 +169,64 @@ enum Format {
     Json,
 }
 
-async fn run(cli: Cli) -> anyhow::Result<()> {
+/// `etcdutl cluster reconcile`: prints each step and why; the exit status says where it stopped.
+async fn reconcile_cluster(
+    session: &reconcile::Session,
+    desired: &reconcile::Desired,
+    apply: bool,
+    wait: std::time::Duration,
+) -> anyhow::Result<ExitCode> {
+    // (a bound: a cluster that keeps changing under the reconciler is not chased forever)
+    for n in 1..=20 {
+        let actual = reconcile::observe(session).await?;
+        let (step, why) = reconcile::plan(desired, &actual);
+        match &step {
+            reconcile::Step::Converged => {
+                println!("{step}: {why}");
+                return Ok(ExitCode::SUCCESS);
+            }
+            reconcile::Step::Wait { .. } => {
+                println!("{step} ({why})");
+                return Ok(ExitCode::from(2));
+            }
+            _ if !apply => {
+                println!("would: {step}\n  because {why}\n  (dry run: pass --apply to act)");
+                return Ok(ExitCode::from(2));
+            }
+            _ => {
+                println!("step {n}: {step}\n  because {why}");
+                reconcile::apply(session, &step, &actual, wait)
+                    .await
+                    .with_context(|| format!("step {n}: {step}"))?;
+            }
+        }
+    }
+    anyhow::bail!("the cluster did not settle after 20 steps; run again to see its state")
+}
+
+async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
+        Command::Cluster(ClusterCommand::Reconcile {
+            endpoints,
+            desired,
+            apply,
+            user,
+            wait,
+        }) => {
+            let text = std::fs::read_to_string(&desired)
+                .with_context(|| format!("--desired {}", desired.display()))?;
+            let want = reconcile::Desired::parse(&text, &desired.display().to_string())?;
+            let user = match user {
+                Some(u) => {
+                    let (name, password) =
+                        u.split_once(':').context("--user: write USER:PASSWORD")?;
+                    Some((name.to_string(), password.to_string()))
+                }
+                None => None,
+            };
+            let session = reconcile::Session { endpoints, user };
+            return reconcile_cluster(&session, &want, apply, wait).await;
+        }
         Command::Witness(WitnessCommand::Init {
             name,
             url: peer,
@@ -300,7 +386,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             }
         }
     }
-    Ok(())
+    Ok(ExitCode::SUCCESS)
 }
 
 /// A reader that computes the CRC-32C of what passes.
@@ -337,7 +423,7 @@ fn main() -> ExitCode {
         }
     };
     match rt.block_on(run(cli)) {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(code) => code,
         Err(e) => {
             eprintln!("Error: {e:#}");
             ExitCode::FAILURE
