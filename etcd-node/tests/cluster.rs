@@ -2004,28 +2004,33 @@ fn a_full_quota_raises_nospace_until_compact_defrag_and_disarm() {
 }
 
 /// Changes `key`'s live value in a stopped member's key space behind Raft's back (as a bad
-/// disk or a bug would): the row in `history` and in `current`.
+/// disk or a bug would): its newest row in `history` (format 2: `live` holds the key's
+/// revision, `history` the record).
 fn tamper(db_path: &Path, key: &[u8], value: &[u8]) {
     use prost::Message;
     use redb::{ReadableTable, TableDefinition};
     let history: TableDefinition<(&[u8], u64), &[u8]> = TableDefinition::new("history");
-    let current: TableDefinition<&[u8], &[u8]> = TableDefinition::new("current");
+    let live: TableDefinition<&[u8], u64> = TableDefinition::new("live");
     let db = redb::Database::open(db_path).expect("open the member's kv.redb");
     let tx = db.begin_write().unwrap();
     {
-        let mut live = tx.open_table(current).unwrap();
-        let record = live
+        let revision = tx
+            .open_table(live)
+            .unwrap()
             .get(key)
             .unwrap()
             .expect("the key is live")
+            .value();
+        let mut rows = tx.open_table(history).unwrap();
+        let record = rows
+            .get((key, revision))
+            .unwrap()
+            .expect("the live key's row")
             .value()
             .to_vec();
         let mut kv = etcd_client::proto::PbKeyValue::decode(record.as_slice()).unwrap();
         kv.value = value.to_vec();
-        let record = kv.encode_to_vec();
-        live.insert(key, record.as_slice()).unwrap();
-        let mut rows = tx.open_table(history).unwrap();
-        rows.insert((key, kv.mod_revision as u64), record.as_slice())
+        rows.insert((key, revision), kv.encode_to_vec().as_slice())
             .unwrap();
     }
     tx.commit().unwrap();

@@ -15,7 +15,8 @@
 //!   readers wait for ([`Status::applied`]) is published before the answers, so a read that
 //!   follows an answered write sees it;
 //! - the lessor learns of a grant or a revoke (an input to the loop) before the client of that
-//!   grant is answered: a keep-alive sent after the answer finds the lease;
+//!   grant is answered and before watchers see its events: a keep-alive sent after the answer
+//!   finds the lease, and a TimeToLive asked on seeing a revoke's deletions finds it gone;
 //! - [`Applier::barrier`] returns once everything handed over is applied: the loop calls it
 //!   before what reads the key space as of the Raft applied index (a membership change's links,
 //!   installing a leader's snapshot);
@@ -246,7 +247,6 @@ impl Thread {
             events,
             revision,
         } = outcome;
-        self.watches.publish(events, revision);
         let leases: Vec<LeaseApplied> = batch
             .iter()
             .zip(&results)
@@ -265,6 +265,9 @@ impl Thread {
         if !leases.is_empty() {
             let _ = self.feedback.send(Input::LeasesApplied(leases));
         }
+        // (after the lessor's input: a client that acts on a revoke's events, asking for the
+        // lease's TTL, finds its question queued behind the revoke and hears the lease is gone)
+        self.watches.publish(events, revision);
         publish_applied(&self.status, last);
         let mut results: Vec<_> = results.into_iter().map(Some).collect();
         for (at, waiter) in waiters {
