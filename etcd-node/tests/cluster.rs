@@ -2767,7 +2767,8 @@ fn a_cluster_feature_stays_off_until_every_member_turns_it_on() {
 /// A member that announces a peer protocol the others do not speak (the failpoint
 /// `peer-protocol`) is refused with a message naming both versions; in a new cluster it stops
 /// instead of serving, saying so; restarted with a release the others speak, on the same data
-/// directory, it joins.
+/// directory, it joins. Restarted with that protocol once the cluster holds data, it keeps
+/// running, retrying, with the refusal in its Status errors.
 #[test]
 fn a_new_cluster_with_mixed_peer_protocols_does_not_start() {
     let (node, etcdutl) = bins();
@@ -2792,6 +2793,39 @@ fn a_new_cluster_with_mixed_peer_protocols_does_not_start() {
     c.wait_leader(LEADER_WAIT);
     let rt = tokio::runtime::Runtime::new().unwrap();
     assert!(rt.block_on(put_any(&c.endpoints(), "k", "v", Duration::from_secs(30))));
+    // In a running cluster the same member waits instead, retrying, and says why in Status.
+    c.stop(1);
+    c.start_member_with(1, &[], &[("FAILPOINTS", "peer-protocol=return(9)")]);
+    let ep = c.members[1].url();
+    let started = Instant::now();
+    loop {
+        let errors = rt.block_on(async {
+            let mut client = Client::connect([ep.as_str()], None).await.ok()?;
+            Some(client.status().await.ok()?.errors().to_vec())
+        });
+        if errors
+            .as_ref()
+            .is_some_and(|e| e.iter().any(|e| e.contains("peer protocol not spoken")))
+        {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "Status errors: {errors:?}; log:\n{}",
+            c.log(1)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(
+        !c.exited(1),
+        "a member of a running cluster stopped:\n{}",
+        c.log(1)
+    );
+    // Restarted with a release the others speak, it catches up.
+    c.stop(1);
+    c.start_member(1);
+    let want = [("k".to_string(), "v".to_string())];
+    rt.block_on(wait_caught_up(&ep, "k", &want));
 }
 
 /// The previous release's binaries (`scripts/build-previous.sh`, which builds them once from a
