@@ -81,6 +81,20 @@ impl DataReader {
             .map_err(|_| bad("not a snapshot file (too short)"))?;
         let meta_len = u64::from(u32::from_le_bytes(head[4..8].try_into().expect("4 bytes")));
         let data_len = u64::from_le_bytes(head[8..16].try_into().expect("8 bytes"));
+        if &head[..3] == b"SNP" && head[3].is_ascii_digit() && head[3] >= b'2' {
+            // (the magic is the format's version: "SNAP" is 1, a later one is "SNP2"...)
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                format!(
+                    "a snapshot of format {} (etcd-node {} reads format 1): a newer \
+                     release wrote it. Run that release (or a later one) on this data \
+                     directory; a data directory is not downgraded (docs/operations.md, \
+                     \"Upgrades and going back\")",
+                    char::from(head[3]),
+                    crate::version::BINARY
+                ),
+            ));
+        }
         if &head[..4] != MAGIC {
             return Err(bad("not a snapshot file (bad magic)"));
         }
@@ -403,6 +417,22 @@ mod tests {
             },
             data: format!("state at {index}").into_bytes().into(),
         }
+    }
+
+    #[test]
+    fn a_snapshot_of_a_later_format_stops_the_load_instead_of_being_skipped() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = SnapDir::open(dir.path()).unwrap();
+        s.save(&snap(10)).unwrap();
+        let newest = s.save(&snap(20)).unwrap();
+        let mut bytes = fs::read(&newest).unwrap();
+        bytes[..4].copy_from_slice(b"SNP2");
+        fs::write(&newest, &bytes).unwrap();
+        let err = s.load().unwrap_err().to_string();
+        assert!(
+            err.contains("format 2") && err.contains("a newer release wrote it"),
+            "{err}"
+        );
     }
 
     #[test]

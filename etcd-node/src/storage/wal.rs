@@ -40,6 +40,8 @@ const KIND_HARD_STATE: u8 = 2;
 /// A snapshot was persisted at (index, term): entries up to index are no longer needed.
 const KIND_SNAPSHOT: u8 = 3;
 const HEADER: usize = 8;
+/// The kinds this release reads.
+const KNOWN_KINDS: [u8; 3] = [KIND_ENTRY, KIND_HARD_STATE, KIND_SNAPSHOT];
 
 /// What is wrong with the WAL.
 #[derive(Debug, thiserror::Error)]
@@ -53,6 +55,17 @@ pub enum WalError {
         path: PathBuf,
         offset: u64,
         what: String,
+    },
+    /// A whole record (its checksum holds) of a kind this release does not know: a later
+    /// release's format. Record kinds are the WAL's version: a format change adds a kind.
+    #[error(
+        "WAL {path} at offset {offset} holds a record of kind {kind}, which etcd-node {} does not know: a newer release wrote it. Run that release (or a later one) on this data directory; a data directory is not downgraded (docs/operations.md, \"Upgrades and going back\")",
+        crate::version::BINARY
+    )]
+    Newer {
+        path: PathBuf,
+        offset: u64,
+        kind: u8,
     },
 }
 
@@ -193,6 +206,13 @@ impl Wal {
             let mut at = 0;
             loop {
                 match read_record(&data, at) {
+                    Ok(Some((kind, _, _))) if !KNOWN_KINDS.contains(&kind) => {
+                        return Err(WalError::Newer {
+                            path: path.clone(),
+                            offset: at as u64,
+                            kind,
+                        });
+                    }
                     Ok(Some((kind, payload, next))) => {
                         apply(&mut rec, kind, payload).map_err(|what| WalError::Corrupt {
                             path: path.clone(),
@@ -573,6 +593,28 @@ mod tests {
         let (_, rec) = Wal::open(dir.path(), 4096).unwrap();
         assert_eq!(rec.entries, vec![entry(1, 1), entry(2, 2)]);
         assert_eq!(rec.torn_bytes, 0);
+    }
+
+    #[test]
+    fn a_record_of_a_later_format_is_refused_as_newer_not_as_corruption() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut wal, _) = Wal::open(dir.path(), 4096).unwrap();
+        wal.save(None, &[entry(1, 1)]).unwrap();
+        let end = wal.offset as usize;
+        drop(wal);
+        let path = only_segment(dir.path());
+        let mut data = fs::read(&path).unwrap();
+        let mut record = Vec::new();
+        frame(&mut record, 9, b"from a later release");
+        data[end..end + record.len()].copy_from_slice(&record);
+        fs::write(&path, &data).unwrap();
+        let err = Wal::open(dir.path(), 4096).unwrap_err().to_string();
+        assert!(
+            err.contains("record of kind 9") && err.contains("a newer release wrote it"),
+            "{err}"
+        );
+        assert!(!err.contains("corrupt"), "{err}");
+        assert_eq!(fs::read(&path).unwrap(), data, "nothing was changed");
     }
 
     #[test]
