@@ -22,10 +22,18 @@ src="target/previous/src-$commit"
 rm -rf "$src"
 mkdir -p "$src" "$out"
 git archive "$commit" | tar -x -C "$src"
-echo "build-previous: building etcd-node at ${commit:0:12} (debug, no debug info)" >&2
-# (a target directory of its own: its binaries must not replace this tree's)
+# vendor/h2 has not changed since that commit: point its patch at this tree's copy, so that the
+# patched h2 and everything built on it is the same package as this tree's and is built once.
+sed -i "s|^h2 = { path = \"vendor/h2\" }|h2 = { path = \"$PWD/vendor/h2\" }|" "$src/Cargo.toml"
+echo "build-previous: building etcd-node at ${commit:0:12}" >&2
+# The target directory is this tree's, with its profile: the crates both releases use (all of
+# them but the workspace's own, at the pinned Cargo.lock) are built once and shared with
+# `cargo test`. The previous binaries briefly take target/debug/etcd-node and etcdutl; they are
+# copied out at once, and cargo re-links this tree's binaries on its next build, fresh or not.
+target=${CARGO_TARGET_DIR:-$PWD/target}
 cargo build --locked --quiet --manifest-path "$src/Cargo.toml" -p etcd-node --bins \
-  --config 'profile.dev.debug=0' --target-dir target/previous/build >&2
-cp target/previous/build/debug/etcd-node target/previous/build/debug/etcdutl "$out/"
+  --config "profile.dev.package.etcd-node.opt-level=0" --config "profile.dev.package.etcd-node.debug=0" \
+  --target-dir "$target" >&2
+cp "$target/debug/etcd-node" "$target/debug/etcdutl" "$out/"
 rm -rf "$src"
 echo "$out"
