@@ -4,6 +4,7 @@
 //! the encodings they share (`codec.rs`). Formats: `docs/formats.md`.
 
 pub mod backup;
+pub mod bbolt;
 pub mod codec;
 pub mod disk;
 pub mod snap;
