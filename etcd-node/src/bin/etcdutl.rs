@@ -1,5 +1,5 @@
 //! etcdutl: tools for etcd-node. `etcdutl witness init|status|add`, `etcdutl snapshot
-//! restore|status`, `etcdutl cluster reconcile`.
+//! restore|status|export`, `etcdutl cluster reconcile`.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -7,10 +7,9 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use etcd_node::config::ServerConfig;
-use etcd_node::mvcc::summarize;
 use etcd_node::reconcile;
 use etcd_node::server::restore::{RestoreOptions, restore};
-use etcd_node::storage::backup;
+use etcd_node::server::snapshot_file::{export_etcd, status as file_status};
 use etcd_node::witness::{InitOptions, init, status};
 use witness_core::WitnessUrl;
 
@@ -26,7 +25,8 @@ enum Command {
     /// Manage a witness: a logless tie-breaker on shared storage.
     #[command(subcommand)]
     Witness(WitnessCommand),
-    /// Restore or inspect a snapshot file saved with `etcdctl snapshot save`.
+    /// Restore, inspect or export a snapshot file saved with `etcdctl snapshot save` (from
+    /// etcd-node or from etcd).
     #[command(subcommand)]
     Snapshot(SnapshotCommand),
     /// Manage a running cluster's members.
@@ -98,7 +98,22 @@ enum SnapshotCommand {
         #[arg(long = "mark-compacted")]
         mark_compacted: bool,
     },
-    /// Show what a snapshot file holds.
+    /// Write an etcd-node snapshot file as an etcd one (a bbolt database ending with its
+    /// SHA-256), for etcd's own `snapshot restore`: the way back from etcd-node to etcd.
+    Export {
+        /// The etcd-node snapshot file (`etcdctl snapshot save` against etcd-node).
+        file: PathBuf,
+        /// The file format to write; `etcd` is the only one.
+        #[arg(long, value_enum, default_value_t = ExportFormat::Etcd)]
+        format: ExportFormat,
+        /// The file to write; it must not exist.
+        #[arg(long, short = 'o')]
+        output: PathBuf,
+        /// Export even if the file's SHA-256 does not match its contents.
+        #[arg(long = "skip-hash-check")]
+        skip_hash_check: bool,
+    },
+    /// Show what a snapshot file holds (etcd-node's or etcd's).
     Status {
         /// The snapshot file.
         file: PathBuf,
@@ -161,6 +176,12 @@ impl PeerUrl {
     fn parse(&self) -> anyhow::Result<WitnessUrl> {
         WitnessUrl::parse(&self.advertise_peer_url).context("--advertise-peer-url")
     }
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum ExportFormat {
+    /// etcd 3.4/3.5's snapshot file.
+    Etcd,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -336,6 +357,19 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let r = restore(&cfg, &file, &opts)
                 .await
                 .with_context(|| format!("etcdutl snapshot restore {}", file.display()))?;
+            if let Some(e) = r.imported {
+                println!(
+                    "read an etcd snapshot: revision {} (compacted {}), {} rows of history, {} \
+                     leases, {} users, {} roles, auth {}",
+                    e.revision,
+                    e.compacted,
+                    e.rows,
+                    e.leases,
+                    e.users,
+                    e.roles,
+                    if e.auth_enabled { "on" } else { "off" }
+                );
+            }
             println!(
                 "restored member {name} ({:x}) of cluster {:x} into {}: revision {}, {} keys",
                 r.member_id,
@@ -345,62 +379,64 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 r.summary.keys
             );
         }
+        Command::Snapshot(SnapshotCommand::Export {
+            file,
+            format: ExportFormat::Etcd,
+            output,
+            skip_hash_check,
+        }) => {
+            let s = export_etcd(&file, &output, skip_hash_check)
+                .with_context(|| format!("etcdutl snapshot export {}", file.display()))?;
+            println!(
+                "exported revision {} (compacted {}): {} rows of history, {} leases, {} users, \
+                 {} roles, auth {} into {}",
+                s.revision,
+                s.compacted,
+                s.rows,
+                s.leases,
+                s.users,
+                s.roles,
+                if s.auth_enabled { "on" } else { "off" },
+                output.display()
+            );
+            println!(
+                "restore it with etcd's own tool: `etcdctl snapshot restore {}` (etcd 3.4) or \
+                 `etcdutl snapshot restore {}` (etcd 3.5), with the new cluster's flags",
+                output.display(),
+                output.display()
+            );
+        }
         Command::Snapshot(SnapshotCommand::Status { file, write_out }) => {
-            let what = || format!("etcdutl snapshot status {}", file.display());
-            let opened = std::fs::File::open(&file)
-                .with_context(|| format!("reading the snapshot file {}", file.display()))?;
-            let size = opened.metadata().with_context(what)?.len();
-            let dump = backup::open(std::io::BufReader::new(opened), true)
-                .map_err(anyhow::Error::msg)
-                .with_context(what)?;
-            let mut dump = Crc32c {
-                inner: dump,
-                crc: 0,
-            };
-            let s = summarize(&mut dump)
-                .map_err(anyhow::Error::msg)
-                .with_context(what)?;
-            let hash = dump.crc;
+            let st = file_status(&file)
+                .with_context(|| format!("etcdutl snapshot status {}", file.display()))?;
+            let s = st.summary;
             match write_out {
                 Format::Table => {
                     println!(
                         "HASH      REVISION  TOTAL KEYS  TOTAL SIZE  COMPACTED  VERSIONS  LEASES"
                     );
                     println!(
-                        "{hash:08x}  {:<8}  {:<10}  {:<10}  {:<9}  {:<8}  {}",
-                        s.revision, s.keys, size, s.compacted, s.versions, s.leases
+                        "{:08x}  {:<8}  {:<10}  {:<10}  {:<9}  {:<8}  {}",
+                        st.hash, s.revision, s.keys, st.size, s.compacted, s.versions, s.leases
                     );
                 }
                 Format::Json => println!(
                     "{}",
                     serde_json::json!({
-                        "hash": hash,
+                        "hash": st.hash,
                         "revision": s.revision,
                         "totalKey": s.keys,
-                        "totalSize": size,
+                        "totalSize": st.size,
                         "compactRevision": s.compacted,
                         "versions": s.versions,
                         "leases": s.leases,
+                        "format": if st.etcd.is_some() { "etcd" } else { "etcd-node" },
                     })
                 ),
             }
         }
     }
     Ok(ExitCode::SUCCESS)
-}
-
-/// A reader that computes the CRC-32C of what passes.
-struct Crc32c<R> {
-    inner: R,
-    crc: u32,
-}
-
-impl<R: std::io::Read> std::io::Read for Crc32c<R> {
-    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        let n = self.inner.read(buf)?;
-        self.crc = crc32c::crc32c_append(self.crc, &buf[..n]);
-        Ok(n)
-    }
 }
 
 fn main() -> ExitCode {

@@ -36,6 +36,7 @@
 mod apply;
 pub mod auth;
 mod dump;
+pub mod etcd;
 pub mod events;
 mod range;
 pub mod request;

@@ -17,6 +17,7 @@ pub mod proposals;
 pub mod reads;
 pub mod removal;
 pub mod restore;
+pub mod snapshot_file;
 pub mod watch_hub;
 pub mod wire;
 pub mod witness_probe;

@@ -27,6 +27,7 @@ use witness_core::{Seen, WitnessUrl};
 
 use super::bootstrap::{initial_members, initial_membership};
 use crate::config::ServerConfig;
+use crate::mvcc::etcd::EtcdFileSummary;
 use crate::mvcc::{self, DumpSummary, Hashing, Mvcc};
 use crate::raft::KnownWitness;
 use crate::storage::backup;
@@ -52,6 +53,16 @@ pub struct RestoreReport {
     pub cluster_id: u64,
     /// The restored key space (after any bump).
     pub summary: DumpSummary,
+    /// What the file held, when it was an etcd (bbolt) snapshot.
+    pub imported: Option<EtcdFileSummary>,
+}
+
+/// A snapshot file, opened.
+enum Source {
+    /// etcd-node's: its dump.
+    Node(std::io::Take<BufReader<std::fs::File>>),
+    /// etcd's: the file, the database's length and SHA-256 (checked as asked).
+    Etcd(std::fs::File, u64, [u8; 32]),
 }
 
 /// Builds `cfg.data_dir` for member `cfg.name` from the snapshot file `file`. The file is read
@@ -75,18 +86,23 @@ pub async fn restore(
             dir.display()
         );
     }
-    let opened = std::fs::File::open(file)
+    let mut opened = std::fs::File::open(file)
         .with_context(|| format!("reading the snapshot file {}", file.display()))?;
-    let dump =
-        backup::open(BufReader::new(opened), !opts.skip_hash_check).map_err(anyhow::Error::msg)?;
+    let check = !opts.skip_hash_check;
+    let source = if backup::is_etcd(&mut opened)? {
+        let (len, sha) = backup::check_etcd(&mut opened, check).map_err(anyhow::Error::msg)?;
+        Source::Etcd(opened, len, sha)
+    } else {
+        Source::Node(backup::open(BufReader::new(opened), check).map_err(anyhow::Error::msg)?)
+    };
     let aside = aside_path(dir);
     if aside.exists() {
         // A restore that failed earlier: nothing could have used it.
         std::fs::remove_dir_all(&aside)
             .with_context(|| format!("removing the unfinished restore {}", aside.display()))?;
     }
-    let built = build_aside(cfg, &aside, dump, opts).await;
-    let (summary, cluster_id) = match built {
+    let built = build_aside(cfg, &aside, source, opts).await;
+    let (summary, cluster_id, imported) = match built {
         Ok(done) => done,
         Err(e) => {
             let _ = std::fs::remove_dir_all(&aside);
@@ -105,19 +121,38 @@ pub async fn restore(
         member_id: cfg.member_id,
         cluster_id,
         summary,
+        imported,
     })
 }
 
-/// Writes the restored member's data directory at `aside`: the dump rewritten for the new
-/// cluster into a file of its own (its SHA-256 computed on the way), the witness checked, then
-/// the member's storage from that file. Returns the summary and the cluster id.
+/// Writes the restored member's data directory at `aside`: an etcd file converted to a dump
+/// (in a file of its own), the dump rewritten for the new cluster into a file of its own (its
+/// SHA-256 computed on the way), the witness checked, then the member's storage from that
+/// file. Returns the summary, the cluster id and what an etcd file held.
 async fn build_aside(
     cfg: &ServerConfig,
     aside: &Path,
-    dump: impl Read,
+    source: Source,
     opts: &RestoreOptions,
-) -> anyhow::Result<(DumpSummary, u64)> {
+) -> anyhow::Result<(DumpSummary, u64, Option<EtcdFileSummary>)> {
     std::fs::create_dir_all(aside).with_context(|| format!("creating {}", aside.display()))?;
+    let converted = aside.join("etcd.dump");
+    let (dump, imported): (Box<dyn Read>, _) = match source {
+        Source::Node(dump) => (Box::new(dump), None),
+        Source::Etcd(file, len, sha) => {
+            let mut out = BufWriter::new(
+                std::fs::File::create(&converted)
+                    .with_context(|| format!("creating {}", converted.display()))?,
+            );
+            let imported = mvcc::etcd::import(file, len, &sha, aside, &mut out)
+                .map_err(anyhow::Error::msg)
+                .context("reading the etcd snapshot")?;
+            out.flush()
+                .with_context(|| format!("writing {}", converted.display()))?;
+            let dump = BufReader::new(std::fs::File::open(&converted)?);
+            (Box::new(dump), Some(imported))
+        }
+    };
     let rewritten = aside.join("restored.dump");
     let mut out = Hashing {
         out: BufWriter::new(
@@ -146,9 +181,13 @@ async fn build_aside(
     };
     build(cfg, cluster_id, aside, &rewritten, witness)
         .with_context(|| format!("restoring into {}", aside.display()))?;
-    std::fs::remove_file(&rewritten)
-        .with_context(|| format!("removing {}", rewritten.display()))?;
-    Ok((summary, cluster_id))
+    for scratch in [&rewritten, &converted] {
+        if scratch.exists() {
+            std::fs::remove_file(scratch)
+                .with_context(|| format!("removing {}", scratch.display()))?;
+        }
+    }
+    Ok((summary, cluster_id, imported))
 }
 
 /// `<data-dir>.restoring`, next to the data directory (same file system, so the rename is

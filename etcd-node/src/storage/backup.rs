@@ -95,10 +95,11 @@ pub fn open<R: Read + Seek>(mut file: R, check_hash: bool) -> Result<io::Take<R>
     let mut head = [0u8; 20];
     let got = read_up_to(&mut file, &mut head).map_err(io_err)?;
     if got == head.len() && head[16..20] == BBOLT_MAGIC {
-        return Err("this is an etcd (bbolt) snapshot, not an etcd-node one: etcd-node restores \
-                    only snapshots saved from etcd-node (move data from etcd with `etcdctl make-mirror` \
-                    or `etcdctl get --prefix` and `put`)"
-            .into());
+        return Err(
+            "this is an etcd (bbolt) snapshot, not an etcd-node one (`etcdutl snapshot \
+                    restore` and `status` read both kinds)"
+                .into(),
+        );
     }
     if got < MAGIC.len() || &head[..MAGIC.len()] != MAGIC {
         return Err(
@@ -139,6 +140,69 @@ pub fn open<R: Read + Seek>(mut file: R, check_hash: bool) -> Result<io::Take<R>
     }
     file.seek(SeekFrom::Start(start)).map_err(io_err)?;
     Ok(file.take(len))
+}
+
+/// Whether `file` is an etcd (bbolt) snapshot or database file rather than an etcd-node one.
+pub fn is_etcd(file: &mut (impl Read + Seek)) -> io::Result<bool> {
+    file.seek(SeekFrom::Start(0))?;
+    let mut head = [0u8; 20];
+    let got = read_up_to(file, &mut head)?;
+    file.seek(SeekFrom::Start(0))?;
+    Ok(got == head.len() && &head[..MAGIC.len()] != MAGIC && head[16..20] == BBOLT_MAGIC)
+}
+
+/// Checks an etcd file as etcd's restore does: a file `etcdctl snapshot save` wrote is
+/// 512·n + 32 bytes, the database then its SHA-256, which must match; any other size is a
+/// database copied from a data directory (`member/snap/db`), restored only with `check_hash`
+/// false. Returns the database's length and its SHA-256.
+pub fn check_etcd(
+    file: &mut (impl Read + Seek),
+    check_hash: bool,
+) -> Result<(u64, [u8; 32]), String> {
+    let io_err = |e: io::Error| format!("reading it: {e}");
+    let size = file.seek(SeekFrom::End(0)).map_err(io_err)?;
+    let hashed = size % SECTOR as u64 == HASH_BYTES as u64;
+    let len = if hashed {
+        size - HASH_BYTES as u64
+    } else {
+        size
+    };
+    if !hashed && check_hash {
+        return Err(format!(
+            "this etcd file ({size} bytes) does not end with a SHA-256, so it is not a file \
+             `etcdctl snapshot save` wrote whole: a database copied from a data directory \
+             (member/snap/db) has none, and a truncated snapshot has lost its end. Save the \
+             snapshot again with `etcdctl snapshot save`, or, for a database file you know is \
+             whole (copied while its etcd was stopped), add --skip-hash-check"
+        ));
+    }
+    file.seek(SeekFrom::Start(0)).map_err(io_err)?;
+    let mut sha = Sha256::new();
+    io::copy(&mut file.take(len), &mut HashInto(&mut sha)).map_err(io_err)?;
+    let sha: [u8; 32] = sha.finalize().into();
+    if hashed && check_hash {
+        let mut stored = [0u8; HASH_BYTES];
+        file.read_exact(&mut stored).map_err(io_err)?;
+        if sha != stored {
+            return Err(
+                "its SHA-256 does not match its contents: the file is damaged or truncated \
+                 (save it again; --skip-hash-check restores it anyway, at your own risk)"
+                    .into(),
+            );
+        }
+    }
+    file.seek(SeekFrom::Start(0)).map_err(io_err)?;
+    Ok((len, sha))
+}
+
+/// Ends the etcd file `file` (written whole, positioned at its end) with the SHA-256 of its
+/// contents, as `etcdctl snapshot save` does, so etcd's restore checks it.
+pub fn seal_etcd(file: &mut std::fs::File) -> io::Result<()> {
+    file.seek(SeekFrom::Start(0))?;
+    let mut sha = Sha256::new();
+    io::copy(file, &mut HashInto(&mut sha))?;
+    file.write_all(&sha.finalize())?;
+    file.sync_all()
 }
 
 /// Reads as much of `buf` as `r` holds; returns how much.

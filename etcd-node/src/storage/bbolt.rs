@@ -114,6 +114,11 @@ enum Root {
     Inline(Vec<u8>),
 }
 
+/// Called with each key and value of a bucket.
+pub type PairFn<'a> = dyn FnMut(&[u8], &[u8]) -> Result<(), String> + 'a;
+/// Called with each element of a node: (is a bucket, key, value).
+type VisitFn<'a> = dyn FnMut(bool, &[u8], &[u8]) -> Result<(), String> + 'a;
+
 /// A bucket of a [`Reader`]'s file.
 #[derive(Debug, Clone)]
 pub struct Bucket(Root);
@@ -121,7 +126,11 @@ pub struct Bucket(Root);
 /// One element of a node, as found.
 enum Element<'a> {
     Child(u64),
-    Pair { bucket: bool, key: &'a [u8], value: &'a [u8] },
+    Pair {
+        bucket: bool,
+        key: &'a [u8],
+        value: &'a [u8],
+    },
 }
 
 impl Reader {
@@ -159,9 +168,11 @@ impl Reader {
             }
         }
         let Some(meta) = best else {
-            return Err("neither of its meta pages is valid (a bbolt file starts with two \
+            return Err(
+                "neither of its meta pages is valid (a bbolt file starts with two \
                         meta pages; this one is damaged, or not a bbolt file)"
-                .into());
+                    .into(),
+            );
         };
         let size = u64::from(meta.page_size);
         if !(512..=1 << 20).contains(&size) || !size.is_power_of_two() {
@@ -205,11 +216,15 @@ impl Reader {
         let head = self.read(id * size, HEADER)?;
         let overflow = u64::from(u32_at(&head, 12));
         if id + overflow >= self.meta.pages {
-            return Err(bad(format!("its {overflow} overflow pages run past the end")));
+            return Err(bad(format!(
+                "its {overflow} overflow pages run past the end"
+            )));
         }
         let flags = u16_at(&head, 8);
         if flags & want == 0 {
-            return Err(bad(format!("flags {flags:#x} where a tree node was expected")));
+            return Err(bad(format!(
+                "flags {flags:#x} where a tree node was expected"
+            )));
         }
         self.read(id * size, ((1 + overflow) * size) as usize)
     }
@@ -232,19 +247,13 @@ impl Reader {
     }
 
     /// Calls `f` with every key and value of `bucket`, in key order, skipping nested buckets.
-    pub fn for_each(
-        &self,
-        bucket: &Bucket,
-        f: &mut dyn FnMut(&[u8], &[u8]) -> Result<(), String>,
-    ) -> Result<(), String> {
-        self.walk(bucket, &mut |nested, k, v| if nested { Ok(()) } else { f(k, v) })
+    pub fn for_each(&self, bucket: &Bucket, f: &mut PairFn<'_>) -> Result<(), String> {
+        self.walk(bucket, &mut |nested, k, v| {
+            if nested { Ok(()) } else { f(k, v) }
+        })
     }
 
-    fn walk(
-        &self,
-        bucket: &Bucket,
-        f: &mut dyn FnMut(bool, &[u8], &[u8]) -> Result<(), String>,
-    ) -> Result<(), String> {
+    fn walk(&self, bucket: &Bucket, f: &mut VisitFn<'_>) -> Result<(), String> {
         match &bucket.0 {
             Root::Page(id) => self.walk_page(*id, 0, &mut HashSet::new(), f),
             Root::Inline(node) => visit(node, f),
@@ -258,7 +267,7 @@ impl Reader {
         id: u64,
         depth: usize,
         seen: &mut HashSet<u64>,
-        f: &mut dyn FnMut(bool, &[u8], &[u8]) -> Result<(), String>,
+        f: &mut VisitFn<'_>,
     ) -> Result<(), String> {
         if depth > MAX_DEPTH {
             return Err(format!(
@@ -266,9 +275,7 @@ impl Reader {
             ));
         }
         if !seen.insert(id) {
-            return Err(format!(
-                "page {id} is reached twice: the file is damaged"
-            ));
+            return Err(format!("page {id} is reached twice: the file is damaged"));
         }
         let page = self.page(id, BRANCH | LEAF)?;
         let mut children = Vec::new();
@@ -303,10 +310,7 @@ impl Bucket {
 }
 
 /// Calls `f` with the pairs of an inline leaf node.
-fn visit(
-    node: &[u8],
-    f: &mut dyn FnMut(bool, &[u8], &[u8]) -> Result<(), String>,
-) -> Result<(), String> {
+fn visit(node: &[u8], f: &mut VisitFn<'_>) -> Result<(), String> {
     elements(node, &mut |e| match e {
         Element::Pair { bucket, key, value } => f(bucket, key, value),
         Element::Child(_) => Err("an inline bucket with a branch node".into()),
@@ -315,7 +319,10 @@ fn visit(
 }
 
 /// The elements of the node `node` (header first), every offset checked.
-fn elements(node: &[u8], f: &mut dyn FnMut(Element<'_>) -> Result<(), String>) -> Result<(), String> {
+fn elements(
+    node: &[u8],
+    f: &mut dyn FnMut(Element<'_>) -> Result<(), String>,
+) -> Result<(), String> {
     let damaged = |what: &str| format!("{what} out of the node's bounds: the file is damaged");
     if node.len() < HEADER {
         return Err(damaged("a node header"));
@@ -328,16 +335,26 @@ fn elements(node: &[u8], f: &mut dyn FnMut(Element<'_>) -> Result<(), String>) -
     }
     for i in 0..count {
         let at = HEADER + i * ELEMENT;
-        let e = node.get(at..at + ELEMENT).ok_or_else(|| damaged("an element"))?;
+        let e = node
+            .get(at..at + ELEMENT)
+            .ok_or_else(|| damaged("an element"))?;
         let slice = |pos: u32, len: u32| {
-            let start = at.checked_add(pos as usize).ok_or_else(|| damaged("a key"))?;
-            let end = start.checked_add(len as usize).ok_or_else(|| damaged("a key"))?;
-            node.get(start..end).ok_or_else(|| damaged("a key or value"))
+            let start = at
+                .checked_add(pos as usize)
+                .ok_or_else(|| damaged("a key"))?;
+            let end = start
+                .checked_add(len as usize)
+                .ok_or_else(|| damaged("a key"))?;
+            node.get(start..end)
+                .ok_or_else(|| damaged("a key or value"))
         };
         if leaf {
             let (eflags, pos, ksize, vsize) =
                 (u32_at(e, 0), u32_at(e, 4), u32_at(e, 8), u32_at(e, 12));
-            let both = slice(pos, ksize.checked_add(vsize).ok_or_else(|| damaged("a value"))?)?;
+            let both = slice(
+                pos,
+                ksize.checked_add(vsize).ok_or_else(|| damaged("a value"))?,
+            )?;
             let (key, value) = both.split_at(ksize as usize);
             f(Element::Pair {
                 bucket: eflags & BUCKET != 0,
@@ -353,8 +370,15 @@ fn elements(node: &[u8], f: &mut dyn FnMut(Element<'_>) -> Result<(), String>) -
 
 /// One pending element of a node being built.
 enum Item {
-    Leaf { flags: u32, key: Vec<u8>, value: Vec<u8> },
-    Branch { key: Vec<u8>, child: u64 },
+    Leaf {
+        flags: u32,
+        key: Vec<u8>,
+        value: Vec<u8>,
+    },
+    Branch {
+        key: Vec<u8>,
+        child: u64,
+    },
 }
 
 impl Item {
@@ -425,7 +449,9 @@ impl<W: Write + Seek> Writer<W> {
     /// Starts the bucket `name`; names must come in order, and so must its keys.
     pub fn bucket(&mut self, name: &[u8]) -> TreeBuilder<'_, W> {
         assert!(
-            self.buckets.last().is_none_or(|(last, _)| last.as_slice() < name),
+            self.buckets
+                .last()
+                .is_none_or(|(last, _)| last.as_slice() < name),
             "buckets in name order"
         );
         self.buckets.push((name.to_vec(), 0));
@@ -583,7 +609,11 @@ impl<W: Write + Seek> TreeBuilder<'_, W> {
     /// Ends the bucket.
     pub fn finish(mut self) -> io::Result<()> {
         let root = self.root()?;
-        self.writer.buckets.last_mut().expect("a bucket was started").1 = root;
+        self.writer
+            .buckets
+            .last_mut()
+            .expect("a bucket was started")
+            .1 = root;
         Ok(())
     }
 }
@@ -654,8 +684,16 @@ mod tests {
         let buckets = sample(seed);
         let file = write(&buckets);
         let names: Vec<Vec<u8>> = buckets.iter().map(|(n, _)| n.clone()).collect();
-        assert_eq!(read(file.as_file(), &names).unwrap(), buckets, "seed {seed}");
-        assert!(read(file.as_file(), &[b"missing".to_vec()]).unwrap()[0].1.is_empty());
+        assert_eq!(
+            read(file.as_file(), &names).unwrap(),
+            buckets,
+            "seed {seed}"
+        );
+        assert!(
+            read(file.as_file(), &[b"missing".to_vec()]).unwrap()[0]
+                .1
+                .is_empty()
+        );
         // Both meta pages valid; the newer one is used.
         let len = file.as_file().metadata().unwrap().len();
         assert_eq!(len % PAGE_SIZE as u64, 0);
