@@ -1,4 +1,5 @@
-//! `etcdutl witness init|status` as an operator runs them: real processes, real directories,
+//! `etcdutl witness init|status` and `etcdutl snapshot` (moving data in and out of etcd) as an
+//! operator runs them: real processes, real directories,
 //! a real Azurite. Every failure must be a clear message, a non-zero exit and no change.
 
 use std::os::unix::fs::PermissionsExt;
@@ -317,4 +318,362 @@ fn init_and_status_on_azurite() {
         "{}",
         text(&o)
     );
+}
+
+/// Keys, values, revisions, versions and leases, as a client reads them.
+type Kvs = Vec<(Vec<u8>, i64, i64, i64, Vec<u8>, i64)>;
+
+/// Fails on the first difference of two reads of every key (not printing 100,000 keys).
+/// (The revisions are the stores' current ones, whatever revision was read.)
+fn same(got: &(i64, Kvs), want: &(i64, Kvs), what: &str) {
+    if let Some(i) = (0..got.1.len().min(want.1.len())).find(|&i| got.1[i] != want.1[i]) {
+        panic!(
+            "{what}: key {i} differs: {:?} where {:?}",
+            got.1[i], want.1[i]
+        );
+    }
+    assert_eq!(got.1.len(), want.1.len(), "{what}: the number of keys");
+}
+
+async fn connect(endpoint: &str, user: Option<(&str, &str)>) -> etcd_client::Client {
+    let opts = user.map(|(u, p)| etcd_client::ConnectOptions::new().with_user(u, p));
+    etcd_client::Client::connect([endpoint], opts)
+        .await
+        .expect("connect")
+}
+
+/// Every key at `revision` (0: the newest) and the revision read, a page at a time.
+async fn everything(c: &mut etcd_client::Client, revision: i64) -> (i64, Kvs) {
+    let mut out = Vec::new();
+    let mut from = vec![0u8];
+    let mut read_at = revision;
+    loop {
+        let opts = etcd_client::GetOptions::new()
+            .with_range(vec![0u8])
+            .with_limit(5000)
+            .with_revision(read_at);
+        let r = c.get(from.clone(), Some(opts)).await.expect("range");
+        // (read every page at the first page's revision)
+        if read_at == 0 {
+            read_at = r.header().expect("header").revision();
+        }
+        for kv in r.kvs() {
+            out.push((
+                kv.key().to_vec(),
+                kv.create_revision(),
+                kv.mod_revision(),
+                kv.version(),
+                kv.value().to_vec(),
+                kv.lease(),
+            ));
+        }
+        if !r.more() {
+            return (read_at, out);
+        }
+        from = out.last().expect("a page").0.clone();
+        from.push(0);
+    }
+}
+
+/// What an etcd key space holds for the migration test: 100,000 keys written in txns of 100
+/// (several keys per revision), leased keys, a compaction, then updates and deletes (history
+/// after it), users and a role, auth on. Returns a revision between the compaction and the end.
+async fn load(endpoint: &str) -> i64 {
+    use etcd_client::{Permission, PutOptions, Txn, TxnOp};
+    let value = "v".repeat(100);
+    let mut writers = Vec::new();
+    for w in 0..4 {
+        let mut c = connect(endpoint, None).await;
+        let value = value.clone();
+        writers.push(tokio::spawn(async move {
+            for t in (w..1000).step_by(4) {
+                let ops: Vec<TxnOp> = (0..100)
+                    .map(|i| TxnOp::put(format!("m/{:06}", t * 100 + i), value.as_str(), None))
+                    .collect();
+                c.txn(Txn::new().and_then(ops)).await.expect("txn");
+            }
+        }));
+    }
+    for w in writers {
+        w.await.unwrap();
+    }
+    let mut c = connect(endpoint, None).await;
+    for l in 0..20 {
+        let lease = c.lease_grant(3600 + l, None).await.unwrap().id();
+        let ops: Vec<TxnOp> = (0..50)
+            .map(|j| {
+                TxnOp::put(
+                    format!("l/{l:02}/{j:02}"),
+                    "leased",
+                    Some(PutOptions::new().with_lease(lease)),
+                )
+            })
+            .collect();
+        c.txn(Txn::new().and_then(ops)).await.unwrap();
+    }
+    let compacted = c.put("mark", "compact here", None).await.unwrap();
+    let compacted = compacted.header().unwrap().revision();
+    c.compact(compacted, None).await.unwrap();
+    for i in 0..1000 {
+        c.put(format!("m/{:06}", i * 7), format!("updated {i}"), None)
+            .await
+            .unwrap();
+    }
+    let between = c.put("mark", "between", None).await.unwrap();
+    let between = between.header().unwrap().revision();
+    for i in 0..500 {
+        c.delete(format!("m/{:06}", i * 13 + 1), None)
+            .await
+            .unwrap();
+    }
+    c.user_add("root", "rootpw", None).await.unwrap();
+    c.user_grant_role("root", "root").await.unwrap();
+    c.role_add("reader").await.unwrap();
+    c.role_grant_permission("reader", Permission::read("m/").with_prefix())
+        .await
+        .unwrap();
+    c.user_add("alice", "alicepw", None).await.unwrap();
+    c.user_grant_role("alice", "reader").await.unwrap();
+    c.auth_enable().await.unwrap();
+    between
+}
+
+fn etcdctl(endpoint: &str, args: &[&str]) -> Output {
+    Command::new("etcdctl")
+        .env("ETCDCTL_API", "3")
+        .args(["--endpoints", endpoint, "--user", "root:rootpw"])
+        .args(args)
+        .output()
+        .expect("run etcdctl")
+}
+
+/// Checks what a user sees of a migrated cluster at `endpoint`: alice reads under m/ and
+/// nothing else, cannot write, her password is checked; every lease is there with its TTL and
+/// its keys.
+async fn users_and_leases_work(endpoint: &str) {
+    let mut alice = connect(endpoint, Some(("alice", "alicepw"))).await;
+    let got = alice.get("m/000002", None).await.expect("alice reads m/");
+    assert_eq!(got.kvs().len(), 1);
+    let denied = alice.put("m/000002", "x", None).await.unwrap_err();
+    assert!(denied.to_string().contains("permission denied"), "{denied}");
+    let denied = alice.get("l/00/00", None).await.unwrap_err();
+    assert!(denied.to_string().contains("permission denied"), "{denied}");
+    let wrong = etcd_client::Client::connect(
+        [endpoint],
+        Some(etcd_client::ConnectOptions::new().with_user("alice", "wrong")),
+    )
+    .await;
+    assert!(wrong.is_err(), "a wrong password is refused");
+    let mut root = connect(endpoint, Some(("root", "rootpw"))).await;
+    let leases = root.leases().await.unwrap();
+    assert_eq!(leases.leases().len(), 20);
+    for l in leases.leases() {
+        let ttl = root
+            .lease_time_to_live(
+                l.id(),
+                Some(etcd_client::LeaseTimeToLiveOptions::new().with_keys()),
+            )
+            .await
+            .unwrap();
+        assert!((3600..3620).contains(&ttl.granted_ttl()), "{ttl:?}");
+        assert_eq!(ttl.keys().len(), 50);
+    }
+}
+
+/// Migration in and out of etcd, as docs/operations.md tells it, against Debian's etcd 3.4:
+/// `etcdctl snapshot save` from etcd, `etcdutl snapshot restore` of that file into two
+/// members and a witness, then back with `etcdutl snapshot export --format etcd` and etcd's
+/// own `etcdctl snapshot restore`. Every key, version, revision (the history after the
+/// compaction too), lease and user arrives each way.
+#[test]
+fn an_etcd_key_space_moves_to_etcd_node_and_back() {
+    use std::time::Instant;
+    let dir = tempfile::tempdir().unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let mut etcd = e2e_tests::etcd::Etcd::new(dir.path(), "e1");
+    etcd.start();
+    let loaded = Instant::now();
+    let between = rt.block_on(load(&etcd.endpoint()));
+    println!("loaded etcd in {:?}", loaded.elapsed());
+    let (want, old) = rt.block_on(async {
+        let mut root = connect(&etcd.endpoint(), Some(("root", "rootpw"))).await;
+        (
+            everything(&mut root, 0).await,
+            everything(&mut root, between).await,
+        )
+    });
+    assert_eq!(want.1.len(), 100_000 + 1000 + 1 - 500);
+
+    // In: the downtime starts when the old cluster takes its last write.
+    let down = Instant::now();
+    let file = dir.path().join("etcd.snap");
+    let o = etcdctl(
+        &etcd.endpoint(),
+        &["snapshot", "save", file.to_str().unwrap()],
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let saved = down.elapsed();
+    etcd.stop();
+    let (node, util) = (
+        Path::new(env!("CARGO_BIN_EXE_etcd-node")),
+        Path::new(env!("CARGO_BIN_EXE_etcdutl")),
+    );
+    let mut c = e2e_tests::cluster::Cluster::prepare(node, util, &[]);
+    // A copy that lost its end (its hash) is refused, as etcd refuses it, and nothing is made.
+    let cut = dir.path().join("cut.snap");
+    let bytes = std::fs::read(&file).unwrap();
+    std::fs::write(&cut, &bytes[..bytes.len() - 1]).unwrap();
+    let o = etcdutl(&[
+        "snapshot",
+        "restore",
+        cut.to_str().unwrap(),
+        "--name",
+        "n1",
+        "--data-dir",
+        c.data_dir(0).to_str().unwrap(),
+        "--initial-cluster",
+        c.initial_cluster(),
+        "--initial-advertise-peer-urls",
+        &c.members[0].peer_url(),
+    ]);
+    assert!(
+        !o.status.success() && text(&o).contains("does not end with a SHA-256"),
+        "{}",
+        text(&o)
+    );
+    assert!(!c.data_dir(0).exists());
+    for i in 0..2 {
+        let m = &c.members[i];
+        let o = etcdutl(&[
+            "snapshot",
+            "restore",
+            file.to_str().unwrap(),
+            "--name",
+            &m.name,
+            "--data-dir",
+            c.data_dir(i).to_str().unwrap(),
+            "--initial-cluster",
+            c.initial_cluster(),
+            "--initial-advertise-peer-urls",
+            &m.peer_url(),
+        ]);
+        assert!(o.status.success(), "{}", text(&o));
+        assert!(
+            text(&o).contains("read an etcd snapshot") && text(&o).contains("2 users, 1 roles"),
+            "{}",
+            text(&o)
+        );
+    }
+    let restored = down.elapsed();
+    c.start_member(0);
+    c.start_member(1);
+    let ours = c.members[0].url();
+    let first_write = rt.block_on(async {
+        let mut root = loop {
+            match etcd_client::Client::connect(
+                [ours.as_str()],
+                Some(etcd_client::ConnectOptions::new().with_user("root", "rootpw")),
+            )
+            .await
+            {
+                Ok(c) => break c,
+                Err(_) => tokio::time::sleep(std::time::Duration::from_millis(50)).await,
+            }
+        };
+        loop {
+            match root.put("migrated", "yes", None).await {
+                Ok(r) => break r.header().unwrap().revision(),
+                Err(_) => tokio::time::sleep(std::time::Duration::from_millis(50)).await,
+            }
+        }
+    });
+    println!(
+        "etcd -> etcd-node, 100,000 keys: snapshot saved after {saved:?}, both members \
+         restored after {restored:?}, first write accepted after {:?}",
+        down.elapsed()
+    );
+    assert_eq!(first_write, want.0 + 1, "the revision goes on from etcd's");
+    let (now, back_old) = rt.block_on(async {
+        let mut root = connect(&ours, Some(("root", "rootpw"))).await;
+        (
+            everything(&mut root, first_write - 1).await,
+            everything(&mut root, between).await,
+        )
+    });
+    same(
+        &now,
+        &want,
+        "etcd-node holds what etcd held, revisions and all",
+    );
+    same(&back_old, &old, "and the history after etcd's compaction");
+    rt.block_on(users_and_leases_work(&ours));
+
+    // Out: back to etcd with etcd's own restore.
+    let file = dir.path().join("ours.snap");
+    let o = etcdctl(
+        &c.members[0].endpoint(),
+        &["snapshot", "save", file.to_str().unwrap()],
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let exported = dir.path().join("back.db");
+    let o = etcdutl(&[
+        "snapshot",
+        "export",
+        file.to_str().unwrap(),
+        "--format",
+        "etcd",
+        "--output",
+        exported.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let again = etcdutl(&[
+        "snapshot",
+        "export",
+        file.to_str().unwrap(),
+        "--output",
+        exported.to_str().unwrap(),
+    ]);
+    assert!(
+        !again.status.success() && text(&again).contains("already exists"),
+        "{}",
+        text(&again)
+    );
+    let want = rt.block_on(async {
+        let mut root = connect(&ours, Some(("root", "rootpw"))).await;
+        everything(&mut root, 0).await
+    });
+    drop(c);
+    let mut back = e2e_tests::etcd::Etcd::new(dir.path(), "b1");
+    let o = Command::new("etcdctl")
+        .env("ETCDCTL_API", "3")
+        .args([
+            "snapshot",
+            "restore",
+            exported.to_str().unwrap(),
+            "--name",
+            "b1",
+        ])
+        .arg("--data-dir")
+        .arg(&back.data_dir)
+        .args(["--initial-cluster", &back.initial_cluster()])
+        .args(["--initial-advertise-peer-urls", &back.peer_url()])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "etcd's restore: {}", text(&o));
+    back.start();
+    let (got, got_old) = rt.block_on(async {
+        let mut root = connect(&back.endpoint(), Some(("root", "rootpw"))).await;
+        (
+            everything(&mut root, 0).await,
+            everything(&mut root, between).await,
+        )
+    });
+    assert_eq!(got.0, want.0, "etcd's revision goes on from etcd-node's");
+    same(
+        &got,
+        &want,
+        "etcd holds what etcd-node held, revisions and all",
+    );
+    same(&got_old, &old, "and the history");
+    rt.block_on(users_and_leases_work(&back.endpoint()));
 }

@@ -8,6 +8,7 @@
 
 pub mod azurite;
 pub mod cluster;
+pub mod etcd;
 pub mod faults;
 pub mod linearizable;
 pub mod pki;
