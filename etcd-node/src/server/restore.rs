@@ -171,6 +171,11 @@ async fn build_aside(
     .map_err(anyhow::Error::msg)?;
     out.flush()
         .with_context(|| format!("writing {}", rewritten.display()))?;
+    if imported.is_some() {
+        // (read whole: its disk is needed for what comes)
+        std::fs::remove_file(&converted)
+            .with_context(|| format!("removing {}", converted.display()))?;
+    }
     let cluster_id = restored_cluster_id(cfg.cluster_id, &out.sha.finalize());
     let witness = match cfg.witness() {
         Some((member, url)) => Some(KnownWitness {
@@ -181,12 +186,8 @@ async fn build_aside(
     };
     build(cfg, cluster_id, aside, &rewritten, witness)
         .with_context(|| format!("restoring into {}", aside.display()))?;
-    for scratch in [&rewritten, &converted] {
-        if scratch.exists() {
-            std::fs::remove_file(scratch)
-                .with_context(|| format!("removing {}", scratch.display()))?;
-        }
-    }
+    std::fs::remove_file(&rewritten)
+        .with_context(|| format!("removing {}", rewritten.display()))?;
     Ok((summary, cluster_id, imported))
 }
 
