@@ -6,7 +6,7 @@
 # sizes and the peak memory of each restore.
 #
 # Environment (all optional): BIN (directory with etcd-node, etcdutl and etcd-bench; default:
-# build them in release), KEYS.
+# build them in release), KEYS, KEEP (set: keep the working directory, with the logs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ -z "${BIN:-}" ]; then
@@ -16,7 +16,7 @@ fi
 keys=${KEYS:-100000}
 work=$(mktemp -d)
 pids=()
-trap 'kill ${pids[@]+"${pids[@]}"} 2>/dev/null; wait 2>/dev/null; rm -rf "$work"' EXIT
+trap 'kill ${pids[@]+"${pids[@]}"} 2>/dev/null; wait 2>/dev/null; [ -n "${KEEP:-}" ] && echo "kept $work" || rm -rf "$work"' EXIT
 export ETCDCTL_API=3
 now() { date +%s.%N; }
 since() { python3 -c "import sys; print(f'{float(sys.argv[2]) - float(sys.argv[1]):.2f} s')" "$1" "$(now)"; }
@@ -52,7 +52,7 @@ echo "== etcd -> etcd-node"
 t0=$(now)
 etcdctl --endpoints http://127.0.0.1:41379 snapshot save "$work/etcd.snap" >/dev/null 2>&1
 echo "snapshot save: $(since "$t0") ($(du -h "$work/etcd.snap" | cut -f1))"
-stop_all
+t=$(now); stop_all; echo "stopping the etcd members: $(since "$t")"
 mkdir -p "$work/witness"
 url="witness:mount?path=$(python3 -c 'import sys,urllib.parse;print(urllib.parse.quote(sys.argv[1],safe=""))' "$work/witness")"
 "$BIN/etcdutl" witness init --name w --advertise-peer-url "$url" >/dev/null 2>&1
@@ -63,6 +63,7 @@ for i in 1 2; do
     --initial-cluster "$ic" --initial-advertise-peer-urls http://127.0.0.1:4$((i + 3))380)
   echo "etcdutl snapshot restore n$i: $(since "$t"), peak RSS $rss"
 done
+t=$(now)
 for i in 1 2; do
   "$BIN/etcd-node" --name n$i --data-dir "$work/n$i" \
     --listen-client-urls http://127.0.0.1:4$((i + 3))379 --advertise-client-urls http://127.0.0.1:4$((i + 3))379 \
@@ -72,6 +73,7 @@ for i in 1 2; do
 done
 ours=http://127.0.0.1:44379,http://127.0.0.1:45379
 first_write "$ours"
+echo "start to first write: $(since "$t")"
 echo "downtime etcd -> etcd-node (save, two restores, start, first write): $(since "$t0")"
 echo "keys on etcd-node: $(etcdctl --endpoints "$ours" get "" --prefix --keys-only | grep -c .)"
 
@@ -79,7 +81,7 @@ echo "== etcd-node -> etcd"
 t0=$(now)
 etcdctl --endpoints http://127.0.0.1:44379 snapshot save "$work/ours.snap" >/dev/null 2>&1
 echo "snapshot save: $(since "$t0") ($(du -h "$work/ours.snap" | cut -f1))"
-stop_all
+t=$(now); stop_all; echo "stopping the etcd-node members: $(since "$t")"
 t=$(now)
 rss=$(peak "$BIN/etcdutl" snapshot export "$work/ours.snap" --format etcd --output "$work/back.db")
 echo "etcdutl snapshot export: $(since "$t") ($(du -h "$work/back.db" | cut -f1)), peak RSS $rss"
@@ -89,7 +91,9 @@ for i in 1 2 3; do
     --initial-cluster "$etcd_ic" --initial-advertise-peer-urls http://127.0.0.1:4${i}380)
   echo "etcdctl snapshot restore e$i: $(since "$t"), peak RSS $rss"
 done
+t=$(now)
 start_etcd "$work/back"
 first_write "$etcd_eps"
+echo "start to first write: $(since "$t")"
 echo "downtime etcd-node -> etcd (save, export, three restores, start, first write): $(since "$t0")"
 echo "keys on etcd: $(etcdctl --endpoints "$etcd_eps" get "" --prefix --keys-only | grep -c .)"

@@ -407,8 +407,9 @@ impl Session {
     }
 }
 
-/// The server's words, not the client library's wrapping.
-fn server_error(e: etcd_client::Error) -> anyhow::Error {
+/// A client call's error as the server's message (which says what to do; the gRPC status code
+/// adds nothing for an operator), other errors as they are.
+pub fn server_error(e: etcd_client::Error) -> anyhow::Error {
     match e {
         etcd_client::Error::GRpcStatus(s) => anyhow::anyhow!("{}", s.message()),
         e => e.into(),

@@ -301,11 +301,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 .cluster_client()
                 .member_add(vec![peer.advertise_peer_url], None)
                 .await
-                .map_err(|e| match e {
-                    // The server's message says what to do; the status code adds nothing.
-                    etcd_client::Error::GRpcStatus(s) => anyhow::anyhow!("{}", s.message()),
-                    e => e.into(),
-                })
+                .map_err(reconcile::server_error)
                 .with_context(|| format!("etcdutl witness add {url}"))?;
             let m = added.member().context("the answer names no member")?;
             println!(
