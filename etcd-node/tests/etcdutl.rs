@@ -514,6 +514,18 @@ fn an_etcd_key_space_moves_to_etcd_node_and_back() {
     assert!(o.status.success(), "{}", text(&o));
     let saved = down.elapsed();
     etcd.stop();
+    let st = etcdutl(&["snapshot", "status", file.to_str().unwrap(), "-w", "json"]);
+    let st: serde_json::Value =
+        serde_json::from_slice(&st.stdout).unwrap_or_else(|_| panic!("{}", text(&st)));
+    assert_eq!(
+        (&st["format"], &st["revision"], &st["totalKey"]),
+        (
+            &"etcd".into(),
+            &want.0.into(),
+            &(want.1.len() as u64).into()
+        ),
+        "{st}"
+    );
     let (node, util) = (
         Path::new(env!("CARGO_BIN_EXE_etcd-node")),
         Path::new(env!("CARGO_BIN_EXE_etcdutl")),

@@ -711,6 +711,53 @@ mod tests {
         assert_eq!(out.compacted, 1_000_007);
     }
 
+    /// An etcd 3.5 file's extra meta keys (its Raft state and storage version) are ignored; a
+    /// compaction in progress counts as done (etcd finishes it when it opens the file).
+    #[test]
+    fn an_etcd_35_file_with_its_extra_meta_keys() {
+        let work = tempfile::tempdir().unwrap();
+        let path = work.path().join("etcd35.db");
+        let mut w = bbolt::Writer::new(std::fs::File::create_new(&path).unwrap()).unwrap();
+        let mut b = w.bucket(b"key");
+        let live = PbKeyValue {
+            key: b"k".to_vec(),
+            create_revision: 4,
+            mod_revision: 4,
+            version: 1,
+            value: b"v".to_vec(),
+            lease: 0,
+        };
+        b.put(&rev_bytes(4, 0, false), &live.encode_to_vec())
+            .unwrap();
+        b.finish().unwrap();
+        let mut b = w.bucket(b"meta");
+        for (k, v) in [
+            (&b"confState"[..], &b"{\"voters\":[1]}"[..]),
+            (b"consistent_index", &9u64.to_be_bytes()),
+            (b"finishedCompactRev", &rev_bytes(2, 0, false)),
+            (b"scheduledCompactRev", &rev_bytes(3, 0, false)),
+            (b"storageVersion", b"3.5.0"),
+            (b"term", &2u64.to_be_bytes()),
+        ] {
+            b.put(k, v).unwrap();
+        }
+        b.finish().unwrap();
+        let file = w.finish().unwrap();
+        let len = file.metadata().unwrap().len();
+        let mut out = Vec::new();
+        let s = import(file, len, b"sha", work.path(), &mut out).unwrap();
+        assert_eq!((s.revision, s.compacted, s.rows), (4, 3, 1));
+        let d = PbDump::decode(out.as_slice()).unwrap();
+        assert_eq!(d.history.len(), 1);
+        // A bbolt file without a key bucket is not an etcd key space.
+        let other = work.path().join("other.db");
+        let w = bbolt::Writer::new(std::fs::File::create_new(&other).unwrap()).unwrap();
+        let file = w.finish().unwrap();
+        let len = file.metadata().unwrap().len();
+        let err = import(file, len, b"", work.path(), &mut Vec::new()).unwrap_err();
+        assert!(err.contains("no `key` bucket"), "{err}");
+    }
+
     #[test]
     fn revision_bytes_are_etcds() {
         let b = rev_bytes(0x0102, 3, false);

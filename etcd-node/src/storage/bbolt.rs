@@ -368,6 +368,46 @@ fn elements(
     Ok(())
 }
 
+/// The node page `id` holding `items`, padded to whole pages (with overflow pages if they need
+/// more than one).
+fn encode_node(id: u64, items: &[Item], leaf: bool) -> io::Result<Vec<u8>> {
+    let size = HEADER + items.iter().map(Item::size).sum::<usize>();
+    let pages = size.div_ceil(PAGE_SIZE).max(1);
+    let mut node = vec![0u8; pages * PAGE_SIZE];
+    node[..8].copy_from_slice(&id.to_le_bytes());
+    node[8..10].copy_from_slice(&(if leaf { LEAF } else { BRANCH }).to_le_bytes());
+    let count = u16::try_from(items.len()).expect("a page holds fewer than 2^16 elements");
+    node[10..12].copy_from_slice(&count.to_le_bytes());
+    let overflow = u32::try_from(pages - 1).map_err(|_| io::Error::other("a huge value"))?;
+    node[12..16].copy_from_slice(&overflow.to_le_bytes());
+    let mut data = HEADER + items.len() * ELEMENT;
+    for (i, item) in items.iter().enumerate() {
+        let at = HEADER + i * ELEMENT;
+        let pos = (data - at) as u32;
+        let e = &mut node[at..at + ELEMENT];
+        match item {
+            Item::Leaf { flags, key, value } => {
+                e[..4].copy_from_slice(&flags.to_le_bytes());
+                e[4..8].copy_from_slice(&pos.to_le_bytes());
+                e[8..12].copy_from_slice(&(key.len() as u32).to_le_bytes());
+                e[12..16].copy_from_slice(&(value.len() as u32).to_le_bytes());
+                node[data..data + key.len()].copy_from_slice(key);
+                data += key.len();
+                node[data..data + value.len()].copy_from_slice(value);
+                data += value.len();
+            }
+            Item::Branch { key, child } => {
+                e[..4].copy_from_slice(&pos.to_le_bytes());
+                e[4..8].copy_from_slice(&(key.len() as u32).to_le_bytes());
+                e[8..16].copy_from_slice(&child.to_le_bytes());
+                node[data..data + key.len()].copy_from_slice(key);
+                data += key.len();
+            }
+        }
+    }
+    Ok(node)
+}
+
 /// One pending element of a node being built.
 enum Item {
     Leaf {
@@ -412,8 +452,8 @@ struct Level {
 pub struct Writer<W: Write + Seek> {
     out: W,
     next: u64,
-    /// The file's buckets: (name, root page).
-    buckets: Vec<(Vec<u8>, u64)>,
+    /// The file's buckets: (name, the bucket's value: its root page and sequence).
+    buckets: Vec<(Vec<u8>, Vec<u8>)>,
 }
 
 /// Builds one bucket's tree (see [`Writer::bucket`]).
@@ -454,7 +494,7 @@ impl<W: Write + Seek> Writer<W> {
                 .is_none_or(|(last, _)| last.as_slice() < name),
             "buckets in name order"
         );
-        self.buckets.push((name.to_vec(), 0));
+        self.buckets.push((name.to_vec(), Vec::new()));
         TreeBuilder {
             writer: self,
             levels: vec![Level::default()],
@@ -465,43 +505,10 @@ impl<W: Write + Seek> Writer<W> {
     /// Writes `items` as one node (with overflow pages if they need more than a page); returns
     /// its page id.
     fn node(&mut self, items: &[Item], leaf: bool) -> io::Result<u64> {
-        let size = HEADER + items.iter().map(Item::size).sum::<usize>();
-        let pages = size.div_ceil(PAGE_SIZE).max(1);
         let id = self.next;
-        let mut node = vec![0u8; pages * PAGE_SIZE];
-        node[..8].copy_from_slice(&id.to_le_bytes());
-        node[8..10].copy_from_slice(&(if leaf { LEAF } else { BRANCH }).to_le_bytes());
-        let count = u16::try_from(items.len()).expect("a page holds fewer than 2^16 elements");
-        node[10..12].copy_from_slice(&count.to_le_bytes());
-        let overflow = u32::try_from(pages - 1).map_err(|_| io::Error::other("a huge value"))?;
-        node[12..16].copy_from_slice(&overflow.to_le_bytes());
-        let mut data = HEADER + items.len() * ELEMENT;
-        for (i, item) in items.iter().enumerate() {
-            let at = HEADER + i * ELEMENT;
-            let pos = (data - at) as u32;
-            let e = &mut node[at..at + ELEMENT];
-            match item {
-                Item::Leaf { flags, key, value } => {
-                    e[..4].copy_from_slice(&flags.to_le_bytes());
-                    e[4..8].copy_from_slice(&pos.to_le_bytes());
-                    e[8..12].copy_from_slice(&(key.len() as u32).to_le_bytes());
-                    e[12..16].copy_from_slice(&(value.len() as u32).to_le_bytes());
-                    node[data..data + key.len()].copy_from_slice(key);
-                    data += key.len();
-                    node[data..data + value.len()].copy_from_slice(value);
-                    data += value.len();
-                }
-                Item::Branch { key, child } => {
-                    e[..4].copy_from_slice(&pos.to_le_bytes());
-                    e[4..8].copy_from_slice(&(key.len() as u32).to_le_bytes());
-                    e[8..16].copy_from_slice(&child.to_le_bytes());
-                    node[data..data + key.len()].copy_from_slice(key);
-                    data += key.len();
-                }
-            }
-        }
+        let node = encode_node(id, items, leaf)?;
         self.out.write_all(&node)?;
-        self.next += pages as u64;
+        self.next += (node.len() / PAGE_SIZE) as u64;
         Ok(id)
     }
 
@@ -514,9 +521,7 @@ impl<W: Write + Seek> Writer<W> {
             levels: vec![Level::default()],
             last: None,
         };
-        for (name, root) in buckets {
-            let mut value = root.to_le_bytes().to_vec();
-            value.extend(0u64.to_le_bytes());
+        for (name, value) in buckets {
             top.add(Item::Leaf {
                 flags: BUCKET,
                 key: name,
@@ -609,11 +614,13 @@ impl<W: Write + Seek> TreeBuilder<'_, W> {
     /// Ends the bucket.
     pub fn finish(mut self) -> io::Result<()> {
         let root = self.root()?;
+        let mut value = root.to_le_bytes().to_vec();
+        value.extend(0u64.to_le_bytes());
         self.writer
             .buckets
             .last_mut()
             .expect("a bucket was started")
-            .1 = root;
+            .1 = value;
         Ok(())
     }
 }
@@ -714,6 +721,34 @@ mod tests {
         std::fs::write(file.path(), &bytes).unwrap();
         let err = read(file.as_file(), &names).unwrap_err();
         assert!(err.contains("meta pages"), "{err}");
+    }
+
+    /// bbolt stores a small bucket inline, in its parent's leaf (etcd's `meta`, `auth`, ...):
+    /// root page 0, then the bucket's leaf node.
+    #[test]
+    fn an_inline_bucket_is_read() {
+        let file = tempfile::NamedTempFile::new().unwrap();
+        let mut w = Writer::new(file.reopen().unwrap()).unwrap();
+        let pairs = [
+            (b"k1".to_vec(), b"v1".to_vec()),
+            (b"k2".to_vec(), Vec::new()),
+        ];
+        let items: Vec<Item> = pairs
+            .iter()
+            .map(|(key, value)| Item::Leaf {
+                flags: 0,
+                key: key.clone(),
+                value: value.clone(),
+            })
+            .collect();
+        let node = encode_node(0, &items, true).unwrap();
+        let used = HEADER + items.iter().map(Item::size).sum::<usize>();
+        let mut value = vec![0u8; 16];
+        value.extend(&node[..used]);
+        w.buckets.push((b"inline".to_vec(), value));
+        w.finish().unwrap().sync_all().unwrap();
+        let got = read(file.as_file(), &[b"inline".to_vec()]).unwrap();
+        assert_eq!(got[0].1, pairs.to_vec());
     }
 
     /// Damage anywhere is an error or other data, never a panic, a hang or a huge allocation.
