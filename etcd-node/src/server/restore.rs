@@ -1,5 +1,7 @@
 //! `etcdutl snapshot restore`: a new member's data directory from a snapshot file, for a new
-//! cluster whose membership is given by etcd's flags (`--initial-cluster` and friends).
+//! cluster whose membership is given by etcd's flags (`--initial-cluster` and friends). The
+//! file is etcd-node's, or etcd's own (a bbolt database, converted by `mvcc::etcd`: moving an
+//! etcd cluster to etcd-node).
 //!
 //! Invariants: the data directory is built aside and renamed into place only when complete, so
 //! a failed restore leaves nothing a member could start from; every member restored from the
