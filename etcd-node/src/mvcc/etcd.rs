@@ -102,8 +102,9 @@ const BY_REVISION: TableDefinition<(u64, &[u8]), &[u8]> = TableDefinition::new("
 const LEASES: TableDefinition<u64, i64> = TableDefinition::new("leases");
 const AUTH: TableDefinition<&str, &[u8]> = TableDefinition::new("auth");
 
-/// Rows written per scratch transaction.
-const BATCH: usize = 50_000;
+/// Bytes of rows held in memory, and written per scratch transaction: values can be large
+/// (up to the request limit), so batches are counted in bytes, not rows.
+const BATCH_BYTES: usize = 16 << 20;
 
 /// A scratch redb file, deleted on drop.
 struct Scratch {
@@ -279,7 +280,7 @@ pub fn import(
     }
     // The history, sorted by (key, revision) through the scratch file.
     let sorter = Scratch::create(work)?;
-    let mut rows = Vec::with_capacity(BATCH);
+    let (mut rows, mut pending) = (Vec::new(), 0);
     let flush = |rows: &mut Vec<(Vec<u8>, u64, Vec<u8>)>| {
         sorter.write(|tx| {
             let mut t = tx.open_table(BY_KEY).map_err(scratch)?;
@@ -317,9 +318,12 @@ pub fn import(
         };
         newest = newest.max(main);
         s.rows += 1;
-        rows.push((kv.key, main, record.encode_to_vec()));
-        if rows.len() == BATCH {
+        let record = record.encode_to_vec();
+        pending += kv.key.len() + record.len();
+        rows.push((kv.key, main, record));
+        if pending >= BATCH_BYTES {
             flush(&mut rows)?;
+            pending = 0;
         }
         Ok(())
     })?;
@@ -359,7 +363,8 @@ pub fn export<W: Write + Seek>(
         let mut by_rev = tx.open_table(BY_REVISION).map_err(scratch)?;
         let mut leases = tx.open_table(LEASES).map_err(scratch)?;
         let mut auth = tx.open_table(AUTH).map_err(scratch)?;
-        for _ in 0..BATCH {
+        let mut written = 0;
+        while written < BATCH_BYTES {
             let Some(part) = parts.next_part()? else {
                 done = true;
                 return Ok(false);
@@ -369,6 +374,7 @@ pub fn export<W: Write + Seek>(
                 Part::Compacted(c) => s.compacted = c,
                 Part::History(e) => {
                     s.rows += 1;
+                    written += e.key.len() + e.record.len();
                     by_rev
                         .insert((e.revision, e.key.as_slice()), e.record.as_slice())
                         .map_err(scratch)?;
