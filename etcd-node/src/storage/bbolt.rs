@@ -180,6 +180,14 @@ impl Reader {
                 "its page size {size} is not one bbolt uses: the file is damaged"
             ));
         }
+        // (so that every page a tree names lies within the file, and offsets cannot overflow)
+        if meta.pages.checked_mul(size).is_none_or(|end| end > len) {
+            return Err(format!(
+                "its meta page counts {} pages of {size} bytes, more than its {len} bytes: the \
+                 file is truncated or damaged",
+                meta.pages
+            ));
+        }
         r.meta = meta;
         Ok(r)
     }
@@ -721,6 +729,15 @@ mod tests {
         std::fs::write(file.path(), &bytes).unwrap();
         let err = read(file.as_file(), &names).unwrap_err();
         assert!(err.contains("meta pages"), "{err}");
+    }
+
+    #[test]
+    fn a_truncated_file_is_named_as_such() {
+        let file = write(&sample(2));
+        let bytes = std::fs::read(file.path()).unwrap();
+        std::fs::write(file.path(), &bytes[..bytes.len() - PAGE_SIZE]).unwrap();
+        let err = read(file.as_file(), &[b"key".to_vec()]).unwrap_err();
+        assert!(err.contains("truncated"), "{err}");
     }
 
     /// bbolt stores a small bucket inline, in its parent's leaf (etcd's `meta`, `auth`, ...):
