@@ -47,6 +47,55 @@ fn ip(args: &[&str]) {
     );
 }
 
+/// Removes what a two-site run killed before its teardown (a test binary stopped by a signal, a
+/// CI job cancelled) left behind: its namespaces and its root-side links, which keep their
+/// `10.77.N.1/24` routes, so a later run's traffic to a site would go to the dead run's empty
+/// namespace instead (seen in CI: sshd "did not listen", members that never heard each
+/// other). Names carry the owner's process id (`ts<pid>a`, `ts<pid>r1`); anything of a live
+/// process other than `own` is left alone and refused, with its owner named.
+fn sweep_leftovers(own: u32) {
+    let owner = |name: &str| -> Option<u32> {
+        let digits: String = name
+            .strip_prefix("ts")?
+            .chars()
+            .take_while(char::is_ascii_digit)
+            .collect();
+        digits.parse().ok()
+    };
+    let listed = |args: &[&str]| -> Vec<String> {
+        Command::new("ip")
+            .args(args)
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.split_whitespace().next())
+            .map(|n| n.split('@').next().unwrap_or(n).to_string())
+            .collect()
+    };
+    let namespaces = listed(&["netns", "list"]);
+    let links = listed(&["-br", "link"]);
+    for (kind, name) in namespaces
+        .iter()
+        .map(|n| ("netns", n))
+        .chain(links.iter().map(|n| ("link", n)))
+    {
+        let Some(pid) = owner(name) else { continue };
+        if pid == own {
+            continue;
+        }
+        assert!(
+            !Path::new(&format!("/proc/{pid}")).exists(),
+            "{kind} {name} belongs to a two-site run still going (process {pid}): the sites use \
+             fixed addresses, so one run at a time; wait for it or stop it"
+        );
+        eprintln!(
+            "removing {kind} {name}, left behind by a two-site run that died (process {pid})"
+        );
+        let _ = Command::new("ip").args([kind, "del", name]).output();
+    }
+}
+
 /// A network namespace, deleted on drop.
 #[derive(Debug)]
 struct Netns(String);
@@ -160,7 +209,8 @@ impl TwoSites {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         let dir = tempfile::tempdir().expect("temp dir");
-        let tag = std::process::id() % 100_000;
+        let tag = std::process::id();
+        sweep_leftovers(tag);
         let namespaces: Vec<Netns> = ["a", "b", "w"]
             .iter()
             .map(|s| Netns::create(format!("ts{tag}{s}")))
