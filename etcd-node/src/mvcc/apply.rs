@@ -9,16 +9,16 @@ use etcd_client::proto::{
     PbResponseOp, PbTargetUnion, PbTxnOpRequest, PbTxnOpResponse, PbTxnRequest, PbTxnRequestOp,
     PbTxnResponse,
 };
-use prost::Message;
 use redb::{ReadableTable, Table, WriteTransaction};
 
 use super::auth;
 use super::events::event;
 use super::range::{self, live_record, scan_current};
+use super::record::{self, Rows, VALUES};
 use super::request::{Op, Response, needs_space};
 use super::{
-    ALARMS, AUTH, ApiError, CLUSTER, HISTORY, LEASE_KEYS, LEASES, LIVE, META, decode_kv,
-    lease_keys_of, meta_get,
+    ALARMS, AUTH, ApiError, CLUSTER, HISTORY, LEASE_KEYS, LEASES, LIVE, META, lease_keys_of,
+    meta_get,
 };
 
 /// etcd's alarm types (`AlarmType`).
@@ -29,7 +29,7 @@ const CORRUPT: i32 = 2;
 pub type Applied = Option<Result<Response, ApiError>>;
 
 pub(super) struct Writer<'t> {
-    history: Table<'t, (&'static [u8], u64), &'static [u8]>,
+    rows: Rows<'t>,
     live: Table<'t, &'static [u8], u64>,
     meta: Table<'t, &'static str, u64>,
     leases: Table<'t, i64, i64>,
@@ -76,8 +76,13 @@ impl<'t> Writer<'t> {
             meta_get(&meta, "revision")?.max(1),
             meta_get(&meta, "compact")?,
         );
-        Ok(Writer {
+        let rows = Rows {
             history: tx.open_table(HISTORY)?,
+            values: tx.open_table(VALUES)?,
+            last: meta_get(&meta, "values")?,
+        };
+        Ok(Writer {
+            rows,
             live: tx.open_table(LIVE)?,
             meta,
             leases: tx.open_table(LEASES)?,
@@ -97,6 +102,7 @@ impl<'t> Writer<'t> {
         self.meta.insert("applied", self.applied)?;
         self.meta.insert("revision", self.revision)?;
         self.meta.insert("compact", self.compacted)?;
+        self.meta.insert("values", self.rows.last)?;
         Ok(())
     }
 
@@ -195,9 +201,10 @@ impl<'t> Writer<'t> {
 
     fn get(&self, key: &[u8]) -> Result<Option<PbKeyValue>, redb::Error> {
         Ok(match self.live.get(key)? {
-            Some(rev) => Some(decode_kv(
+            Some(rev) => Some(record::decode(
+                &self.rows.values,
                 key,
-                live_record(&self.history, key, rev.value())?.value(),
+                live_record(&self.rows.history, key, rev.value())?.value(),
             )?),
             None => None,
         })
@@ -292,8 +299,7 @@ impl<'t> Writer<'t> {
     }
 
     fn write(&mut self, key: &[u8], rev: u64, kv: &PbKeyValue) -> Result<(), redb::Error> {
-        let record = kv.encode_to_vec();
-        self.history.insert((key, rev), record.as_slice())?;
+        self.rows.put(key, rev, kv)?;
         if kv.version == 0 {
             self.live.remove(key)?;
         } else {
@@ -349,11 +355,11 @@ impl<'t> Writer<'t> {
         let mut doomed = Vec::new();
         scan_current(
             &self.live,
-            &self.history,
+            &self.rows.history,
             &r.key,
             &r.range_end,
             |k, record| {
-                doomed.push(decode_kv(k, record)?);
+                doomed.push(record::decode(&self.rows.values, k, record)?);
                 Ok(true)
             },
         )?;
@@ -379,11 +385,11 @@ impl<'t> Writer<'t> {
             let mut kvs = Vec::new();
             scan_current(
                 &self.live,
-                &self.history,
+                &self.rows.history,
                 &c.key,
                 &c.range_end,
                 |k, record| {
-                    kvs.push(decode_kv(k, record)?);
+                    kvs.push(record::decode(&self.rows.values, k, record)?);
                     Ok(true)
                 },
             )?;
@@ -407,9 +413,14 @@ impl<'t> Writer<'t> {
         for op in ops {
             let response = match &op.request {
                 Some(PbTxnOpRequest::RequestRange(q)) => {
-                    let out =
-                        range::range(&self.history, &self.live, self.revision, self.compacted, q)?
-                            .unwrap_or_default(); // refusals were checked before the Txn ran
+                    let (rows, live) = (&self.rows, &self.live);
+                    let out = range::range(
+                        (&rows.history, &rows.values, live),
+                        self.revision,
+                        self.compacted,
+                        q,
+                    )?
+                    .unwrap_or_default(); // refusals were checked before the Txn ran
                     PbTxnOpResponse::ResponseRange(PbRangeResponse {
                         header: header(self.revision),
                         kvs: out.kvs,
@@ -462,13 +473,13 @@ impl<'t> Writer<'t> {
                 doomed.push((k, r));
             }
         };
-        for row in self.history.iter()? {
+        for row in self.rows.history.iter()? {
             let (k, v) = row?;
             let (key, r) = k.value();
             if r > rev {
                 continue;
             }
-            let tombstone = decode_kv(key, v.value())?.version == 0;
+            let tombstone = record::is_tombstone(key, v.value())?;
             match last.take() {
                 Some((lk, lr, _)) if lk.as_slice() == key => doomed.push((lk, lr)),
                 other => finish(other, &mut doomed),
@@ -477,7 +488,7 @@ impl<'t> Writer<'t> {
         }
         finish(last, &mut doomed);
         for (k, r) in &doomed {
-            self.history.remove((k.as_slice(), *r))?;
+            self.rows.remove(k, *r)?;
         }
         self.compacted = rev;
         Ok(Ok(PbCompactionResponse {

@@ -4,8 +4,8 @@
 
 use etcd_client::proto::{PbEvent, PbKeyValue};
 
-use super::decode_kv;
 use super::range::{HistoryTable, history_rows};
+use super::record::{self, ValuesTable};
 
 /// etcd's `mvccpb.Event.EventType`.
 pub const PUT: i32 = 0;
@@ -38,7 +38,7 @@ pub(super) fn event(key: &[u8], kv: &PbKeyValue, prev: Option<&PbKeyValue>) -> P
 /// order within a revision), each with the key's previous value when the history still has it.
 /// The caller makes sure `from` is above the compacted revision.
 pub(super) fn replay(
-    history: &impl HistoryTable,
+    (history, values): (&impl HistoryTable, &impl ValuesTable),
     start: &[u8],
     end: &[u8],
     from: u64,
@@ -48,17 +48,24 @@ pub(super) fn replay(
     let Some(rows) = history_rows(history, start, end, to)? else {
         return Ok(out);
     };
-    let mut prev: Option<PbKeyValue> = None;
+    // The row before, without its value (read only if an event needs it) and its value's row.
+    let mut prev: Option<(PbKeyValue, u64)> = None;
     for row in rows {
         let (k, v) = row?;
         let (key, rev) = k.value();
-        let kv = decode_kv(key, v.value())?;
-        let same_key = prev.as_ref().is_some_and(|p| p.key == key);
+        let (mut kv, number) = record::decode_meta(key, v.value())?;
         if (from..=to).contains(&rev) {
-            let before = prev.as_ref().filter(|p| same_key && p.version != 0);
-            out.push(event(key, &kv, before));
+            let before = match prev.take() {
+                Some((mut p, n)) if p.key == key && p.version != 0 => {
+                    record::fill_value(values, &mut p, n)?;
+                    Some(p)
+                }
+                _ => None,
+            };
+            record::fill_value(values, &mut kv, number)?;
+            out.push(event(key, &kv, before.as_ref()));
         }
-        prev = Some(kv);
+        prev = Some((kv, number));
     }
     out.sort_by_key(|e| e.kv.as_ref().map_or(0, |kv| kv.mod_revision));
     Ok(out)

@@ -39,6 +39,7 @@ mod dump;
 pub mod etcd;
 pub mod events;
 mod range;
+mod record;
 pub mod request;
 
 use std::collections::BTreeSet;
@@ -79,8 +80,9 @@ const CLUSTER: TableDefinition<&str, &[u8]> = TableDefinition::new("cluster");
 pub const DEFAULT_CACHE_BYTES: usize = 64 << 20;
 
 /// The key-space file's format. 1: a `current` table held a copy of every live key's record;
-/// 2: `live` holds only the revision of the record in `history` (a record is stored once).
-pub const FORMAT: u64 = 2;
+/// 2: `live` holds only the revision of the record in `history` (a record is stored once);
+/// 3: values in a table of their own, appended ([`record`]).
+pub const FORMAT: u64 = 3;
 
 /// What a committed entry asks of the store.
 #[derive(Debug, Clone, PartialEq)]
@@ -222,6 +224,7 @@ impl Mvcc {
             .map_err(|why| err(&why))?;
         {
             tx.open_table(HISTORY).map_err(|e| err(&e))?;
+            tx.open_table(record::VALUES).map_err(|e| err(&e))?;
             tx.open_table(LIVE).map_err(|e| err(&e))?;
             tx.open_table(MEMBERS).map_err(|e| err(&e))?;
             tx.open_table(REMOVED).map_err(|e| err(&e))?;
@@ -563,9 +566,9 @@ impl Mvcc {
             if from < compacted {
                 return Ok(Err(compacted));
             }
-            let history = tx.open_table(HISTORY)?;
+            let tables = (&tx.open_table(HISTORY)?, &tx.open_table(record::VALUES)?);
             Ok(Ok((
-                events::replay(&history, start, end, from, revision)?,
+                events::replay(tables, start, end, from, revision)?,
                 revision,
             )))
         };
@@ -587,8 +590,11 @@ impl Mvcc {
         let read = || -> Result<Result<RangeOutput, ApiError>, redb::Error> {
             let meta = tx.open_table(META)?;
             range::range(
-                &tx.open_table(HISTORY)?,
-                &tx.open_table(LIVE)?,
+                (
+                    &tx.open_table(HISTORY)?,
+                    &tx.open_table(record::VALUES)?,
+                    &tx.open_table(LIVE)?,
+                ),
                 meta_get(&meta, "revision")?.max(1),
                 meta_get(&meta, "compact")?,
                 req,
@@ -647,13 +653,15 @@ impl Mvcc {
                 return Ok(Err(ApiError::compacted()));
             }
             let mut crc = 0u32;
+            let values = tx.open_table(record::VALUES)?;
             for row in tx.open_table(HISTORY)?.iter()? {
                 let (k, v) = row?;
                 let (key, rev) = k.value();
                 if rev <= at {
                     crc = crc32c::crc32c_append(crc, key);
                     crc = crc32c::crc32c_append(crc, &rev.to_le_bytes());
-                    crc = crc32c::crc32c_append(crc, v.value());
+                    let logical = record::logical(&values, key, v.value())?;
+                    crc = crc32c::crc32c_append(crc, &logical);
                 }
             }
             Ok(Ok((crc, compacted, at)))
@@ -723,6 +731,7 @@ impl View<'_> {
     pub fn dump_to(&self, out: &mut dyn std::io::Write) -> Result<u64, StoreError> {
         let (m, tx) = (self.mvcc, &self.tx);
         let history = tx.open_table(HISTORY).map_err(|e| m.fail(e))?;
+        let values = tx.open_table(record::VALUES).map_err(|e| m.fail(e))?;
         let meta = tx.open_table(META).map_err(|e| m.fail(e))?;
         let get = |k| meta_get(&meta, k).map_err(|e| m.fail(e));
         let head = PbDump {
@@ -752,7 +761,7 @@ impl View<'_> {
             let entry = PbDumpEntry {
                 key: key.to_vec(),
                 revision,
-                record: v.value().to_vec(),
+                record: record::logical(&values, key, v.value()).map_err(|e| m.fail(e))?,
             };
             write_part(out, &Part::History(entry)).map_err(failed)?;
         }
@@ -770,6 +779,7 @@ impl Mvcc {
         tx.set_durability(Durability::Immediate)
             .map_err(|e| self.fail(e))?;
         tx.delete_table(HISTORY).map_err(|e| self.fail(e))?;
+        tx.delete_table(record::VALUES).map_err(|e| self.fail(e))?;
         tx.delete_table(LIVE).map_err(|e| self.fail(e))?;
         tx.delete_table(AUTH).map_err(|e| self.fail(e))?;
         tx.delete_table(LEASES).map_err(|e| self.fail(e))?;
@@ -780,7 +790,11 @@ impl Mvcc {
             let mut cluster = tx.open_table(CLUSTER).map_err(|e| self.fail(e))?;
             let mut members = tx.open_table(MEMBERS).map_err(|e| self.fail(e))?;
             let mut removed = tx.open_table(REMOVED).map_err(|e| self.fail(e))?;
-            let mut history = tx.open_table(HISTORY).map_err(|e| self.fail(e))?;
+            let mut rows = record::Rows {
+                history: tx.open_table(HISTORY).map_err(|e| self.fail(e))?,
+                values: tx.open_table(record::VALUES).map_err(|e| self.fail(e))?,
+                last: 0,
+            };
             let mut live = tx.open_table(LIVE).map_err(|e| self.fail(e))?;
             let mut meta = tx.open_table(META).map_err(|e| self.fail(e))?;
             let mut leases = tx.open_table(LEASES).map_err(|e| self.fail(e))?;
@@ -828,12 +842,12 @@ impl Mvcc {
                             .map_err(|e| self.fail(e))?;
                     }
                     Part::History(e) => {
-                        history
-                            .insert((e.key.as_slice(), e.revision), e.record.as_slice())
+                        let kv = decode_kv(&e.key, &e.record).map_err(|e| self.fail(e))?;
+                        rows.put(&e.key, e.revision, &kv)
                             .map_err(|e| self.fail(e))?;
                         // Rows come in (key, revision) order: the last one of a key is its
                         // newest.
-                        if dump::is_tombstone(&e.record).map_err(|e| self.fail(e))? {
+                        if kv.version == 0 {
                             live.remove(e.key.as_slice()).map_err(|e| self.fail(e))?;
                         } else {
                             live.insert(e.key.as_slice(), e.revision)
@@ -845,9 +859,10 @@ impl Mvcc {
             // The keys attached to leases: those of the live keys.
             for row in live.iter().map_err(|e| self.fail(e))? {
                 let (k, rev) = row.map_err(|e| self.fail(e))?;
-                let record = range::live_record(&history, k.value(), rev.value())
+                let stored = range::live_record(&rows.history, k.value(), rev.value())
                     .map_err(|e| self.fail(e))?;
-                let kv = decode_kv(k.value(), record.value()).map_err(|e| self.fail(e))?;
+                let (kv, _) =
+                    record::decode_meta(k.value(), stored.value()).map_err(|e| self.fail(e))?;
                 if kv.lease != 0 {
                     lease_keys
                         .insert((kv.lease, k.value()), ())
@@ -859,6 +874,7 @@ impl Mvcc {
             meta.insert("compact", compacted)
                 .map_err(|e| self.fail(e))?;
             meta.insert("applied", applied).map_err(|e| self.fail(e))?;
+            meta.insert("values", rows.last).map_err(|e| self.fail(e))?;
         }
         tx.commit().map_err(|e| self.fail(e))?;
         drop(db); // (see `apply`)
@@ -895,9 +911,11 @@ fn upgrade(tx: &redb::WriteTransaction, path: &str) -> Result<Result<(), String>
     if format == FORMAT {
         return Ok(Ok(()));
     }
-    let format1 = tx
-        .list_tables()?
-        .any(|t| t.name() == FORMAT1_CURRENT.name());
+    // (from format 2 on, a table of that name is the downgrade guard)
+    let format1 = format < 2
+        && tx
+            .list_tables()?
+            .any(|t| t.name() == FORMAT1_CURRENT.name());
     if format1 {
         let mut live = tx.open_table(LIVE)?;
         for row in tx.open_table(FORMAT1_CURRENT)?.iter()? {
@@ -907,14 +925,68 @@ fn upgrade(tx: &redb::WriteTransaction, path: &str) -> Result<Result<(), String>
         }
         drop(live);
         tx.delete_table(FORMAT1_CURRENT)?;
-        tracing::info!(path, "key-space file upgraded from format 1 to {FORMAT}");
+        tracing::info!(path, "key-space file upgraded from format 1 to 2");
+    }
+    let rewritten = values_aside(tx, &mut meta)?;
+    if rewritten > 0 {
+        tracing::info!(
+            path,
+            rows = rewritten,
+            "key-space file upgraded to format {FORMAT}: values moved to a table of their own"
+        );
     }
     tx.open_table(DOWNGRADE_GUARD)?;
     meta.insert("format", FORMAT)?;
     Ok(Ok(()))
 }
 
-/// A stored record back into a `KeyValue` (the key is not stored in the record).
+/// Format 2 to 3: every history row's value moved to `values` ([`record`]), a chunk of rows at
+/// a time (the rows are read, then rewritten). Returns how many rows it rewrote.
+fn values_aside(
+    tx: &redb::WriteTransaction,
+    meta: &mut redb::Table<'_, &'static str, u64>,
+) -> Result<u64, redb::Error> {
+    use std::ops::Bound;
+    const CHUNK: usize = 10_000;
+    let mut rows = record::Rows {
+        history: tx.open_table(HISTORY)?,
+        values: tx.open_table(record::VALUES)?,
+        last: 0,
+    };
+    let (mut after, mut count): (Option<(Vec<u8>, u64)>, u64) = (None, 0);
+    loop {
+        let start = match &after {
+            None => Bound::Unbounded,
+            Some((key, rev)) => Bound::Excluded((key.as_slice(), *rev)),
+        };
+        let chunk = rows
+            .history
+            .range::<(&[u8], u64)>((start, Bound::Unbounded))?
+            .take(CHUNK)
+            .map(|row| {
+                let (k, v) = row?;
+                let (key, rev) = k.value();
+                Ok((key.to_vec(), rev, v.value().to_vec()))
+            })
+            .collect::<Result<Vec<_>, redb::Error>>()?;
+        let Some((key, rev, _)) = chunk.last() else {
+            break;
+        };
+        after = Some((key.clone(), *rev));
+        for (key, rev, old) in &chunk {
+            let kv = decode_kv(key, old)?;
+            // (removed first: `put` would read the old row as format 3)
+            rows.history.remove((key.as_slice(), *rev))?;
+            rows.put(key, *rev, &kv)?;
+        }
+        count += chunk.len() as u64;
+    }
+    meta.insert("values", rows.last)?;
+    Ok(count)
+}
+
+/// A logical record (formats 1 and 2 stored it; HashKV and dumps use it) back into a
+/// `KeyValue`: the key is not in the record.
 fn decode_kv(key: &[u8], record: &[u8]) -> Result<PbKeyValue, redb::StorageError> {
     let mut kv = PbKeyValue::decode(record)
         .map_err(|e| redb::StorageError::Corrupted(format!("record of key {key:?}: {e}")))?;

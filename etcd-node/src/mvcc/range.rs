@@ -6,8 +6,9 @@ use std::cmp::Ordering;
 use etcd_client::proto::{PbKeyValue, PbRangeRequest};
 use redb::ReadableTable;
 
+use super::ApiError;
+use super::record::{self, ValuesTable};
 use super::request::check_range;
-use super::{ApiError, decode_kv};
 
 /// The answer to a Range (the server adds the header with the store's revision).
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -77,7 +78,7 @@ type Visit<'a> = dyn FnMut(&[u8], &[u8]) -> Result<bool, redb::Error> + 'a;
 /// Visits the row a scan of the history kept for one key, unless it is a tombstone.
 fn emit(pending: Option<(Vec<u8>, Vec<u8>)>, f: &mut Visit<'_>) -> Result<bool, redb::Error> {
     match pending {
-        Some((k, record)) if !is_tombstone(&k, &record)? => f(&k, &record),
+        Some((k, record)) if !record::is_tombstone(&k, &record)? => f(&k, &record),
         _ => Ok(true),
     }
 }
@@ -130,10 +131,6 @@ pub(super) fn history_rows<'a, H: HistoryTable>(
     }))
 }
 
-fn is_tombstone(key: &[u8], record: &[u8]) -> Result<bool, redb::Error> {
-    Ok(decode_kv(key, record)?.version == 0)
-}
-
 /// Calls `f` with the live keys of `[start, end)` at revision `at` (None: the newest).
 pub(super) fn scan(
     history: &impl HistoryTable,
@@ -152,8 +149,7 @@ pub(super) fn scan(
 /// Serves `req` against a store whose newest revision is `revision` and compacted one
 /// `compacted`.
 pub(super) fn range(
-    history: &impl HistoryTable,
-    live: &impl LiveTable,
+    (history, values, live): (&impl HistoryTable, &impl ValuesTable, &impl LiveTable),
     revision: u64,
     compacted: u64,
     req: &PbRangeRequest,
@@ -190,7 +186,12 @@ pub(super) fn range(
     scan(history, live, &req.key, &req.range_end, at, |k, record| {
         out.count += 1;
         if out.kvs.len() < keep {
-            out.kvs.push(decode_kv(k, record)?);
+            // (keys only, unless sorted by value: the values are not read)
+            out.kvs.push(if req.keys_only && req.sort_target != 4 {
+                record::decode_meta(k, record)?.0
+            } else {
+                record::decode(values, k, record)?
+            });
         }
         Ok(true)
     })?;

@@ -376,6 +376,70 @@ fn compaction_drops_old_revisions_and_refuses_reads_below_it() {
         3,
         "b's old deletion goes at the next compaction"
     );
+    // The values of the rows compacted away are gone too: one per row left with a value.
+    let path = f._dir.path().join("kv.redb");
+    drop(f.mvcc);
+    assert_eq!(value_rows(&path), 3, "a@3, c@6, d@7");
+}
+
+/// The rows of the `values` table in the file at `path` (closed).
+fn value_rows(path: &Path) -> u64 {
+    let db = redb::Database::open(path).unwrap();
+    let tx = db.begin_read().unwrap();
+    tx.open_table(record::VALUES).unwrap().len().unwrap()
+}
+
+#[test]
+fn values_are_numbered_in_the_order_written_and_hashed_as_records() {
+    let mut f = fixture();
+    f.apply(put("b", "1")).unwrap(); // 2
+    f.apply(put("a", "1")).unwrap(); // 3
+    f.apply(put("e", "")).unwrap(); // 4: an empty value has no row
+    f.apply(Op::Txn(PbTxnRequest {
+        success: vec![op(put("c", "2")), op(put("a", "2"))],
+        ..Default::default()
+    }))
+    .unwrap(); // 5
+    f.apply(del("b", "")).unwrap(); // 6: a tombstone has no row
+    let (hash, _, _) = f.mvcc.hash_kv(0).unwrap().unwrap();
+    // HashKV covers (key, revision, record) as format 2 stored the record: the KeyValue
+    // without its key, with its value. A dump carries the same records.
+    let dump = PbDump::decode(f.mvcc.dump().unwrap().as_slice()).unwrap();
+    let mut crc = 0u32;
+    for e in &dump.history {
+        crc = crc32c::crc32c_append(crc, &e.key);
+        crc = crc32c::crc32c_append(crc, &e.revision.to_le_bytes());
+        crc = crc32c::crc32c_append(crc, &e.record);
+    }
+    assert_eq!(hash, crc);
+    let a3 = &dump.history[0];
+    assert_eq!((a3.key.as_slice(), a3.revision), (&b"a"[..], 3));
+    assert_eq!(decode_kv(b"a", &a3.record).unwrap().value, b"1");
+    let path = f._dir.path().join("kv.redb");
+    drop(f.mvcc);
+    let db = redb::Database::open(&path).unwrap();
+    let tx = db.begin_read().unwrap();
+    let values: Vec<(u64, Vec<u8>)> = tx
+        .open_table(record::VALUES)
+        .unwrap()
+        .iter()
+        .unwrap()
+        .map(|r| {
+            let (k, v) = r.unwrap();
+            (k.value(), v.value().to_vec())
+        })
+        .collect();
+    let expected: Vec<(u64, Vec<u8>)> = vec![
+        (1, b"1".to_vec()),
+        (2, b"1".to_vec()),
+        (3, b"2".to_vec()),
+        (4, b"2".to_vec()),
+    ];
+    assert_eq!(values, expected, "appended in the order applied");
+    assert_eq!(
+        meta_get(&tx.open_table(META).unwrap(), "values").unwrap(),
+        4
+    );
 }
 
 #[test]
@@ -910,6 +974,84 @@ fn rewritten(
     let mut out = Vec::new();
     rewrite(dump, &mut out, &members, bump, mark_compacted)?;
     Ok(out)
+}
+
+/// A key-space file as format 2 wrote it: records with their values in `history`, `live`.
+fn write_format2(path: &Path, rows: &[(&str, u64, PbKeyValue)]) {
+    let db = redb::Database::create(path).unwrap();
+    let tx = db.begin_write().unwrap();
+    {
+        let mut history = tx.open_table(HISTORY).unwrap();
+        let mut live = tx.open_table(LIVE).unwrap();
+        let mut meta = tx.open_table(META).unwrap();
+        tx.open_table(DOWNGRADE_GUARD).unwrap();
+        for (key, rev, kv) in rows {
+            history
+                .insert((key.as_bytes(), *rev), kv.encode_to_vec().as_slice())
+                .unwrap();
+            if kv.version == 0 {
+                live.remove(key.as_bytes()).unwrap();
+            } else {
+                live.insert(key.as_bytes(), *rev).unwrap();
+            }
+            meta.insert("revision", *rev).unwrap();
+        }
+        meta.insert("format", 2).unwrap();
+    }
+    tx.commit().unwrap();
+}
+
+#[test]
+fn a_format2_file_is_upgraded_with_its_hash_unchanged() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("kv.redb");
+    // More rows than one chunk of the upgrade, some without a value.
+    let mut rows = Vec::new();
+    let keys: Vec<String> = (0..12_000).map(|i| format!("k{i:05}")).collect();
+    for (i, key) in keys.iter().enumerate() {
+        let rev = i as u64 + 2;
+        let value = if i % 7 == 0 {
+            String::new()
+        } else {
+            format!("v{i}")
+        };
+        rows.push((key.as_str(), rev, kv(&value, rev as i64, rev as i64, 1)));
+    }
+    rows.push(("k00001", 12_002, kv("", 0, 12_002, 0)));
+    write_format2(&path, &rows);
+    // What a format-2 binary answered for HashKV: its records as stored.
+    let mut crc = 0u32;
+    let mut sorted: Vec<_> = rows.iter().collect();
+    sorted.sort_by_key(|(k, r, _)| (*k, *r));
+    for (key, rev, kv) in sorted {
+        crc = crc32c::crc32c_append(crc, key.as_bytes());
+        crc = crc32c::crc32c_append(crc, &rev.to_le_bytes());
+        crc = crc32c::crc32c_append(crc, &kv.encode_to_vec());
+    }
+    let mvcc = Mvcc::open(&path).unwrap();
+    assert_eq!(mvcc.hash_kv(0).unwrap().unwrap().0, crc);
+    let mut f = Fixture {
+        _dir: dir,
+        mvcc,
+        index: 0,
+    };
+    assert_eq!(f.values(&get("k00002", "")), pairs(&[("k00002", "v2")]));
+    assert_eq!(f.values(&get("k00001", "")), pairs(&[]));
+    let before = PbRangeRequest {
+        revision: 12_001,
+        ..get("k00001", "")
+    };
+    assert_eq!(f.values(&before), pairs(&[("k00001", "v1")]));
+    assert_eq!(f.range(&get("k", "l")).unwrap().count, 11_999);
+    f.apply(put("k00002", "new")).unwrap();
+    let k2 = &f.range(&get("k00002", "")).unwrap().kvs[0];
+    assert_eq!((k2.mod_revision, k2.version), (12_003, 2));
+    drop(f.mvcc);
+    let without_value = keys.len().div_ceil(7) as u64;
+    assert_eq!(
+        value_rows(&f._dir.path().join("kv.redb")),
+        keys.len() as u64 - without_value + 1
+    );
 }
 
 /// A key-space file as format 1 wrote it: every live record also in `current`.
