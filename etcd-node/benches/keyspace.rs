@@ -5,6 +5,11 @@
 //!
 //! Prints one line per 100,000 writes: writes/s of that stretch, file size, bytes per revision,
 //! the process's RSS.
+//!
+//!   FORMAT2=1 cargo bench -p etcd-node --bench keyspace -- [rows] [keys] [value bytes]
+//!
+//! Writes a key-space file as format 2 stored it (values inside `history`), then times the
+//! open that upgrades it to the current format, and a defragment after it.
 
 use std::os::unix::fs::MetadataExt;
 use std::time::Instant;
@@ -22,13 +27,106 @@ fn sync_every() -> u64 {
         .unwrap_or(SYNC_EVERY)
 }
 
+fn peak_rss_kib() -> u64 {
+    proc_status_kib("VmHWM:")
+}
+
 fn rss_kib() -> u64 {
+    proc_status_kib("VmRSS:")
+}
+
+fn proc_status_kib(field: &str) -> u64 {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
     status
         .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .find_map(|l| l.strip_prefix(field))
         .and_then(|v| v.trim().trim_end_matches(" kB").trim().parse().ok())
         .unwrap_or(0)
+}
+
+/// A file as format 2 wrote it: `history` (key, revision) -> `KeyValue` without its key,
+/// `live` key -> revision, `meta` (format 2), the guard table `current`; `rows` puts over
+/// `keys` keys, one revision each.
+fn write_format2(path: &std::path::Path, rows: u64, keys: u64, value: &[u8]) {
+    use prost::Message;
+    use redb::TableDefinition;
+    const HISTORY: TableDefinition<(&[u8], u64), &[u8]> = TableDefinition::new("history");
+    const LIVE: TableDefinition<&[u8], u64> = TableDefinition::new("live");
+    const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
+    const GUARD: TableDefinition<u64, ()> = TableDefinition::new("current");
+    let db = redb::Database::create(path).expect("create");
+    let mut versions = vec![0i64; keys as usize];
+    let mut created = vec![0i64; keys as usize];
+    let mut rev = 1u64;
+    while rev <= rows {
+        let tx = db.begin_write().expect("write");
+        {
+            let mut history = tx.open_table(HISTORY).expect("history");
+            let mut live = tx.open_table(LIVE).expect("live");
+            let mut meta = tx.open_table(META).expect("meta");
+            tx.open_table(GUARD).expect("guard");
+            for _ in 0..100_000 {
+                if rev > rows {
+                    break;
+                }
+                rev += 1;
+                let k = ((rev * 7919) % keys) as usize;
+                let key = format!("key/{k:08}").into_bytes();
+                versions[k] += 1;
+                if versions[k] == 1 {
+                    created[k] = rev as i64;
+                }
+                let kv = etcd_client::proto::PbKeyValue {
+                    key: Vec::new(),
+                    create_revision: created[k],
+                    mod_revision: rev as i64,
+                    version: versions[k],
+                    value: value.to_vec(),
+                    lease: 0,
+                };
+                history
+                    .insert((key.as_slice(), rev), kv.encode_to_vec().as_slice())
+                    .expect("insert");
+                live.insert(key.as_slice(), rev).expect("live");
+            }
+            meta.insert("format", 2).expect("format");
+            meta.insert("revision", rev).expect("revision");
+        }
+        tx.commit().expect("commit");
+    }
+}
+
+/// FORMAT2=1: a format-2 file upgraded by opening it, in a process of its own (its peak RSS is
+/// the upgrade's, not the writer's).
+fn upgrade(rows: u64, keys: u64, value_len: u64) {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let path = dir.path().join("kv.redb");
+    write_format2(&path, rows, keys, &vec![b'v'; value_len as usize]);
+    let status = std::process::Command::new(std::env::current_exe().expect("this program"))
+        .env_remove("FORMAT2")
+        .env("FORMAT2_OPEN", &path)
+        .status()
+        .expect("run the upgrade");
+    assert!(status.success(), "the upgrade failed: {status}");
+}
+
+/// FORMAT2_OPEN=<file>: opens (upgrades) it, then defragments it.
+fn open_format2(path: &std::path::Path) {
+    let on_disk =
+        |p: &std::path::Path| std::fs::metadata(p).map_or(0.0, |m| (m.blocks() * 512) as f64 / 1e6);
+    let before = on_disk(path);
+    let started = Instant::now();
+    let mvcc = Mvcc::open(path).expect("open and upgrade");
+    let upgrade_s = started.elapsed().as_secs_f64();
+    let (after, peak) = (on_disk(path), peak_rss_kib() as f64 / 1024.0);
+    let started = Instant::now();
+    mvcc.defragment().expect("defragment");
+    println!(
+        "RESULT upgrade format2_mb={before:.1} upgrade_s={upgrade_s:.1} upgraded_mb={after:.1} \
+         peak_rss_mb={peak:.1} defragment_s={:.1} defragmented_mb={:.1}",
+        started.elapsed().as_secs_f64(),
+        on_disk(path)
+    );
 }
 
 fn main() {
@@ -38,6 +136,12 @@ fn main() {
         .collect();
     let arg = |i: usize, default: u64| args.get(i).copied().unwrap_or(default);
     let (writes, keys, value_len) = (arg(0, 300_000), arg(1, 100_000), arg(2, 256));
+    if let Some(path) = std::env::var_os("FORMAT2_OPEN") {
+        return open_format2(std::path::Path::new(&path));
+    }
+    if std::env::var_os("FORMAT2").is_some() {
+        return upgrade(writes, keys, value_len);
+    }
     let cache = arg(3, 0);
     let dir = tempfile::tempdir().expect("temporary directory");
     let path = dir.path().join("kv.redb");

@@ -66,6 +66,11 @@ const LIVE: TableDefinition<&[u8], u64> = TableDefinition::new("live");
 const FORMAT1_CURRENT: TableDefinition<&[u8], &[u8]> = TableDefinition::new("current");
 /// Format 2 onwards: the same name with other types, which format-1 binaries fail to open.
 const DOWNGRADE_GUARD: TableDefinition<u64, ()> = TableDefinition::new("current");
+/// While a file is being upgraded to format 3: `after` -> the last (key, revision) whose value
+/// was moved ([`values_aside`]).
+const VALUES_ASIDE: TableDefinition<&str, (&[u8], u64)> = TableDefinition::new("values_aside");
+/// History rows per transaction of the upgrade to format 3.
+const ASIDE_CHUNK: usize = if cfg!(test) { 5_000 } else { 50_000 };
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 const MEMBERS: TableDefinition<u64, &[u8]> = TableDefinition::new("members");
 const REMOVED: TableDefinition<u64, ()> = TableDefinition::new("removed");
@@ -239,6 +244,7 @@ impl Mvcc {
             }
         }
         tx.commit().map_err(|e| err(&e))?;
+        values_aside(&mvcc.db(), &name).map_err(|e| err(&e))?;
         mvcc.refresh_auth_on()?;
         mvcc.refresh_removed()?;
         mvcc.refresh_params()?;
@@ -927,62 +933,97 @@ fn upgrade(tx: &redb::WriteTransaction, path: &str) -> Result<Result<(), String>
         tx.delete_table(FORMAT1_CURRENT)?;
         tracing::info!(path, "key-space file upgraded from format 1 to 2");
     }
-    let rewritten = values_aside(tx, &mut meta)?;
-    if rewritten > 0 {
-        tracing::info!(
-            path,
-            rows = rewritten,
-            "key-space file upgraded to format {FORMAT}: values moved to a table of their own"
-        );
-    }
+    // The move of the values (format 3) follows in transactions of its own (`values_aside`);
+    // from here on the file says format 3, so an older binary refuses it even half moved.
+    tx.open_table(VALUES_ASIDE)?;
     tx.open_table(DOWNGRADE_GUARD)?;
     meta.insert("format", FORMAT)?;
     Ok(Ok(()))
 }
 
-/// Format 2 to 3: every history row's value moved to `values` ([`record`]), a chunk of rows at
-/// a time (the rows are read, then rewritten). Returns how many rows it rewrote.
-fn values_aside(
-    tx: &redb::WriteTransaction,
-    meta: &mut redb::Table<'_, &'static str, u64>,
-) -> Result<u64, redb::Error> {
+/// Format 2 to 3: every history row's value moved to `values` ([`record`]), in key order,
+/// [`ASIDE_CHUNK`] rows per durable transaction (memory does not grow with the key space),
+/// each recording the last row it moved in `values_aside`; a start that stops midway resumes
+/// after it. The table's presence means the move is under way; the last transaction drops it.
+fn values_aside(db: &Database, path: &str) -> Result<(), redb::Error> {
+    use redb::TableHandle;
     use std::ops::Bound;
-    const CHUNK: usize = 10_000;
-    let mut rows = record::Rows {
-        history: tx.open_table(HISTORY)?,
-        values: tx.open_table(record::VALUES)?,
-        last: 0,
+    let under_way = |db: &Database| -> Result<bool, redb::Error> {
+        let tx = db.begin_read()?;
+        Ok(tx.list_tables()?.any(|t| t.name() == VALUES_ASIDE.name()))
     };
-    let (mut after, mut count): (Option<(Vec<u8>, u64)>, u64) = (None, 0);
-    loop {
-        let start = match &after {
-            None => Bound::Unbounded,
-            Some((key, rev)) => Bound::Excluded((key.as_slice(), *rev)),
-        };
-        let chunk = rows
-            .history
-            .range::<(&[u8], u64)>((start, Bound::Unbounded))?
-            .take(CHUNK)
-            .map(|row| {
-                let (k, v) = row?;
-                let (key, rev) = k.value();
-                Ok((key.to_vec(), rev, v.value().to_vec()))
-            })
-            .collect::<Result<Vec<_>, redb::Error>>()?;
-        let Some((key, rev, _)) = chunk.last() else {
-            break;
-        };
-        after = Some((key.clone(), *rev));
-        for (key, rev, old) in &chunk {
-            let kv = decode_kv(key, old)?;
-            // (removed first: `put` would read the old row as format 3)
-            rows.history.remove((key.as_slice(), *rev))?;
-            rows.put(key, *rev, &kv)?;
-        }
-        count += chunk.len() as u64;
+    if !under_way(db)? {
+        return Ok(());
     }
-    meta.insert("values", rows.last)?;
-    Ok(count)
+    let started = std::time::Instant::now();
+    let mut moved = 0u64;
+    loop {
+        let mut tx = db.begin_write()?;
+        tx.set_durability(Durability::Immediate)?;
+        let done = {
+            let mut meta = tx.open_table(META)?;
+            let mut aside = tx.open_table(VALUES_ASIDE)?;
+            let after = aside.get("after")?.map(|g| {
+                let (key, rev) = g.value();
+                (key.to_vec(), rev)
+            });
+            let mut rows = record::Rows {
+                history: tx.open_table(HISTORY)?,
+                values: tx.open_table(record::VALUES)?,
+                last: meta_get(&meta, "values")?,
+            };
+            let start = match &after {
+                None => Bound::Unbounded,
+                Some((key, rev)) => Bound::Excluded((key.as_slice(), *rev)),
+            };
+            let chunk = rows
+                .history
+                .range::<(&[u8], u64)>((start, Bound::Unbounded))?
+                .take(ASIDE_CHUNK)
+                .map(|row| {
+                    let (k, v) = row?;
+                    let (key, rev) = k.value();
+                    Ok((key.to_vec(), rev, v.value().to_vec()))
+                })
+                .collect::<Result<Vec<_>, redb::Error>>()?;
+            for (key, rev, old) in &chunk {
+                let kv = decode_kv(key, old)?;
+                // (removed first: `put` would read the old row as format 3)
+                rows.history.remove((key.as_slice(), *rev))?;
+                rows.put(key, *rev, &kv)?;
+            }
+            moved += chunk.len() as u64;
+            meta.insert("values", rows.last)?;
+            match chunk.last() {
+                Some((key, rev, _)) if chunk.len() == ASIDE_CHUNK => {
+                    aside.insert("after", (key.as_slice(), *rev))?;
+                    false
+                }
+                _ => true,
+            }
+        };
+        if done {
+            tx.delete_table(VALUES_ASIDE)?;
+        }
+        tx.commit()?;
+        if done {
+            break;
+        }
+        tracing::info!(
+            path,
+            rows = moved,
+            "upgrading the key-space file to format {FORMAT}"
+        );
+    }
+    if moved > 0 {
+        tracing::info!(
+            path,
+            rows = moved,
+            seconds = started.elapsed().as_secs_f64(),
+            "key-space file upgraded to format {FORMAT}: values moved to a table of their own"
+        );
+    }
+    Ok(())
 }
 
 /// A logical record (formats 1 and 2 stored it; HashKV and dumps use it) back into a

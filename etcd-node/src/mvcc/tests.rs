@@ -1054,6 +1054,64 @@ fn a_format2_file_is_upgraded_with_its_hash_unchanged() {
     );
 }
 
+#[test]
+fn an_upgrade_stopped_midway_resumes_where_it_stopped() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("kv.redb");
+    let first: Vec<(String, u64)> = (0..7_000).map(|i| (format!("a{i:05}"), i + 2)).collect();
+    let rows: Vec<_> = first
+        .iter()
+        .map(|(k, r)| (k.as_str(), *r, kv(k, *r as i64, *r as i64, 1)))
+        .collect();
+    write_format2(&path, &rows);
+    drop(Mvcc::open(&path).unwrap());
+    // As a start stopped after moving the values of the "a" keys would leave it: format 3, the
+    // move under way after the last "a" row, and the "b" rows still as format 2 stored them.
+    {
+        let db = redb::Database::open(&path).unwrap();
+        let tx = db.begin_write().unwrap();
+        {
+            let mut history = tx.open_table(HISTORY).unwrap();
+            let mut live = tx.open_table(LIVE).unwrap();
+            for i in 0..6_000u64 {
+                let (key, rev) = (format!("b{i:05}"), 7_002 + i);
+                let record = kv(&key, rev as i64, rev as i64, 1).encode_to_vec();
+                history
+                    .insert((key.as_bytes(), rev), record.as_slice())
+                    .unwrap();
+                live.insert(key.as_bytes(), rev).unwrap();
+            }
+            tx.open_table(META)
+                .unwrap()
+                .insert("revision", 13_001)
+                .unwrap();
+            let mut aside = tx.open_table(VALUES_ASIDE).unwrap();
+            aside.insert("after", (&b"a06999"[..], 7_001)).unwrap();
+        }
+        tx.commit().unwrap();
+    }
+    let mvcc = Mvcc::open(&path).unwrap();
+    let f = Fixture {
+        _dir: dir,
+        mvcc,
+        index: 0,
+    };
+    let all = f.range(&get("\0", "\0")).unwrap().kvs;
+    assert_eq!(all.len(), 13_000);
+    assert!(
+        all.iter().all(|kv| kv.value == kv.key),
+        "every value read back"
+    );
+    drop(f.mvcc);
+    assert_eq!(value_rows(&f._dir.path().join("kv.redb")), 13_000);
+    let db = redb::Database::open(f._dir.path().join("kv.redb")).unwrap();
+    let tx = db.begin_read().unwrap();
+    assert!(
+        tx.open_table(VALUES_ASIDE).is_err(),
+        "the move is over: its table is gone"
+    );
+}
+
 /// A key-space file as format 1 wrote it: every live record also in `current`.
 fn write_format1(path: &Path, rows: &[(&str, u64, PbKeyValue)]) {
     let db = redb::Database::create(path).unwrap();
