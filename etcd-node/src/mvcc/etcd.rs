@@ -295,9 +295,10 @@ pub fn import(
     db.for_each(&keys, &mut |k, v| {
         let (main, tombstone) =
             parse_rev(k).ok_or_else(|| format!("key bucket: {k:?} is not an etcd revision"))?;
-        let kv = PbKeyValue::decode(v)
+        let mut kv = PbKeyValue::decode(v)
             .map_err(|e| format!("key bucket: the row at revision {main} does not decode: {e}"))?;
-        if kv.key.is_empty() {
+        let key = std::mem::take(&mut kv.key);
+        if key.is_empty() {
             return Err(format!("key bucket: the row at revision {main} has no key"));
         }
         let record = if tombstone {
@@ -311,16 +312,13 @@ pub fn import(
                 kv.version, kv.mod_revision
             ));
         } else {
-            PbKeyValue {
-                key: Vec::new(),
-                ..kv.clone()
-            }
+            kv // (its key taken: the record)
         };
         newest = newest.max(main);
         s.rows += 1;
         let record = record.encode_to_vec();
-        pending += kv.key.len() + record.len();
-        rows.push((kv.key, main, record));
+        pending += key.len() + record.len();
+        rows.push((key, main, record));
         if pending >= BATCH_BYTES {
             flush(&mut rows)?;
             pending = 0;
@@ -358,7 +356,7 @@ pub fn export<W: Write + Seek>(
     let sorter = Scratch::create(work)?;
     let mut s = EtcdFileSummary::default();
     let mut parts = Parts::new(dump);
-    let mut done = false;
+    // (returns once the dump is read: `write` goes on while the closure says true)
     sorter.write(|tx| {
         let mut by_rev = tx.open_table(BY_REVISION).map_err(scratch)?;
         let mut leases = tx.open_table(LEASES).map_err(scratch)?;
@@ -366,7 +364,6 @@ pub fn export<W: Write + Seek>(
         let mut written = 0;
         while written < BATCH_BYTES {
             let Some(part) = parts.next_part()? else {
-                done = true;
                 return Ok(false);
             };
             match part {
@@ -392,7 +389,6 @@ pub fn export<W: Write + Seek>(
         }
         Ok(true)
     })?;
-    debug_assert!(done);
     let io = |e: std::io::Error| format!("writing the etcd file: {e}");
     let tx = sorter.db().begin_read().map_err(scratch)?;
     let mut w = bbolt::Writer::new(out).map_err(io)?;

@@ -116,18 +116,7 @@ pub fn open<R: Read + Seek>(mut file: R, check_hash: bool) -> Result<io::Take<R>
     }
     let body = size - HASH_BYTES as u64;
     if check_hash {
-        file.seek(SeekFrom::Start(0)).map_err(io_err)?;
-        let mut sha = Sha256::new();
-        io::copy(&mut (&mut file).take(body), &mut HashInto(&mut sha)).map_err(io_err)?;
-        let mut stored = [0u8; HASH_BYTES];
-        file.read_exact(&mut stored).map_err(io_err)?;
-        if sha.finalize().as_slice() != stored {
-            return Err(
-                "its SHA-256 does not match its contents: the file is damaged or truncated \
-                        (save it again; --skip-hash-check restores it anyway, at your own risk)"
-                    .into(),
-            );
-        }
+        hash_body(&mut file, body, true)?;
     }
     let start = (MAGIC.len() + LEN_BYTES) as u64;
     let len = u64::from_le_bytes(
@@ -176,11 +165,20 @@ pub fn check_etcd(
              whole (copied while its etcd was stopped), add --skip-hash-check"
         ));
     }
+    let sha = hash_body(file, len, hashed && check_hash)?;
+    file.seek(SeekFrom::Start(0)).map_err(io_err)?;
+    Ok((len, sha))
+}
+
+/// The SHA-256 of the first `len` bytes of `file`; with `verify`, the 32 bytes after them
+/// must be that hash (the file is left after them), or the error says the file is damaged.
+fn hash_body(file: &mut (impl Read + Seek), len: u64, verify: bool) -> Result<[u8; 32], String> {
+    let io_err = |e: io::Error| format!("reading it: {e}");
     file.seek(SeekFrom::Start(0)).map_err(io_err)?;
     let mut sha = Sha256::new();
     io::copy(&mut file.take(len), &mut HashInto(&mut sha)).map_err(io_err)?;
     let sha: [u8; 32] = sha.finalize().into();
-    if hashed && check_hash {
+    if verify {
         let mut stored = [0u8; HASH_BYTES];
         file.read_exact(&mut stored).map_err(io_err)?;
         if sha != stored {
@@ -191,8 +189,7 @@ pub fn check_etcd(
             );
         }
     }
-    file.seek(SeekFrom::Start(0)).map_err(io_err)?;
-    Ok((len, sha))
+    Ok(sha)
 }
 
 /// Ends the etcd file `file` (written whole, positioned at its end) with the SHA-256 of its
