@@ -13,12 +13,11 @@ use redb::{ReadableTable, Table, WriteTransaction};
 
 use super::auth;
 use super::events::event;
-use super::range::{self, live_record, scan_current};
+use super::range;
 use super::record::{self, Rows, VALUES};
 use super::request::{Op, Response, needs_space};
 use super::{
-    ALARMS, AUTH, ApiError, CLUSTER, HISTORY, LEASE_KEYS, LEASES, LIVE, META, lease_keys_of,
-    meta_get,
+    ALARMS, AUTH, ApiError, CLUSTER, HISTORY, LEASE_KEYS, LEASES, META, lease_keys_of, meta_get,
 };
 
 /// etcd's alarm types (`AlarmType`).
@@ -30,7 +29,6 @@ pub type Applied = Option<Result<Response, ApiError>>;
 
 pub(super) struct Writer<'t> {
     rows: Rows<'t>,
-    live: Table<'t, &'static [u8], u64>,
     meta: Table<'t, &'static str, u64>,
     leases: Table<'t, i64, i64>,
     lease_keys: Table<'t, (i64, &'static [u8]), ()>,
@@ -83,7 +81,6 @@ impl<'t> Writer<'t> {
         };
         Ok(Writer {
             rows,
-            live: tx.open_table(LIVE)?,
             meta,
             leases: tx.open_table(LEASES)?,
             lease_keys: tx.open_table(LEASE_KEYS)?,
@@ -200,14 +197,10 @@ impl<'t> Writer<'t> {
     }
 
     fn get(&self, key: &[u8]) -> Result<Option<PbKeyValue>, redb::Error> {
-        Ok(match self.live.get(key)? {
-            Some(rev) => Some(record::decode(
-                &self.rows.values,
-                key,
-                live_record(&self.rows.history, key, rev.value())?.value(),
-            )?),
-            None => None,
-        })
+        match range::row_at(&self.rows.history, key, u64::MAX)? {
+            Some(stored) => Ok(Some(record::decode(&self.rows.values, key, &stored)?)),
+            None => Ok(None),
+        }
     }
 
     /// What etcd refuses only against the data: `ignore_value`/`ignore_lease` on a missing
@@ -298,16 +291,6 @@ impl<'t> Writer<'t> {
         Ok(None)
     }
 
-    fn write(&mut self, key: &[u8], rev: u64, kv: &PbKeyValue) -> Result<(), redb::Error> {
-        self.rows.put(key, rev, kv)?;
-        if kv.version == 0 {
-            self.live.remove(key)?;
-        } else {
-            self.live.insert(key, rev)?;
-        }
-        Ok(())
-    }
-
     /// Moves `key` from lease `old` to lease `new` (0: none).
     fn attach(&mut self, key: &[u8], old: i64, new: i64) -> Result<(), redb::Error> {
         if old != new {
@@ -337,7 +320,7 @@ impl<'t> Writer<'t> {
                 _ => r.lease,
             },
         };
-        self.write(&r.key, s.rev, &kv)?;
+        self.rows.put(&r.key, s.rev, &kv)?;
         self.attach(&r.key, prev.as_ref().map_or(0, |p| p.lease), kv.lease)?;
         self.events.push(event(&r.key, &kv, prev.as_ref()));
         s.changed = true;
@@ -353,11 +336,11 @@ impl<'t> Writer<'t> {
         r: &PbDeleteRequest,
     ) -> Result<PbDeleteResponse, redb::Error> {
         let mut doomed = Vec::new();
-        scan_current(
-            &self.live,
+        range::scan(
             &self.rows.history,
             &r.key,
             &r.range_end,
+            None,
             |k, record| {
                 doomed.push(record::decode(&self.rows.values, k, record)?);
                 Ok(true)
@@ -368,7 +351,7 @@ impl<'t> Writer<'t> {
             ..Default::default()
         };
         for kv in &doomed {
-            self.write(&kv.key, s.rev, &tombstone)?;
+            self.rows.put(&kv.key, s.rev, &tombstone)?;
             self.attach(&kv.key, kv.lease, 0)?;
             self.events.push(event(&kv.key, &tombstone, Some(kv)));
         }
@@ -383,11 +366,11 @@ impl<'t> Writer<'t> {
     fn compare_all(&self, r: &PbTxnRequest) -> Result<bool, redb::Error> {
         for c in &r.compare {
             let mut kvs = Vec::new();
-            scan_current(
-                &self.live,
+            range::scan(
                 &self.rows.history,
                 &c.key,
                 &c.range_end,
+                None,
                 |k, record| {
                     kvs.push(record::decode(&self.rows.values, k, record)?);
                     Ok(true)
@@ -413,9 +396,8 @@ impl<'t> Writer<'t> {
         for op in ops {
             let response = match &op.request {
                 Some(PbTxnOpRequest::RequestRange(q)) => {
-                    let (rows, live) = (&self.rows, &self.live);
                     let out = range::range(
-                        (&rows.history, &rows.values, live),
+                        (&self.rows.history, &self.rows.values),
                         self.revision,
                         self.compacted,
                         q,

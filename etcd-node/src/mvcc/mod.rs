@@ -2,11 +2,11 @@
 //! compaction removes what no reader may ask for any more.
 //!
 //! Tables (`docs/formats.md`):
-//! - `history`: (key, main revision) -> the key's `KeyValue` at that revision (key field empty;
-//!   a tombstone has version 0);
-//! - `live`: key -> the revision of its newest history row, for every live key (absent once
-//!   deleted): reads at the newest revision walk only live keys, and each record is stored once,
-//!   in `history`;
+//! - `history`: (key, main revision) -> the key's `KeyValue` at that revision (key and value
+//!   fields empty; a tombstone has version 0) after the number of its value's row in `values`
+//!   ([`record`]); a key's newest row is its state (a key is live unless that row is a
+//!   tombstone), and reads at the newest revision take it;
+//! - `values`: value number -> value bytes, appended ([`record`]);
 //! - `current`: an empty table of another type than format 1's `current` (key -> record), so
 //!   that a binary from before format 2 refuses the file instead of finding no keys in it;
 //! - `meta`: `format` ([`FORMAT`]; an older binary's files are upgraded when opened, a newer
@@ -61,8 +61,10 @@ pub use range::RangeOutput;
 pub use request::{ClusterParamsSet, MemberChange, Op, Proposal, Response, check, needs_space};
 
 const HISTORY: TableDefinition<(&[u8], u64), &[u8]> = TableDefinition::new("history");
+/// Formats 2 and 3: key -> the revision of its newest `history` row (dropped when opened: the
+/// newest row says the same).
 const LIVE: TableDefinition<&[u8], u64> = TableDefinition::new("live");
-/// Format 1's table of live records (upgraded to `live` when opened).
+/// Format 1's table of live records (dropped when opened: `history` holds the same).
 const FORMAT1_CURRENT: TableDefinition<&[u8], &[u8]> = TableDefinition::new("current");
 /// Format 2 onwards: the same name with other types, which format-1 binaries fail to open.
 const DOWNGRADE_GUARD: TableDefinition<u64, ()> = TableDefinition::new("current");
@@ -86,8 +88,9 @@ pub const DEFAULT_CACHE_BYTES: usize = 64 << 20;
 
 /// The key-space file's format. 1: a `current` table held a copy of every live key's record;
 /// 2: `live` holds only the revision of the record in `history` (a record is stored once);
-/// 3: values in a table of their own, appended ([`record`]).
-pub const FORMAT: u64 = 3;
+/// 3: values in a table of their own, appended ([`record`]); 4: no `live` table (a key's
+/// newest `history` row says the same).
+pub const FORMAT: u64 = 4;
 
 /// What a committed entry asks of the store.
 #[derive(Debug, Clone, PartialEq)]
@@ -230,7 +233,6 @@ impl Mvcc {
         {
             tx.open_table(HISTORY).map_err(|e| err(&e))?;
             tx.open_table(record::VALUES).map_err(|e| err(&e))?;
-            tx.open_table(LIVE).map_err(|e| err(&e))?;
             tx.open_table(MEMBERS).map_err(|e| err(&e))?;
             tx.open_table(REMOVED).map_err(|e| err(&e))?;
             tx.open_table(CLUSTER).map_err(|e| err(&e))?;
@@ -596,11 +598,7 @@ impl Mvcc {
         let read = || -> Result<Result<RangeOutput, ApiError>, redb::Error> {
             let meta = tx.open_table(META)?;
             range::range(
-                (
-                    &tx.open_table(HISTORY)?,
-                    &tx.open_table(record::VALUES)?,
-                    &tx.open_table(LIVE)?,
-                ),
+                (&tx.open_table(HISTORY)?, &tx.open_table(record::VALUES)?),
                 meta_get(&meta, "revision")?.max(1),
                 meta_get(&meta, "compact")?,
                 req,
@@ -786,7 +784,6 @@ impl Mvcc {
             .map_err(|e| self.fail(e))?;
         tx.delete_table(HISTORY).map_err(|e| self.fail(e))?;
         tx.delete_table(record::VALUES).map_err(|e| self.fail(e))?;
-        tx.delete_table(LIVE).map_err(|e| self.fail(e))?;
         tx.delete_table(AUTH).map_err(|e| self.fail(e))?;
         tx.delete_table(LEASES).map_err(|e| self.fail(e))?;
         tx.delete_table(LEASE_KEYS).map_err(|e| self.fail(e))?;
@@ -801,7 +798,6 @@ impl Mvcc {
                 values: tx.open_table(record::VALUES).map_err(|e| self.fail(e))?,
                 last: 0,
             };
-            let mut live = tx.open_table(LIVE).map_err(|e| self.fail(e))?;
             let mut meta = tx.open_table(META).map_err(|e| self.fail(e))?;
             let mut leases = tx.open_table(LEASES).map_err(|e| self.fail(e))?;
             let mut lease_keys = tx.open_table(LEASE_KEYS).map_err(|e| self.fail(e))?;
@@ -851,30 +847,18 @@ impl Mvcc {
                         let kv = decode_kv(&e.key, &e.record).map_err(|e| self.fail(e))?;
                         rows.put(&e.key, e.revision, &kv)
                             .map_err(|e| self.fail(e))?;
-                        // Rows come in (key, revision) order: the last one of a key is its
-                        // newest.
-                        if kv.version == 0 {
-                            live.remove(e.key.as_slice()).map_err(|e| self.fail(e))?;
-                        } else {
-                            live.insert(e.key.as_slice(), e.revision)
-                                .map_err(|e| self.fail(e))?;
-                        }
                     }
                 }
             }
             // The keys attached to leases: those of the live keys.
-            for row in live.iter().map_err(|e| self.fail(e))? {
-                let (k, rev) = row.map_err(|e| self.fail(e))?;
-                let stored = range::live_record(&rows.history, k.value(), rev.value())
-                    .map_err(|e| self.fail(e))?;
-                let (kv, _) =
-                    record::decode_meta(k.value(), stored.value()).map_err(|e| self.fail(e))?;
+            range::scan(&rows.history, &[0], &[0], None, |key, stored| {
+                let (kv, _) = record::decode_meta(key, stored)?;
                 if kv.lease != 0 {
-                    lease_keys
-                        .insert((kv.lease, k.value()), ())
-                        .map_err(|e| self.fail(e))?;
+                    lease_keys.insert((kv.lease, key), ())?;
                 }
-            }
+                Ok(true)
+            })
+            .map_err(|e| self.fail(e))?;
             meta.insert("revision", revision.max(1))
                 .map_err(|e| self.fail(e))?;
             meta.insert("compact", compacted)
@@ -923,19 +907,21 @@ fn upgrade(tx: &redb::WriteTransaction, path: &str) -> Result<Result<(), String>
             .list_tables()?
             .any(|t| t.name() == FORMAT1_CURRENT.name());
     if format1 {
-        let mut live = tx.open_table(LIVE)?;
-        for row in tx.open_table(FORMAT1_CURRENT)?.iter()? {
-            let (k, v) = row?;
-            let kv = decode_kv(k.value(), v.value())?;
-            live.insert(k.value(), kv.mod_revision as u64)?;
-        }
-        drop(live);
         tx.delete_table(FORMAT1_CURRENT)?;
-        tracing::info!(path, "key-space file upgraded from format 1 to 2");
     }
-    // The move of the values (format 3) follows in transactions of its own (`values_aside`);
-    // from here on the file says format 3, so an older binary refuses it even half moved.
-    tx.open_table(VALUES_ASIDE)?;
+    if tx.delete_table(LIVE)? || format1 {
+        let from = if format1 { 1 } else { format };
+        tracing::info!(
+            path,
+            "key-space file upgraded from format {from} to {FORMAT}"
+        );
+    }
+    if format < 3 {
+        // The move of the values (format 3) follows in transactions of its own
+        // (`values_aside`); from here on the file says the new format, so an older binary
+        // refuses it even half moved.
+        tx.open_table(VALUES_ASIDE)?;
+    }
     tx.open_table(DOWNGRADE_GUARD)?;
     meta.insert("format", FORMAT)?;
     Ok(Ok(()))

@@ -23,67 +23,29 @@ pub struct RangeOutput {
 
 pub(super) trait HistoryTable: ReadableTable<(&'static [u8], u64), &'static [u8]> {}
 impl<T: ReadableTable<(&'static [u8], u64), &'static [u8]>> HistoryTable for T {}
-pub(super) trait LiveTable: ReadableTable<&'static [u8], u64> {}
-impl<T: ReadableTable<&'static [u8], u64>> LiveTable for T {}
-
-/// The history record of a live key whose newest revision is `rev` (the `live` table says
-/// which; its history row is never compacted away, so a missing one is damage).
-pub(super) fn live_record<'h>(
-    history: &'h impl HistoryTable,
-    key: &[u8],
-    rev: u64,
-) -> Result<redb::AccessGuard<'h, &'static [u8]>, redb::Error> {
-    match history.get((key, rev))? {
-        Some(v) => Ok(v),
-        None => Err(redb::StorageError::Corrupted(format!(
-            "key {key:?} is live at revision {rev} but its history has no row there"
-        ))
-        .into()),
-    }
-}
-
-/// Calls `f` with each live key of `[start, end)` at the newest revision, in key order, until
-/// it returns false. `f` gets the key and its stored record.
-pub(super) fn scan_current(
-    live: &impl LiveTable,
+/// The stored row of `key`'s newest revision at or below `at`, unless it is a tombstone (or
+/// there is none): the key's state at `at`.
+pub(super) fn row_at(
     history: &impl HistoryTable,
-    start: &[u8],
-    end: &[u8],
-    mut f: impl FnMut(&[u8], &[u8]) -> Result<bool, redb::Error>,
-) -> Result<(), redb::Error> {
-    let rows = match end {
-        [] => {
-            if let Some(rev) = live.get(start)? {
-                f(start, live_record(history, start, rev.value())?.value())?;
-            }
-            return Ok(());
-        }
-        [0] => live.range::<&[u8]>(start..)?,
-        _ if end <= start => return Ok(()),
-        _ => live.range::<&[u8]>(start..end)?,
+    key: &[u8],
+    at: u64,
+) -> Result<Option<Vec<u8>>, redb::Error> {
+    let newest = history
+        .range::<(&[u8], u64)>((key, 0)..=(key, at))?
+        .next_back();
+    let Some(row) = newest else {
+        return Ok(None);
     };
-    for row in rows {
-        let (k, rev) = row?;
-        let key = k.value();
-        if !f(key, live_record(history, key, rev.value())?.value())? {
-            break;
-        }
-    }
-    Ok(())
+    let (_, v) = row?;
+    Ok(if record::is_tombstone(key, v.value())? {
+        None
+    } else {
+        Some(v.value().to_vec())
+    })
 }
 
-/// A visitor of (key, stored record) pairs; returning false stops the scan.
-type Visit<'a> = dyn FnMut(&[u8], &[u8]) -> Result<bool, redb::Error> + 'a;
-
-/// Visits the row a scan of the history kept for one key, unless it is a tombstone.
-fn emit(pending: Option<(Vec<u8>, Vec<u8>)>, f: &mut Visit<'_>) -> Result<bool, redb::Error> {
-    match pending {
-        Some((k, record)) if !record::is_tombstone(&k, &record)? => f(&k, &record),
-        _ => Ok(true),
-    }
-}
-
-/// As [`scan_current`] at an older revision `at`, from the history.
+/// Calls `f` with each live key of `[start, end)` at revision `at` and its stored row, in key
+/// order, until it returns false.
 fn scan_history(
     history: &impl HistoryTable,
     start: &[u8],
@@ -91,24 +53,44 @@ fn scan_history(
     at: u64,
     mut f: impl FnMut(&[u8], &[u8]) -> Result<bool, redb::Error>,
 ) -> Result<(), redb::Error> {
+    if end.is_empty() {
+        // (one key: its newest row at `at`, found from the end, not after all its older ones)
+        if let Some(stored) = row_at(history, start, at)? {
+            f(start, &stored)?;
+        }
+        return Ok(());
+    }
     let Some(rows) = history_rows(history, start, end, at)? else {
         return Ok(());
     };
-    // Rows come by key, then revision: the last row of a key at or below `at` is its state.
-    let mut pending: Option<(Vec<u8>, Vec<u8>)> = None;
+    // Rows come by key, then revision: the last row of a key at or below `at` is its state,
+    // visited (unless a tombstone) once the next key's rows begin. (One buffer for all.)
+    let (mut key_buf, mut row_buf, mut pending) = (Vec::new(), Vec::new(), false);
+    let mut visit = |key: &[u8], stored: &[u8]| -> Result<bool, redb::Error> {
+        Ok(record::is_tombstone(key, stored)? || f(key, stored)?)
+    };
     for row in rows {
         let (k, v) = row?;
         let (key, rev) = k.value();
-        if pending.as_ref().is_some_and(|(pk, _)| pk.as_slice() != key)
-            && !emit(pending.take(), &mut f)?
-        {
-            return Ok(());
+        if pending && key_buf.as_slice() != key {
+            pending = false;
+            if !visit(&key_buf, &row_buf)? {
+                return Ok(());
+            }
         }
         if rev <= at {
-            pending = Some((key.to_vec(), v.value().to_vec()));
+            if !pending {
+                key_buf.clear();
+                key_buf.extend_from_slice(key);
+            }
+            row_buf.clear();
+            row_buf.extend_from_slice(v.value());
+            pending = true;
         }
     }
-    emit(pending, &mut f)?;
+    if pending {
+        visit(&key_buf, &row_buf)?;
+    }
     Ok(())
 }
 
@@ -131,25 +113,23 @@ pub(super) fn history_rows<'a, H: HistoryTable>(
     }))
 }
 
-/// Calls `f` with the live keys of `[start, end)` at revision `at` (None: the newest).
+/// Calls `f` with the live keys of `[start, end)` at revision `at` (None: the newest) and
+/// their stored rows, in key order, until it returns false. Every row of a key at or below
+/// `at` is read (a compaction keeps them few): the newest is its state.
 pub(super) fn scan(
     history: &impl HistoryTable,
-    live: &impl LiveTable,
     start: &[u8],
     end: &[u8],
     at: Option<u64>,
     f: impl FnMut(&[u8], &[u8]) -> Result<bool, redb::Error>,
 ) -> Result<(), redb::Error> {
-    match at {
-        None => scan_current(live, history, start, end, f),
-        Some(at) => scan_history(history, start, end, at, f),
-    }
+    scan_history(history, start, end, at.unwrap_or(u64::MAX), f)
 }
 
 /// Serves `req` against a store whose newest revision is `revision` and compacted one
 /// `compacted`.
 pub(super) fn range(
-    (history, values, live): (&impl HistoryTable, &impl ValuesTable, &impl LiveTable),
+    (history, values): (&impl HistoryTable, &impl ValuesTable),
     revision: u64,
     compacted: u64,
     req: &PbRangeRequest,
@@ -183,7 +163,7 @@ pub(super) fn range(
         revision,
         ..Default::default()
     };
-    scan(history, live, &req.key, &req.range_end, at, |k, record| {
+    scan(history, &req.key, &req.range_end, at, |k, record| {
         out.count += 1;
         if out.kvs.len() < keep {
             // (keys only, unless sorted by value: the values are not read)

@@ -1,4 +1,4 @@
-//! How a history row is stored (format 3): the key's `KeyValue` at that revision without its
+//! How a history row is stored (from format 3 on): the key's `KeyValue` at that revision without its
 //! key and value, after the number of the `values` row holding the value.
 //!
 //! Values are most of the bytes and are kept in a table of their own, keyed by a sequence

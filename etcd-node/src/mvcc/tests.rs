@@ -1048,10 +1048,45 @@ fn a_format2_file_is_upgraded_with_its_hash_unchanged() {
     assert_eq!((k2.mod_revision, k2.version), (12_003, 2));
     drop(f.mvcc);
     let without_value = keys.len().div_ceil(7) as u64;
-    assert_eq!(
-        value_rows(&f._dir.path().join("kv.redb")),
-        keys.len() as u64 - without_value + 1
-    );
+    let path = f._dir.path().join("kv.redb");
+    assert_eq!(value_rows(&path), keys.len() as u64 - without_value + 1);
+    assert!(!has_table(&path, "live"), "format 4 has no live table");
+}
+
+fn has_table(path: &Path, name: &str) -> bool {
+    use redb::TableHandle;
+    let db = redb::Database::open(path).unwrap();
+    let tx = db.begin_read().unwrap();
+    tx.list_tables().unwrap().any(|t| t.name() == name)
+}
+
+#[test]
+fn a_format3_file_loses_its_live_table_and_nothing_else() {
+    let mut f = fixture();
+    f.apply(put("a", "1")).unwrap(); // 2
+    f.apply(put("b", "1")).unwrap(); // 3
+    f.apply(del("a", "")).unwrap(); // 4
+    f.apply(put("b", "2")).unwrap(); // 5
+    let path = f._dir.path().join("kv.redb");
+    drop(f.mvcc);
+    // Format 3 kept `live` (key -> newest revision) beside the same rows.
+    {
+        let db = redb::Database::open(&path).unwrap();
+        let tx = db.begin_write().unwrap();
+        tx.open_table(META).unwrap().insert("format", 3).unwrap();
+        tx.open_table(LIVE).unwrap().insert(&b"b"[..], 5).unwrap();
+        tx.commit().unwrap();
+    }
+    f.mvcc = Mvcc::open(&path).unwrap();
+    assert_eq!(f.values(&get("\0", "\0")), pairs(&[("b", "2")]));
+    let at3 = PbRangeRequest {
+        revision: 3,
+        ..get("\0", "\0")
+    };
+    assert_eq!(f.values(&at3), pairs(&[("a", "1"), ("b", "1")]));
+    drop(f.mvcc);
+    assert!(!has_table(&path, "live"));
+    assert_eq!(value_rows(&path), 3);
 }
 
 #[test]
@@ -1072,14 +1107,12 @@ fn an_upgrade_stopped_midway_resumes_where_it_stopped() {
         let tx = db.begin_write().unwrap();
         {
             let mut history = tx.open_table(HISTORY).unwrap();
-            let mut live = tx.open_table(LIVE).unwrap();
             for i in 0..6_000u64 {
                 let (key, rev) = (format!("b{i:05}"), 7_002 + i);
                 let record = kv(&key, rev as i64, rev as i64, 1).encode_to_vec();
                 history
                     .insert((key.as_bytes(), rev), record.as_slice())
                     .unwrap();
-                live.insert(key.as_bytes(), rev).unwrap();
             }
             tx.open_table(META)
                 .unwrap()
