@@ -2004,34 +2004,28 @@ fn a_full_quota_raises_nospace_until_compact_defrag_and_disarm() {
 }
 
 /// Changes `key`'s live value in a stopped member's key space behind Raft's back (as a bad
-/// disk or a bug would): its newest row in `history` (format 2: `live` holds the key's
-/// revision, `history` the record).
+/// disk or a bug would): the value of its newest row (format 4, docs/formats.md: `history`
+/// (key, revision) -> the number of the value's row in `values`, then the rest of the record).
 fn tamper(db_path: &Path, key: &[u8], value: &[u8]) {
-    use prost::Message;
     use redb::{ReadableTable, TableDefinition};
     let history: TableDefinition<(&[u8], u64), &[u8]> = TableDefinition::new("history");
-    let live: TableDefinition<&[u8], u64> = TableDefinition::new("live");
+    let values: TableDefinition<u64, &[u8]> = TableDefinition::new("values");
     let db = redb::Database::open(db_path).expect("open the member's kv.redb");
     let tx = db.begin_write().unwrap();
     {
-        let revision = tx
-            .open_table(live)
+        let rows = tx.open_table(history).unwrap();
+        let (_, stored) = rows
+            .range::<(&[u8], u64)>((key, 0)..=(key, u64::MAX))
             .unwrap()
-            .get(key)
-            .unwrap()
-            .expect("the key is live")
-            .value();
-        let mut rows = tx.open_table(history).unwrap();
-        let record = rows
-            .get((key, revision))
-            .unwrap()
-            .expect("the live key's row")
-            .value()
-            .to_vec();
-        let mut kv = etcd_client::proto::PbKeyValue::decode(record.as_slice()).unwrap();
-        kv.value = value.to_vec();
-        rows.insert((key, revision), kv.encode_to_vec().as_slice())
+            .next_back()
+            .expect("the key has rows")
             .unwrap();
+        let number = prost::encoding::decode_varint(&mut stored.value())
+            .expect("the row starts with its value's number");
+        assert_ne!(number, 0, "the key's newest row has a value");
+        let mut values = tx.open_table(values).unwrap();
+        let old = values.insert(number, value).unwrap();
+        assert!(old.is_some(), "the value's row was there");
     }
     tx.commit().unwrap();
 }
