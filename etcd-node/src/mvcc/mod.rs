@@ -13,7 +13,8 @@
 //!   one's refused), `revision` (newest main revision), `compact` (compacted revision), `applied` (the
 //!   last Raft index applied, committed in the same transaction as its changes, so replaying
 //!   the log after a crash never applies an entry twice), `member_id` and `cluster_id` (this
-//!   member's identity, fixed when it bootstraps or joins);
+//!   member's identity, fixed when it bootstraps or joins), `values` (the last value number);
+//! - `values_aside`: only while a file of format 1 or 2 is being upgraded (its values moved);
 //! - `members`: member id -> etcd's `Member` (name, peer URLs, learner flag): the cluster's
 //!   members as the applied configuration changes left them, seeded at bootstrap from
 //!   `--initial-cluster`;
