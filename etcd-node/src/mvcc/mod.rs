@@ -935,11 +935,11 @@ fn upgrade(tx: &redb::WriteTransaction, path: &str) -> Result<Result<(), String>
 fn values_aside(db: &Database, path: &str) -> Result<(), redb::Error> {
     use redb::TableHandle;
     use std::ops::Bound;
-    let under_way = |db: &Database| -> Result<bool, redb::Error> {
-        let tx = db.begin_read()?;
-        Ok(tx.list_tables()?.any(|t| t.name() == VALUES_ASIDE.name()))
-    };
-    if !under_way(db)? {
+    let under_way = db
+        .begin_read()?
+        .list_tables()?
+        .any(|t| t.name() == VALUES_ASIDE.name());
+    if !under_way {
         return Ok(());
     }
     let started = std::time::Instant::now();
