@@ -180,10 +180,12 @@ fn committing_before_persisting_is_caught() {
 
 #[test]
 fn crediting_a_stale_subterm_ack_is_caught() {
+    // Seen only in runs that grew the membership (seed 357 today, 67 before the log was trimmed
+    // in memory: members that join now get a snapshot taken for them instead of the log).
     assert_caught(
         Mutation::CreditStaleSubtermAck,
         2,
-        300,
+        1000,
         &[
             "durable commit",
             "leader completeness",

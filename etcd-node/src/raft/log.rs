@@ -1,4 +1,8 @@
-//! A node's log in memory: the position of the last snapshot, then the entries after it.
+//! A node's log in memory: the position where it starts (the last snapshot's, or a later one
+//! once entries every member holds and this one applied were dropped, see [`Raft::advance`]),
+//! then the entries after it.
+//!
+//! [`Raft::advance`]: super::Raft::advance
 //!
 //! Invariants: `entries[k].index == snap_index + 1 + k`; the (term, subterm) of the snapshot's
 //! index stays known after compaction, so the log's last position and the term of the entry
@@ -32,7 +36,7 @@ impl RaftLog {
         }
     }
 
-    /// Index of the last entry the snapshot covers.
+    /// Index of the last entry dropped: the snapshot's, or later (the log's start).
     pub fn snapshot_index(&self) -> u64 {
         self.snap_index
     }
@@ -47,6 +51,15 @@ impl RaftLog {
             Some(self.snap_term)
         } else {
             self.entry(index).map(|e| e.term)
+        }
+    }
+
+    /// (term, subterm) at `index`: the snapshot's position, or an entry's.
+    pub fn position(&self, index: u64) -> Option<(u64, u64)> {
+        if index == self.snap_index {
+            Some((self.snap_term, self.snap_subterm))
+        } else {
+            self.entry(index).map(|e| (e.term, e.subterm))
         }
     }
 

@@ -138,6 +138,9 @@ pub struct Raft {
     snapshot: Snapshot,
     /// A received snapshot the host has not persisted yet.
     pending_snapshot: Option<Snapshot>,
+    /// A follower needs entries this leader dropped from memory after the latest snapshot
+    /// (see [`Raft::advance`]): the host should take a new one.
+    snapshot_wanted: bool,
     persisted: u64,
     applied: u64,
     persisted_hs: HardState,
@@ -197,6 +200,7 @@ impl Raft {
             log,
             snapshot,
             pending_snapshot: None,
+            snapshot_wanted: false,
             persisted_hs: hs,
             role: Role::Follower,
             leader: NONE,
@@ -798,48 +802,82 @@ impl Raft {
         self.snapshot.clone()
     }
 
-    /// What a snapshot of the state machine as of the applied index is (None: the log is
-    /// compacted up to it already). A host that takes the snapshot in the background records
+    /// What a snapshot of the state machine as of the applied index is (None: the latest
+    /// snapshot is there already). A host that takes the snapshot in the background records
     /// this, with the state machine's view, at once, and hands both to
     /// [`Raft::compact_with`] when the snapshot is saved.
     pub fn snapshot_meta(&self) -> Option<SnapshotMeta> {
         let index = self.applied;
-        if index <= self.log.snapshot_index() {
+        if index <= self.snapshot.meta.index {
             return None;
         }
-        let entry = self
+        // (the log is never trimmed past the applied index, so its position is known)
+        let (term, subterm) = self
             .log
-            .entry(index)
-            .expect("applied entries are in the log");
+            .position(index)
+            .expect("applied entries are in the log or at its start");
         Some(SnapshotMeta {
             index,
-            term: entry.term,
-            subterm: entry.subterm,
+            term,
+            subterm,
             membership: self.membership.clone(),
         })
     }
 
-    /// Drops the log up to `snapshot` (of this member's state machine, with meta from
-    /// [`Raft::snapshot_meta`], possibly some turns ago). Returns false, changing nothing, when
-    /// the log is already compacted that far (a leader's snapshot was installed meanwhile).
+    /// A follower needs entries this leader no longer holds in memory and its latest snapshot
+    /// is older than them: the host should take a snapshot now rather than at the next
+    /// `--snapshot-count`. Until it is saved the follower waits.
+    pub fn snapshot_wanted(&self) -> bool {
+        self.snapshot_wanted
+    }
+
+    /// Keeps `snapshot` (of this member's state machine, with meta from
+    /// [`Raft::snapshot_meta`], possibly some turns ago) as the one a lagging follower is sent,
+    /// and drops the log up to it if it still holds those entries. Returns false, changing
+    /// nothing, when the latest snapshot is as new (a leader's snapshot was installed
+    /// meanwhile).
     pub fn compact_with(&mut self, snapshot: Snapshot) -> bool {
         assert!(
             !self.awaiting_advance,
             "compact between ready() and advance()"
         );
         let m = &snapshot.meta;
-        if m.index <= self.log.snapshot_index() {
+        if m.index <= self.snapshot.meta.index {
             return false;
         }
         assert!(m.index <= self.applied, "a snapshot of entries not applied");
-        assert_eq!(
-            self.log.entry(m.index).map(|e| (e.term, e.subterm)),
-            Some((m.term, m.subterm)),
-            "a snapshot of entries this log does not hold"
-        );
-        self.log.compact_to(m.index);
+        if m.index >= self.log.snapshot_index() {
+            assert_eq!(
+                self.log.position(m.index),
+                Some((m.term, m.subterm)),
+                "a snapshot of entries this log does not hold"
+            );
+            self.log.compact_to(m.index);
+        }
         self.snapshot = snapshot;
+        self.snapshot_wanted = false;
         true
+    }
+
+    /// Drops from memory the entries no one will ask this member for: applied here, and (on a
+    /// leader) held by every regular follower. They stay in the host's storage until the next
+    /// snapshot, for a restart. A follower that later needs one (a new member, one whose
+    /// progress was reset) gets a snapshot instead, a new one if the latest is older
+    /// ([`Raft::snapshot_wanted`]). Without this the log held every entry since the last
+    /// snapshot: up to `--snapshot-count` (100,000) entries, 40 MB with 256-byte values.
+    /// Dropped once they are at least half the log, so each entry is moved O(1) times.
+    fn trim_log(&mut self) {
+        let mut upto = self.applied;
+        if let Some(lead) = &self.lead {
+            for pr in lead.progress.values() {
+                upto = upto.min(pr.matched);
+            }
+        }
+        let start = self.log.snapshot_index();
+        let held = self.log.last_index() - start;
+        if upto > start && (upto - start) * 2 >= held {
+            self.log.compact_to(upto);
+        }
     }
 
     /// Handles a message from a regular peer.
@@ -1054,6 +1092,7 @@ impl Raft {
         // The Ready that carries the snapshot persists and applies it before anything else.
         (self.commit, self.persisted, self.applied) = (index, index, index);
         self.snapshot = snapshot.clone();
+        self.snapshot_wanted = false;
         self.pending_snapshot = Some(snapshot);
         self.reply_append(from, index, false);
     }
@@ -1113,6 +1152,12 @@ impl Raft {
                     entries,
                     commit: self.commit,
                 }
+            }
+            None if self.snapshot.meta.index < self.log.snapshot_index() => {
+                // Dropped from memory after the latest snapshot (trim_log): a newer one is
+                // needed. The follower waits for it (this is asked again on its heartbeats).
+                self.snapshot_wanted = true;
+                return;
             }
             None => {
                 // The entries the follower needs are compacted: send the snapshot instead.
@@ -1883,6 +1928,7 @@ impl Raft {
             }
         }
         self.maybe_leave_joint();
+        self.trim_log();
     }
 }
 
@@ -2095,9 +2141,89 @@ mod tests {
             data: bytes::Bytes::new(),
         };
         assert!(raft.compact_with(snapshot.clone()));
-        assert_eq!(raft.log().snapshot_index(), meta.index);
+        assert_eq!(raft.snapshot.meta.index, meta.index);
+        assert!(raft.log().snapshot_index() >= meta.index);
         assert_eq!(raft.log().last_index(), applied, "later entries kept");
         assert!(!raft.compact_with(snapshot), "already compacted that far");
+    }
+
+    /// A leader keeps in memory only the entries some follower may still ask for, and a
+    /// follower that asks for dropped ones (here: after a new term reset what the leader knows
+    /// of it) waits for a snapshot taken for it, newer than the dropped entries.
+    #[test]
+    fn entries_every_follower_holds_leave_memory_and_a_late_one_gets_a_new_snapshot() {
+        let mut cfg = Config::new(1);
+        cfg.pre_vote = false;
+        let members = Membership::new([1, 2, 3], None).unwrap();
+        let mut raft = Raft::new(cfg, &MemStorage::bootstrap(members, None)).unwrap();
+        let elect = |raft: &mut Raft| {
+            raft.campaign();
+            turn(raft);
+            let granted = Body::VoteResp {
+                pre: false,
+                granted: true,
+            };
+            raft.step(from(3, raft.term(), granted));
+            assert_eq!(raft.role(), Role::Leader);
+            turn(raft);
+        };
+        elect(&mut raft);
+        let term = raft.term();
+        for i in 0..10 {
+            raft.propose(vec![i]).unwrap();
+        }
+        turn(&mut raft);
+        let last = raft.log().last_index();
+        let ack = Body::AppendResp {
+            index: last,
+            reject: false,
+        };
+        raft.step(from(3, term, ack.clone()));
+        turn(&mut raft);
+        turn(&mut raft);
+        assert_eq!(raft.applied(), last);
+        assert_eq!(
+            raft.log().snapshot_index(),
+            1,
+            "kept for node 2, which has none"
+        );
+        raft.step(from_2(term, ack));
+        turn(&mut raft);
+        assert_eq!(
+            raft.log().snapshot_index(),
+            last,
+            "every follower holds them"
+        );
+        assert_eq!(raft.snapshot.meta.index, 1, "no snapshot was taken");
+        assert!(!raft.snapshot_wanted());
+
+        // A new term: the leader knows nothing of its followers until they answer.
+        raft.step(from_2(term + 1, Body::Heartbeat { commit: 0, read: 0 }));
+        assert_eq!(raft.role(), Role::Follower);
+        turn(&mut raft);
+        elect(&mut raft);
+        let term = raft.term();
+        let reject = Body::AppendResp {
+            index: 0,
+            reject: true,
+        };
+        raft.step(from_2(term, reject));
+        assert_eq!(
+            snapshots_to_2(&turn(&mut raft)),
+            0,
+            "the old snapshot would not do"
+        );
+        assert!(raft.snapshot_wanted());
+        raft.step(from_2(term, Body::HeartbeatResp { read: 0 }));
+        assert_eq!(snapshots_to_2(&turn(&mut raft)), 0, "still waiting for one");
+
+        let taken = raft.compact(bytes::Bytes::from_static(b"state")).meta.index;
+        assert!(taken >= last && !raft.snapshot_wanted());
+        raft.step(from_2(term, Body::HeartbeatResp { read: 0 }));
+        let sent = turn(&mut raft);
+        assert_eq!(snapshots_to_2(&sent), 1);
+        assert!(sent.iter().any(|m| matches!(&m.body,
+            Body::Snapshot { snapshot } if m.to == 2 && snapshot.meta.index == taken)));
     }
 
     #[test]

@@ -363,7 +363,8 @@ impl RaftLoop {
         }
     }
 
-    /// Every `--snapshot-count` applied entries, a snapshot of the key space, taken and saved
+    /// Every `--snapshot-count` applied entries, or when a follower needs one
+    /// ([`Raft::snapshot_wanted`]), a snapshot of the key space, taken and saved
     /// by a thread of its own (a dump of a large key space takes the better part of a second:
     /// the loop goes on meanwhile); once saved, the log is compacted up to it.
     fn maybe_snapshot(&mut self) -> Result<(), LoopError> {
@@ -382,9 +383,18 @@ impl RaftLoop {
             }
         }
         let applied = self.member.raft.applied();
+        let wanted = self.member.raft.snapshot_wanted();
         let pending = &mut self.fx.pending;
-        if pending.snapshotting.is_some() || applied < pending.last_snapshot + self.snapshot_count {
+        if pending.snapshotting.is_some()
+            || (applied < pending.last_snapshot + self.snapshot_count && !wanted)
+        {
             return Ok(());
+        }
+        if wanted {
+            tracing::info!(
+                applied,
+                "a follower needs entries older than this member keeps in memory: taking a snapshot for it"
+            );
         }
         let Some(meta) = self.member.raft.snapshot_meta() else {
             return Ok(());

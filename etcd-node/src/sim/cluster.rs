@@ -711,6 +711,9 @@ impl Cluster {
             return;
         };
         self.collect_answers();
+        if self.raft(id).is_some_and(Raft::snapshot_wanted) {
+            self.compact(id); // (the server takes it in the background, as soon)
+        }
         match outcome {
             Ok(false) => {}
             Ok(true) => {
