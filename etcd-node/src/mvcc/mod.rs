@@ -84,8 +84,10 @@ const AUTH: TableDefinition<&str, &[u8]> = TableDefinition::new("auth");
 const CLUSTER: TableDefinition<&str, &[u8]> = TableDefinition::new("cluster");
 
 /// The key space's page cache unless configured (`--backend-cache-bytes`; redb's own default
-/// is 1 GiB, which made a member's memory grow with its data).
-pub const DEFAULT_CACHE_BYTES: usize = 64 << 20;
+/// is 1 GiB, which made a member's memory grow with its data). 16 MiB: 64 MiB made puts and
+/// ranges no faster after 200,000 writes over 100,000 keys, and cost 48 MB more per member
+/// (docs/benchmarks.md); pages past it are read through the kernel's page cache.
+pub const DEFAULT_CACHE_BYTES: usize = 16 << 20;
 
 /// The key-space file's format. 1: a `current` table held a copy of every live key's record;
 /// 2: `live` holds only the revision of the record in `history` (a record is stored once);
