@@ -1103,6 +1103,14 @@ fn a_dead_member_is_replaced_through_the_membership_api() {
     c.start_member(new);
     let new_ep = c.members[new].url();
     rt.block_on(wait_caught_up(&new_ep, "r", &acked));
+    // The leader dropped from memory the entries both members held before the kill, and its
+    // only snapshot is the bootstrap's: it took one for the learner (docs/raft.md, "The log in
+    // memory is shorter than the log on disk").
+    let lead_log = c.log(leader);
+    assert!(
+        lead_log.contains("taking a snapshot for it"),
+        "no snapshot taken for the learner; leader's log:\n{lead_log}"
+    );
     let list = ok(etcdctl(&eps, &["member", "list"], None));
     assert!(
         list.lines()
