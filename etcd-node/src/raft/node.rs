@@ -141,6 +141,8 @@ pub struct Raft {
     /// A follower needs entries this leader dropped from memory after the latest snapshot
     /// (see [`Raft::advance`]): the host should take a new one.
     snapshot_wanted: bool,
+    /// The highest index a leader said every regular member holds (heartbeats' `held`).
+    held_by_all: u64,
     persisted: u64,
     applied: u64,
     persisted_hs: HardState,
@@ -201,6 +203,7 @@ impl Raft {
             snapshot,
             pending_snapshot: None,
             snapshot_wanted: false,
+            held_by_all: 0,
             persisted_hs: hs,
             role: Role::Follower,
             leader: NONE,
@@ -859,20 +862,18 @@ impl Raft {
         true
     }
 
-    /// Drops from memory the entries no one will ask this member for: applied here, and (on a
-    /// leader) held by every regular follower. They stay in the host's storage until the next
-    /// snapshot, for a restart. A follower that later needs one (a new member, one whose
-    /// progress was reset) gets a snapshot instead, a new one if the latest is older
-    /// ([`Raft::snapshot_wanted`]). Without this the log held every entry since the last
-    /// snapshot: up to `--snapshot-count` (100,000) entries, 40 MB with 256-byte values.
-    /// Dropped once they are at least half the log, so each entry is moved O(1) times.
+    /// Drops from memory the entries no one will ask this member for: applied here, and held
+    /// by every regular member (a leader knows from its followers' match indexes, a follower
+    /// from its leader's heartbeats: a member restarted, or one that was a follower, may lead
+    /// next, and a member that was down then catches up from its log). They stay in the
+    /// host's storage until the next snapshot, for a restart. A follower that later needs one
+    /// (a new member, one whose progress was reset) gets a snapshot instead, a new one if the
+    /// latest is older ([`Raft::snapshot_wanted`]). Without this the log held every entry
+    /// since the last snapshot: up to `--snapshot-count` (100,000) entries, 40 MB with
+    /// 256-byte values. Dropped once they are at least half the log, so each entry is moved
+    /// O(1) times.
     fn trim_log(&mut self) {
-        let mut upto = self.applied;
-        if let Some(lead) = &self.lead {
-            for pr in lead.progress.values() {
-                upto = upto.min(pr.matched);
-            }
-        }
+        let upto = self.applied.min(self.held_by_all());
         let start = self.log.snapshot_index();
         let held = self.log.last_index() - start;
         if upto > start && (upto - start) * 2 >= held {
@@ -978,8 +979,9 @@ impl Raft {
                 self.follow(m.from, m.term);
                 self.handle_snapshot(m.from, snapshot);
             }
-            Body::Heartbeat { commit, read } => {
+            Body::Heartbeat { commit, read, held } => {
                 self.follow(m.from, m.term);
+                self.held_by_all = self.held_by_all.max(held);
                 self.leader_commit = self.leader_commit.max(commit);
                 self.commit_to(commit.min(self.last_index()));
                 let term = self.term;
@@ -1176,8 +1178,21 @@ impl Raft {
     /// a new commit is told at once (otherwise followers learn it with the next append or
     /// heartbeat, up to a heartbeat later: a follower that forwarded a client's proposal would
     /// answer that much later).
+    /// The highest index every regular member holds: on a leader, the lowest of its own
+    /// persisted index and its followers' match indexes; on a follower, what its leader said.
+    fn held_by_all(&self) -> u64 {
+        match &self.lead {
+            Some(lead) => lead
+                .progress
+                .values()
+                .map(|pr| pr.matched)
+                .fold(self.persisted, u64::min),
+            None => self.held_by_all,
+        }
+    }
+
     fn broadcast_heartbeat(&mut self, read: u64, newer_than: Option<u64>) {
-        let (term, commit) = (self.term, self.commit);
+        let (term, commit, held) = (self.term, self.commit, self.held_by_all());
         let targets: Vec<(NodeId, u64)> = self
             .leading()
             .progress
@@ -1186,7 +1201,7 @@ impl Raft {
             .filter(|&(_, c)| newer_than.is_none_or(|before| c > before))
             .collect();
         for (p, commit) in targets {
-            self.send(p, term, Body::Heartbeat { commit, read });
+            self.send(p, term, Body::Heartbeat { commit, read, held });
         }
     }
 
@@ -2198,7 +2213,14 @@ mod tests {
         assert!(!raft.snapshot_wanted());
 
         // A new term: the leader knows nothing of its followers until they answer.
-        raft.step(from_2(term + 1, Body::Heartbeat { commit: 0, read: 0 }));
+        raft.step(from_2(
+            term + 1,
+            Body::Heartbeat {
+                commit: 0,
+                read: 0,
+                held: 0,
+            },
+        ));
         assert_eq!(raft.role(), Role::Follower);
         turn(&mut raft);
         elect(&mut raft);
@@ -2224,6 +2246,44 @@ mod tests {
         assert_eq!(snapshots_to_2(&sent), 1);
         assert!(sent.iter().any(|m| matches!(&m.body,
             Body::Snapshot { snapshot } if m.to == 2 && snapshot.meta.index == taken)));
+    }
+
+    /// A follower drops applied entries only once its leader says every member holds them: a
+    /// member restarted as a follower may lead next, and one that was down then catches up from
+    /// its log (scenario 05 sent it a snapshot when followers dropped what they applied).
+    #[test]
+    fn a_follower_drops_entries_only_once_its_leader_says_every_member_holds_them() {
+        let members = Membership::new([1, 2, 3], None).unwrap();
+        let mut raft = Raft::new(Config::new(1), &MemStorage::bootstrap(members, None)).unwrap();
+        let term = 2;
+        let entries: Vec<Entry> = (2..=11)
+            .map(|index| Entry {
+                term,
+                subterm: 0,
+                index,
+                data: EntryData::Normal(vec![index as u8]),
+            })
+            .collect();
+        let append = Body::Append {
+            prev_index: 1,
+            prev_term: 1,
+            entries,
+            commit: 11,
+        };
+        raft.step(from_2(term, append));
+        turn(&mut raft);
+        turn(&mut raft);
+        assert_eq!(raft.applied(), 11);
+        assert_eq!(raft.log().snapshot_index(), 1, "node 3 may lack them");
+        let heartbeat = Body::Heartbeat {
+            commit: 11,
+            read: 0,
+            held: 8,
+        };
+        raft.step(from_2(term, heartbeat));
+        turn(&mut raft);
+        assert_eq!(raft.log().snapshot_index(), 8);
+        assert_eq!(raft.log().last_index(), 11);
     }
 
     #[test]

@@ -126,10 +126,13 @@ pub enum Body {
         reject: bool,
     },
     /// Leader -> follower: I am alive; the commit index the follower may use (bounded by its
-    /// match); `read`: the ReadIndex round this heartbeat confirms (0: none).
+    /// match); `read`: the ReadIndex round this heartbeat confirms (0: none); `held`: an index
+    /// every regular member holds (the follower may drop the entries up to it from memory; 0
+    /// from a release before it said so).
     Heartbeat {
         commit: u64,
         read: u64,
+        held: u64,
     },
     /// Echoes the heartbeat's read round.
     HeartbeatResp {

@@ -82,10 +82,11 @@ fn message_to_pb(m: &Message) -> PbMessage {
             p.index = *index;
             p.flag = *reject;
         }
-        Body::Heartbeat { commit, read } => {
+        Body::Heartbeat { commit, read, held } => {
             p.kind = 3;
             p.commit = *commit;
             p.read = *read;
+            p.held = *held;
         }
         Body::HeartbeatResp { read } => {
             p.kind = 4;
@@ -137,6 +138,7 @@ fn message_from_pb(p: PbMessage) -> Result<Message, Invalid> {
         3 => Body::Heartbeat {
             commit: p.commit,
             read: p.read,
+            held: p.held,
         },
         4 => Body::HeartbeatResp { read: p.read },
         5 => {
@@ -292,7 +294,12 @@ mod tests {
                 index: 10,
                 reject: true,
             }),
-            msg(Body::Heartbeat { commit: 3, read: 4 }),
+            // (held 0: as members before it was sent, see the test below)
+            msg(Body::Heartbeat {
+                commit: 3,
+                read: 4,
+                held: 0,
+            }),
             msg(Body::HeartbeatResp { read: 4 }),
             msg(Body::Snapshot {
                 snapshot: Snapshot {
@@ -377,5 +384,31 @@ mod tests {
         assert_eq!(Envelope::decode(&new).unwrap().encode(), new);
         // Field 10, varint: tag (10 << 3) = 0x50, then 7.
         assert_eq!(new, [old.as_slice(), &[0x50, 7]].concat());
+    }
+
+    /// A heartbeat says what every member holds in a field earlier releases skip (they keep
+    /// their log in memory, as before); one from an earlier release says 0 (keep everything).
+    #[test]
+    fn a_heartbeat_adds_what_every_member_holds_as_a_new_field() {
+        let heartbeat = |held| {
+            Envelope::Raft(Message {
+                from: 1,
+                to: 2,
+                term: 3,
+                body: Body::Heartbeat {
+                    commit: 3,
+                    read: 4,
+                    held,
+                },
+                witness: None,
+            })
+            .encode()
+        };
+        let (old, new) = (heartbeat(0), heartbeat(7));
+        assert_eq!(Envelope::decode(&new).unwrap().encode(), new);
+        // The message is the envelope's last field: its length grows by the new field's two
+        // bytes, field 15 as a varint (tag 15 << 3 = 0x78), then 7.
+        assert_eq!(new.len(), old.len() + 2);
+        assert!(new.ends_with(&[0x78, 7]), "{new:x?}");
     }
 }

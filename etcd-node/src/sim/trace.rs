@@ -103,7 +103,7 @@ fn said(m: &Message) -> Option<String> {
             )
         }
         Body::Heartbeat { read: 0, .. } | Body::HeartbeatResp { read: 0 } => return None,
-        Body::Heartbeat { commit, read } => format!("heartbeat commit {commit} read {read}"),
+        Body::Heartbeat { commit, read, .. } => format!("heartbeat commit {commit} read {read}"),
         Body::HeartbeatResp { read } => format!("heartbeat-resp read {read}"),
         Body::Snapshot { snapshot } => {
             format!("snapshot {}/{}", snapshot.meta.index, snapshot.meta.term)
