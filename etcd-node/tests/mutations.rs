@@ -180,7 +180,7 @@ fn committing_before_persisting_is_caught() {
 
 #[test]
 fn crediting_a_stale_subterm_ack_is_caught() {
-    // Seen only in runs that grew the membership (seed 357 today, 67 before the log was trimmed
+    // Seen only in runs that grew the membership (seed 453 today, 67 before the log was trimmed
     // in memory: members that join now get a snapshot taken for them instead of the log).
     assert_caught(
         Mutation::CreditStaleSubtermAck,
