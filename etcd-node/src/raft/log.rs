@@ -116,6 +116,10 @@ impl RaftLog {
         (self.snap_term, self.snap_subterm) = (e.term, e.subterm);
         self.entries.drain(..(index - self.snap_index) as usize);
         self.snap_index = index;
+        // (a log that grew while a member was down gives its room back once it caught up)
+        if self.entries.capacity() > 4 * self.entries.len().max(1024) {
+            self.entries.shrink_to_fit();
+        }
     }
 
     /// Replaces the whole log by a snapshot's position.

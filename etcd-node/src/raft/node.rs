@@ -858,7 +858,8 @@ impl Raft {
             self.log.compact_to(m.index);
         }
         self.snapshot = snapshot;
-        self.snapshot_wanted = false;
+        // (one taken before the log was trimmed past it, by --snapshot-count, does not do)
+        self.snapshot_wanted &= self.snapshot.meta.index < self.log.snapshot_index();
         true
     }
 
@@ -2132,15 +2133,35 @@ mod tests {
     /// when it is saved; a second one for the same position changes nothing.
     #[test]
     fn a_snapshot_saved_later_compacts_to_where_it_was_taken() {
-        let members = Membership::new([1], None).unwrap();
-        let mut raft = Raft::new(Config::new(1), &MemStorage::bootstrap(members, None)).unwrap();
+        // Node 2 hears nothing: the leader keeps its log in memory for it.
+        let mut cfg = Config::new(1);
+        cfg.pre_vote = false;
+        let members = Membership::new([1, 2, 3], None).unwrap();
+        let mut raft = Raft::new(cfg, &MemStorage::bootstrap(members, None)).unwrap();
         raft.campaign();
         turn(&mut raft);
+        let term = raft.term();
+        let granted = Body::VoteResp {
+            pre: false,
+            granted: true,
+        };
+        raft.step(from(3, term, granted));
         assert_eq!(raft.role(), Role::Leader);
         let propose = |raft: &mut Raft| {
             raft.propose(b"x".to_vec()).unwrap();
             turn(raft);
+            let index = raft.log().last_index();
+            raft.step(from(
+                3,
+                term,
+                Body::AppendResp {
+                    index,
+                    reject: false,
+                },
+            ));
             turn(raft);
+            turn(raft);
+            assert_eq!(raft.applied(), index);
         };
         propose(&mut raft);
         let meta = raft
@@ -2156,10 +2177,87 @@ mod tests {
             data: bytes::Bytes::new(),
         };
         assert!(raft.compact_with(snapshot.clone()));
-        assert_eq!(raft.snapshot.meta.index, meta.index);
-        assert!(raft.log().snapshot_index() >= meta.index);
+        assert_eq!(raft.log().snapshot_index(), meta.index);
         assert_eq!(raft.log().last_index(), applied, "later entries kept");
         assert!(!raft.compact_with(snapshot), "already compacted that far");
+    }
+
+    /// A snapshot started before the log was trimmed past it (`--snapshot-count`) and saved
+    /// after: it becomes the latest, the log is not touched, and a follower that waits for a
+    /// newer one still does.
+    #[test]
+    fn a_snapshot_older_than_the_log_start_does_not_end_the_wait() {
+        let mut cfg = Config::new(1);
+        cfg.pre_vote = false;
+        let members = Membership::new([1, 2, 3], None).unwrap();
+        let mut raft = Raft::new(cfg, &MemStorage::bootstrap(members, None)).unwrap();
+        let elect = |raft: &mut Raft| {
+            raft.campaign();
+            turn(raft);
+            let granted = Body::VoteResp {
+                pre: false,
+                granted: true,
+            };
+            raft.step(from(3, raft.term(), granted));
+            assert_eq!(raft.role(), Role::Leader);
+            turn(raft);
+        };
+        let propose = |raft: &mut Raft| {
+            let term = raft.term();
+            raft.propose(b"x".to_vec()).unwrap();
+            turn(raft);
+            let index = raft.log().last_index();
+            for f in [2, 3] {
+                raft.step(from(
+                    f,
+                    term,
+                    Body::AppendResp {
+                        index,
+                        reject: false,
+                    },
+                ));
+            }
+            turn(raft);
+            turn(raft);
+        };
+        elect(&mut raft);
+        propose(&mut raft);
+        let early = raft.snapshot_meta().expect("entries applied");
+        for _ in 0..5 {
+            propose(&mut raft);
+        }
+        let start = raft.log().snapshot_index();
+        assert!(start > early.index, "trimmed past the early snapshot");
+        // A new term, and node 2 needs everything: a snapshot is wanted.
+        let term = raft.term();
+        let heartbeat = Body::Heartbeat {
+            commit: 0,
+            read: 0,
+            held: 0,
+        };
+        raft.step(from_2(term + 1, heartbeat));
+        turn(&mut raft);
+        elect(&mut raft);
+        let reject = Body::AppendResp {
+            index: 0,
+            reject: true,
+        };
+        raft.step(from_2(raft.term(), reject));
+        turn(&mut raft);
+        assert!(raft.snapshot_wanted());
+        let saved = Snapshot {
+            meta: early.clone(),
+            data: bytes::Bytes::new(),
+        };
+        assert!(
+            raft.compact_with(saved),
+            "newer than the bootstrap snapshot"
+        );
+        assert_eq!(raft.snapshot.meta.index, early.index);
+        assert_eq!(raft.log().snapshot_index(), start, "the log is not touched");
+        assert!(raft.snapshot_wanted(), "it does not do for node 2");
+        raft.compact(bytes::Bytes::from_static(b"state"));
+        assert!(!raft.snapshot_wanted());
     }
 
     /// A leader keeps in memory only the entries some follower may still ask for, and a

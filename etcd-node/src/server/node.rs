@@ -390,15 +390,15 @@ impl RaftLoop {
         {
             return Ok(());
         }
-        if wanted {
-            tracing::info!(
-                applied,
-                "a follower needs entries older than this member keeps in memory: taking a snapshot for it"
-            );
-        }
         let Some(meta) = self.member.raft.snapshot_meta() else {
             return Ok(());
         };
+        if wanted {
+            tracing::info!(
+                index = meta.index,
+                "a follower needs entries older than this member keeps in memory: taking a snapshot for it"
+            );
+        }
         // The thread dumps the key space as the applier leaves it at `meta` (everything
         // handed over so far, nothing after): the applier tells it when it gets there, and
         // waits only until the dump's view is open. The loop does not wait at all.
