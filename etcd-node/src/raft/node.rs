@@ -2042,6 +2042,27 @@ mod tests {
     }
 
     /// Carries out a Ready as a host whose disk and sends never fail; returns what it sent.
+    /// Node 1 of three regular voters, without pre-vote.
+    fn one_of_three() -> Raft {
+        let mut cfg = Config::new(1);
+        cfg.pre_vote = false;
+        let members = Membership::new([1, 2, 3], None).unwrap();
+        Raft::new(cfg, &MemStorage::bootstrap(members, None)).unwrap()
+    }
+
+    /// Node 1 campaigns and leads with node 3's vote.
+    fn elect_with_3(raft: &mut Raft) {
+        raft.campaign();
+        turn(raft);
+        let granted = Body::VoteResp {
+            pre: false,
+            granted: true,
+        };
+        raft.step(from(3, raft.term(), granted));
+        assert_eq!(raft.role(), Role::Leader);
+        turn(raft);
+    }
+
     fn turn(raft: &mut Raft) -> Vec<Message> {
         let ready = raft.ready();
         let mut sent = ready.early_messages.clone();
@@ -2134,19 +2155,9 @@ mod tests {
     #[test]
     fn a_snapshot_saved_later_compacts_to_where_it_was_taken() {
         // Node 2 hears nothing: the leader keeps its log in memory for it.
-        let mut cfg = Config::new(1);
-        cfg.pre_vote = false;
-        let members = Membership::new([1, 2, 3], None).unwrap();
-        let mut raft = Raft::new(cfg, &MemStorage::bootstrap(members, None)).unwrap();
-        raft.campaign();
-        turn(&mut raft);
+        let mut raft = one_of_three();
+        elect_with_3(&mut raft);
         let term = raft.term();
-        let granted = Body::VoteResp {
-            pre: false,
-            granted: true,
-        };
-        raft.step(from(3, term, granted));
-        assert_eq!(raft.role(), Role::Leader);
         let propose = |raft: &mut Raft| {
             raft.propose(b"x".to_vec()).unwrap();
             turn(raft);
@@ -2187,21 +2198,7 @@ mod tests {
     /// newer one still does.
     #[test]
     fn a_snapshot_older_than_the_log_start_does_not_end_the_wait() {
-        let mut cfg = Config::new(1);
-        cfg.pre_vote = false;
-        let members = Membership::new([1, 2, 3], None).unwrap();
-        let mut raft = Raft::new(cfg, &MemStorage::bootstrap(members, None)).unwrap();
-        let elect = |raft: &mut Raft| {
-            raft.campaign();
-            turn(raft);
-            let granted = Body::VoteResp {
-                pre: false,
-                granted: true,
-            };
-            raft.step(from(3, raft.term(), granted));
-            assert_eq!(raft.role(), Role::Leader);
-            turn(raft);
-        };
+        let mut raft = one_of_three();
         let propose = |raft: &mut Raft| {
             let term = raft.term();
             raft.propose(b"x".to_vec()).unwrap();
@@ -2220,7 +2217,7 @@ mod tests {
             turn(raft);
             turn(raft);
         };
-        elect(&mut raft);
+        elect_with_3(&mut raft);
         propose(&mut raft);
         let early = raft.snapshot_meta().expect("entries applied");
         for _ in 0..5 {
@@ -2237,7 +2234,7 @@ mod tests {
         };
         raft.step(from_2(term + 1, heartbeat));
         turn(&mut raft);
-        elect(&mut raft);
+        elect_with_3(&mut raft);
         let reject = Body::AppendResp {
             index: 0,
             reject: true,
@@ -2265,22 +2262,8 @@ mod tests {
     /// of it) waits for a snapshot taken for it, newer than the dropped entries.
     #[test]
     fn entries_every_follower_holds_leave_memory_and_a_late_one_gets_a_new_snapshot() {
-        let mut cfg = Config::new(1);
-        cfg.pre_vote = false;
-        let members = Membership::new([1, 2, 3], None).unwrap();
-        let mut raft = Raft::new(cfg, &MemStorage::bootstrap(members, None)).unwrap();
-        let elect = |raft: &mut Raft| {
-            raft.campaign();
-            turn(raft);
-            let granted = Body::VoteResp {
-                pre: false,
-                granted: true,
-            };
-            raft.step(from(3, raft.term(), granted));
-            assert_eq!(raft.role(), Role::Leader);
-            turn(raft);
-        };
-        elect(&mut raft);
+        let mut raft = one_of_three();
+        elect_with_3(&mut raft);
         let term = raft.term();
         for i in 0..10 {
             raft.propose(vec![i]).unwrap();
@@ -2321,7 +2304,7 @@ mod tests {
         ));
         assert_eq!(raft.role(), Role::Follower);
         turn(&mut raft);
-        elect(&mut raft);
+        elect_with_3(&mut raft);
         let term = raft.term();
         let reject = Body::AppendResp {
             index: 0,
