@@ -20,6 +20,9 @@
 #                                            # snapshot save and restore, and defragment times.
 #                                            # QUOTA sets --quota-backend-bytes on both systems
 #                                            # (default: theirs, 2 GiB; 5M keys need more)
+#   BATCH_LIMIT=1000 SUITE=... bash scripts/bench-compare.sh  # --backend-batch-limit on both
+#                                            # systems (default: theirs, 10,000 entries between
+#                                            # durable key-space commits)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # Ports 26379-30380: below the kernel's ephemeral range (32768-60999 here; inside it a listener can
@@ -77,7 +80,7 @@ start_ours() {
     "$bin/etcd-node" --name n$i --data-dir "$dir/n$i" \
       --listen-client-urls $scheme://127.0.0.1:$((25379 + i * 1000)) --advertise-client-urls $scheme://127.0.0.1:$((25379 + i * 1000)) \
       --listen-peer-urls $scheme://127.0.0.1:$((25380 + i * 1000)) --initial-advertise-peer-urls $scheme://127.0.0.1:$((25380 + i * 1000)) \
-      --initial-cluster "$ic" ${QUOTA:+--quota-backend-bytes "$QUOTA"} ${member_tls[@]+"${member_tls[@]}"} 2>"$dir/n$i.log" &
+      --initial-cluster "$ic" ${QUOTA:+--quota-backend-bytes "$QUOTA"} ${BATCH_LIMIT:+--backend-batch-limit "$BATCH_LIMIT"} ${member_tls[@]+"${member_tls[@]}"} 2>"$dir/n$i.log" &
     ours+=($!); pids+=($!)
   done
   ours_eps=$scheme://127.0.0.1:26379,$scheme://127.0.0.1:27379
@@ -91,7 +94,7 @@ start_etcd() {
     etcd --name e$i --data-dir "$work/etcd-$scheme/e$i" \
       --listen-client-urls $scheme://127.0.0.1:$((27379 + i * 1000)) --advertise-client-urls $scheme://127.0.0.1:$((27379 + i * 1000)) \
       --listen-peer-urls $scheme://127.0.0.1:$((27380 + i * 1000)) --initial-advertise-peer-urls $scheme://127.0.0.1:$((27380 + i * 1000)) \
-      --initial-cluster "$ic" --initial-cluster-state new --log-level error ${QUOTA:+--quota-backend-bytes "$QUOTA"} \
+      --initial-cluster "$ic" --initial-cluster-state new --log-level error ${QUOTA:+--quota-backend-bytes "$QUOTA"} ${BATCH_LIMIT:+--backend-batch-limit "$BATCH_LIMIT"} \
       ${member_tls[@]+"${member_tls[@]}"} 2>"$work/etcd-e$i.log" &
     theirs+=($!); pids+=($!)
   done

@@ -556,6 +556,64 @@ fn both_restart(mut c: Cluster) {
     assert!(rt.block_on(put_until(&any, "after", "restart", Duration::from_secs(30))));
 }
 
+/// `--backend-batch-limit` sets how many entries the key space applies between durable
+/// commits: killed after 60 writes, a member with a limit of 1 has none to apply again from its
+/// WAL when it starts, one with etcd's default (10,000) has them all.
+#[test]
+fn the_key_space_is_durable_every_backend_batch_limit_entries() {
+    let mut c = cluster();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    c.wait_leader(LEADER_WAIT);
+    c.stop(0);
+    c.start_member_with(0, &["--backend-batch-limit", "1"], &[]);
+    let eps = c.endpoints();
+    let mut acked = Vec::new();
+    for i in 0..60 {
+        let (k, v) = (format!("b{i:03}"), format!("v{i}"));
+        assert!(rt.block_on(put_any(&eps, &k, &v, Duration::from_secs(10))));
+        acked.push((k, v));
+    }
+    for m in 0..2 {
+        rt.block_on(wait_caught_up(&c.members[m].url(), "b", &acked));
+    }
+    const OPENED: &str = "opened the key space";
+    let opened = |c: &Cluster, i: usize| c.log(i).matches(OPENED).count();
+    // Restarts member `i` and returns the number its start logs in its "opened" line.
+    let restart = |c: &mut Cluster, i: usize| -> u64 {
+        let before = opened(c, i);
+        c.kill(i);
+        c.start_member(i);
+        let started = Instant::now();
+        while opened(c, i) == before {
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "no new {OPENED:?} line; log:\n{}",
+                c.log(i)
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let log = c.log(i);
+        let line = log
+            .lines()
+            .rfind(|l| l.contains(OPENED))
+            .unwrap_or_default();
+        line.split_whitespace()
+            .find_map(|w| w.strip_prefix("to_apply_again="))
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("no to_apply_again= in {line:?}"))
+    };
+    assert_eq!(restart(&mut c, 0), 0, "limit 1: every batch was durable");
+    let default = restart(&mut c, 1);
+    assert!(
+        default >= 60,
+        "etcd's default limit: the 60 writes are applied again ({default})"
+    );
+    c.wait_leader(LEADER_WAIT);
+    for m in 0..2 {
+        rt.block_on(wait_caught_up(&c.members[m].url(), "b", &acked));
+    }
+}
+
 /// Every key under `prefix` on `endpoint` with (value, version, create and mod revision).
 async fn local_records(endpoint: &str, prefix: &str) -> Vec<(String, String, i64, i64, i64)> {
     let mut client = Client::connect([endpoint], None).await.expect("connect");

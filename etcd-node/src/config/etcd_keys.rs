@@ -13,7 +13,6 @@ const NO_EFFECT: &[(&str, bool)] = &[
     ("max-wals", true),
     ("cors", true),
     ("backend-batch-interval", true),
-    ("backend-batch-limit", true),
     ("backend-bbolt-freelist-type", true),
     ("max-txn-ops", true),
     ("max-concurrent-streams", true),

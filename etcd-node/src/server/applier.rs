@@ -4,9 +4,9 @@
 //!
 //! So the Raft loop does not wait for the key space: it goes on replicating, fsyncing its WAL
 //! and voting while a batch is applied, including the durable commits of the key space (one per
-//! [`SYNC_EVERY`] entries), which take a few hundred milliseconds with a large key space. The
-//! queue between them is bounded ([`QUEUE`] batches): a key space that cannot keep up slows the
-//! loop down instead of filling memory.
+//! `--backend-batch-limit` entries, [`SYNC_EVERY`] by default), which take a few hundred
+//! milliseconds with a large key space. The queue between them is bounded ([`QUEUE`] batches): a
+//! key space that cannot keep up slows the loop down instead of filling memory.
 //!
 //! Invariants:
 //! - entries are applied in index order, each once (the key space skips what it applied before
@@ -39,7 +39,10 @@ use super::reads::Waiter as _;
 use super::watch_hub::WatchHub;
 use crate::mvcc::{Command, Mvcc, Op, Outcome};
 
-/// Applied entries between two durable commits of the key space (bounds replay after a crash).
+/// Applied entries between two durable commits of the key space by default (bounds replay after
+/// a crash; `--backend-batch-limit` sets it). Fewer take less disk under random writes, since
+/// redb keeps every page a durable commit names until the next one, but each durable commit
+/// stalls the applier for its fsync (docs/benchmarks.md, "Durable commits").
 pub const SYNC_EVERY: u64 = 10_000;
 
 /// Batches handed over and not applied yet, at most.
@@ -84,17 +87,21 @@ struct Thread {
     feedback: Sender<Input>,
     /// Entries applied since the key space was last made durable.
     unsynced: u64,
+    /// Entries applied between two durable commits.
+    sync_every: u64,
 }
 
 impl Applier {
     /// Starts the applier of `mvcc`; `status` gets the applied index, `feedback` (the loop's
-    /// inputs) the lease changes and a failure.
+    /// inputs) the lease changes and a failure; the key space is made durable every `sync_every`
+    /// applied entries.
     pub fn start(
         mvcc: Arc<Mvcc>,
         watches: WatchHub,
         metrics: Arc<Metrics>,
         status: Arc<watch::Sender<Status>>,
         feedback: Sender<Input>,
+        sync_every: u64,
     ) -> Result<Applier, LoopError> {
         let (work, queue) = sync_channel(QUEUE);
         let mut t = Thread {
@@ -104,6 +111,7 @@ impl Applier {
             status: status.clone(),
             feedback,
             unsynced: 0,
+            sync_every: sync_every.max(1),
         };
         let thread = std::thread::Builder::new()
             .name("apply".into())
@@ -223,7 +231,7 @@ impl Thread {
             return Ok(());
         };
         self.unsynced += batch.len() as u64;
-        let durable = self.unsynced >= SYNC_EVERY;
+        let durable = self.unsynced >= self.sync_every;
         if durable {
             self.unsynced = 0;
         }

@@ -217,7 +217,17 @@ async fn open_storage(
     // Only a key space that has applied everything the log committed knows the final member
     // list (a member whose own addition is still to be replayed is not missing from it); a
     // removal still in the log stops the member when it is replayed.
-    let caught_up = mvcc.position()?.applied >= disk.hard_state().commit;
+    let (applied, commit) = (mvcc.position()?.applied, disk.hard_state().commit);
+    let caught_up = applied >= commit;
+    if !bootstrapped_now {
+        // (the key space is durable every --backend-batch-limit entries; the WAL holds the rest)
+        tracing::info!(
+            applied,
+            commit,
+            to_apply_again = commit.saturating_sub(applied),
+            "opened the key space: it applies the committed entries past its last durable commit"
+        );
+    }
     if !disk.is_empty() && caught_up && !mvcc.members()?.iter().any(|m| m.id == ids.member) {
         bail!(
             "member {:x} was removed from the cluster; its data directory {} must not be used \
@@ -509,6 +519,7 @@ pub async fn run(
         metrics.clone(),
         status_tx.clone(),
         inputs_tx.clone(),
+        cfg.backend_batch_limit,
     )?;
 
     let raft_loop = RaftLoop {
