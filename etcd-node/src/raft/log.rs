@@ -47,11 +47,7 @@ impl RaftLog {
 
     /// The term at `index`, if known (compacted entries' terms are not, except the snapshot's).
     pub fn term(&self, index: u64) -> Option<u64> {
-        if index == self.snap_index {
-            Some(self.snap_term)
-        } else {
-            self.entry(index).map(|e| e.term)
-        }
+        self.position(index).map(|(term, _)| term)
     }
 
     /// (term, subterm) at `index`: the snapshot's position, or an entry's.

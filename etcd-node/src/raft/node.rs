@@ -142,7 +142,7 @@ pub struct Raft {
     /// (see [`Raft::advance`]): the host should take a new one.
     snapshot_wanted: bool,
     /// The highest index a leader said every regular member holds (heartbeats' `held`).
-    held_by_all: u64,
+    heard_held: u64,
     persisted: u64,
     applied: u64,
     persisted_hs: HardState,
@@ -203,7 +203,7 @@ impl Raft {
             snapshot,
             pending_snapshot: None,
             snapshot_wanted: false,
-            held_by_all: 0,
+            heard_held: 0,
             persisted_hs: hs,
             role: Role::Follower,
             leader: NONE,
@@ -982,7 +982,7 @@ impl Raft {
             }
             Body::Heartbeat { commit, read, held } => {
                 self.follow(m.from, m.term);
-                self.held_by_all = self.held_by_all.max(held);
+                self.heard_held = self.heard_held.max(held);
                 self.leader_commit = self.leader_commit.max(commit);
                 self.commit_to(commit.min(self.last_index()));
                 let term = self.term;
@@ -1174,11 +1174,6 @@ impl Raft {
         self.send(to, term, body);
     }
 
-    /// Sends each follower a heartbeat with the commit index it can apply and read round
-    /// `read`. With `newer_than`, only to the followers that hold entries committed after it:
-    /// a new commit is told at once (otherwise followers learn it with the next append or
-    /// heartbeat, up to a heartbeat later: a follower that forwarded a client's proposal would
-    /// answer that much later).
     /// The highest index every regular member holds: on a leader, the lowest of its own
     /// persisted index and its followers' match indexes; on a follower, what its leader said.
     fn held_by_all(&self) -> u64 {
@@ -1188,10 +1183,15 @@ impl Raft {
                 .values()
                 .map(|pr| pr.matched)
                 .fold(self.persisted, u64::min),
-            None => self.held_by_all,
+            None => self.heard_held,
         }
     }
 
+    /// Sends each follower a heartbeat with the commit index it can apply and read round
+    /// `read`. With `newer_than`, only to the followers that hold entries committed after it:
+    /// a new commit is told at once (otherwise followers learn it with the next append or
+    /// heartbeat, up to a heartbeat later: a follower that forwarded a client's proposal would
+    /// answer that much later).
     fn broadcast_heartbeat(&mut self, read: u64, newer_than: Option<u64>) {
         let (term, commit, held) = (self.term, self.commit, self.held_by_all());
         let targets: Vec<(NodeId, u64)> = self
