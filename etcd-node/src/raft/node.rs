@@ -2041,7 +2041,6 @@ mod tests {
             .expect("a learner holding the whole log is promoted");
     }
 
-    /// Carries out a Ready as a host whose disk and sends never fail; returns what it sent.
     /// Node 1 of three regular voters, without pre-vote.
     fn one_of_three() -> Raft {
         let mut cfg = Config::new(1);
@@ -2063,6 +2062,7 @@ mod tests {
         turn(raft);
     }
 
+    /// Carries out a Ready as a host whose disk and sends never fail; returns what it sent.
     fn turn(raft: &mut Raft) -> Vec<Message> {
         let ready = raft.ready();
         let mut sent = ready.early_messages.clone();
