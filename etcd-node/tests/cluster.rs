@@ -939,6 +939,84 @@ fn catch_up_from_a_snapshot(crash_on_install: bool) {
     assert_eq!(a, b, "records (key, value, version, create, mod) differ");
 }
 
+/// `--snapshot-count`'s snapshots copy nothing: each is a file of a few bytes saying the key
+/// space file is durable at its index (a snapshot in place), where it used to be a dump of
+/// the whole key space beside it. The key space file is then the only copy of what the log
+/// was compacted behind, so a member whose `kv.redb` is gone refuses to start, saying what
+/// happened and what to do, and leaves its data directory as it was; once the file is put back
+/// it starts and catches up.
+#[test]
+fn snapshot_count_snapshots_copy_nothing_and_a_lost_key_space_is_refused() {
+    let (node, etcdutl) = bins();
+    let mut c = Cluster::start(node, etcdutl, &["--snapshot-count", "50"]);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let leader = c.wait_leader(LEADER_WAIT);
+    let follower = 1 - leader;
+    let ep = c.members[leader].url();
+    let padding = "x".repeat(4096);
+    let mut acked = Vec::new();
+    for i in 0..200 {
+        let (k, v) = (format!("q{i:03}"), format!("{i}{padding}"));
+        assert!(rt.block_on(put_until(&ep, &k, &v, Duration::from_secs(10))));
+        acked.push((k, v));
+    }
+    rt.block_on(wait_caught_up(&c.members[follower].url(), "q", &acked));
+    let snaps = |i: usize| -> Vec<(String, Vec<u8>)> {
+        let dir = c.data_dir(i).join("member/snap");
+        let mut files: Vec<_> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|x| x == "snap"))
+            .map(|p| (p.display().to_string(), std::fs::read(&p).unwrap()))
+            .collect();
+        files.sort();
+        files
+    };
+    for i in [leader, follower] {
+        // (the last 50 writes may not have reached a snapshot yet: the one before them has)
+        let files = snaps(i);
+        assert_eq!(files.len(), 1, "one snapshot kept: {files:?}");
+        let (name, bytes) = &files[0];
+        assert_eq!(&bytes[..4], b"SNP2", "{name} is a snapshot in place");
+        assert!(
+            bytes.len() < 4096,
+            "{name} holds {} bytes: a dump, not a snapshot in place",
+            bytes.len()
+        );
+    }
+
+    c.stop(follower);
+    let kv = c.data_dir(follower).join("member/kv.redb");
+    let aside = c.dir.path().join("kv.redb.aside");
+    std::fs::rename(&kv, &aside).unwrap();
+    c.start_member(follower);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !c.exited(follower) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(c.exited(follower), "it started without its key space");
+    let log = c.log(follower);
+    assert!(
+        log.contains("kv.redb") && log.contains("Replacing a member whose machine is gone"),
+        "the refusal names the file and the way out; log:\n{log}"
+    );
+    assert!(
+        !kv.exists(),
+        "the refused start left a key space file behind"
+    );
+    c.kill(follower);
+
+    std::fs::rename(&aside, &kv).unwrap();
+    c.start_member(follower);
+    let (k, v) = ("q999".to_string(), "after".to_string());
+    assert!(rt.block_on(put_until(&ep, &k, &v, Duration::from_secs(10))));
+    acked.push((k, v));
+    rt.block_on(wait_caught_up(&c.members[follower].url(), "q", &acked));
+    let a = rt.block_on(local_records(&c.members[leader].url(), "q"));
+    let b = rt.block_on(local_records(&c.members[follower].url(), "q"));
+    assert_eq!(a, b, "records (key, value, version, create, mod) differ");
+}
+
 /// A write a follower forwarded to a leader that then froze (SIGSTOP: a stalled VM, or a kill
 /// the follower cannot tell apart) is answered "etcdserver: leader changed" as soon as the
 /// follower, leading now with the witness's vote, applies its first entry: not left to the

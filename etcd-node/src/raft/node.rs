@@ -134,8 +134,14 @@ pub struct Raft {
     /// What this node knows of its witness (persisted in the hard state).
     witness_known: Option<KnownWitness>,
     log: RaftLog,
-    /// The latest snapshot (own, or received): what a lagging follower is sent.
+    /// The latest snapshot (own, or received): what a lagging follower is sent, if
+    /// `snapshot_sendable`.
     snapshot: Snapshot,
+    /// Whether the host keeps `snapshot`'s data to send: true once it saved one with its data
+    /// ([`Raft::compact_with`]) or received one; false after a restart and after
+    /// [`Raft::compact_in_place`] (the host's state machine is the data, and moves on). A follower
+    /// that needs a snapshot while it is false gets a new one ([`Raft::snapshot_wanted`]).
+    snapshot_sendable: bool,
     /// A received snapshot the host has not persisted yet.
     pending_snapshot: Option<Snapshot>,
     /// A follower needs entries this leader dropped from memory after the latest snapshot
@@ -201,6 +207,7 @@ impl Raft {
             applied: snapshot.meta.index,
             log,
             snapshot,
+            snapshot_sendable: false,
             pending_snapshot: None,
             snapshot_wanted: false,
             heard_held: 0,
@@ -806,12 +813,13 @@ impl Raft {
     }
 
     /// What a snapshot of the state machine as of the applied index is (None: the latest
-    /// snapshot is there already). A host that takes the snapshot in the background records
-    /// this, with the state machine's view, at once, and hands both to
-    /// [`Raft::compact_with`] when the snapshot is saved.
+    /// snapshot is there already, and can be sent). A host that takes the snapshot in the
+    /// background records this, with the state machine's view, at once, and hands both to
+    /// [`Raft::compact_with`] (or the metadata alone to [`Raft::compact_in_place`]) when the
+    /// snapshot is saved.
     pub fn snapshot_meta(&self) -> Option<SnapshotMeta> {
         let index = self.applied;
-        if index <= self.snapshot.meta.index {
+        if !self.replaces_snapshot(index, true) {
             return None;
         }
         // (the log is never trimmed past the applied index, so its position is known)
@@ -840,12 +848,48 @@ impl Raft {
     /// nothing, when the latest snapshot is as new (a leader's snapshot was installed
     /// meanwhile).
     pub fn compact_with(&mut self, snapshot: Snapshot) -> bool {
+        if !self.compact_log(&snapshot.meta, true) {
+            return false;
+        }
+        self.snapshot = snapshot;
+        self.snapshot_sendable = true;
+        // (one taken before the log was trimmed past it, by --snapshot-count, does not do)
+        self.snapshot_wanted &= self.snapshot.meta.index < self.log.snapshot_index();
+        true
+    }
+
+    /// As [`Raft::compact_with`], for a host whose state machine is durable as of `meta` (from
+    /// [`Raft::snapshot_meta`]) and that keeps no copy of it to send: the log is dropped up to
+    /// it, and a follower that needs a snapshot from now on gets a new one
+    /// ([`Raft::snapshot_wanted`]). Returns false, changing nothing, when the latest snapshot
+    /// is as new.
+    pub fn compact_in_place(&mut self, meta: SnapshotMeta) -> bool {
+        if !self.compact_log(&meta, false) {
+            return false;
+        }
+        self.snapshot = Snapshot {
+            meta,
+            data: bytes::Bytes::new(),
+        };
+        self.snapshot_sendable = false;
+        true
+    }
+
+    /// Whether a snapshot at `index` (that can be sent, if `sendable`) replaces the latest
+    /// one: it is newer, or as new and can be sent when the latest cannot.
+    fn replaces_snapshot(&self, index: u64, sendable: bool) -> bool {
+        let latest = self.snapshot.meta.index;
+        index > latest || (index == latest && sendable && !self.snapshot_sendable)
+    }
+
+    /// Drops the log up to the snapshot `m` if it still holds those entries; false if `m`
+    /// does not replace the latest snapshot.
+    fn compact_log(&mut self, m: &SnapshotMeta, sendable: bool) -> bool {
         assert!(
             !self.awaiting_advance,
             "compact between ready() and advance()"
         );
-        let m = &snapshot.meta;
-        if m.index <= self.snapshot.meta.index {
+        if !self.replaces_snapshot(m.index, sendable) {
             return false;
         }
         assert!(m.index <= self.applied, "a snapshot of entries not applied");
@@ -857,9 +901,6 @@ impl Raft {
             );
             self.log.compact_to(m.index);
         }
-        self.snapshot = snapshot;
-        // (one taken before the log was trimmed past it, by --snapshot-count, does not do)
-        self.snapshot_wanted &= self.snapshot.meta.index < self.log.snapshot_index();
         true
     }
 
@@ -1095,6 +1136,7 @@ impl Raft {
         // The Ready that carries the snapshot persists and applies it before anything else.
         (self.commit, self.persisted, self.applied) = (index, index, index);
         self.snapshot = snapshot.clone();
+        self.snapshot_sendable = true;
         self.snapshot_wanted = false;
         self.pending_snapshot = Some(snapshot);
         self.reply_append(from, index, false);
@@ -1156,9 +1198,12 @@ impl Raft {
                     commit: self.commit,
                 }
             }
-            None if self.snapshot.meta.index < self.log.snapshot_index() => {
-                // Dropped from memory after the latest snapshot (trim_log): a newer one is
-                // needed. The follower waits for it (this is asked again on its heartbeats).
+            None if !self.snapshot_sendable
+                || self.snapshot.meta.index < self.log.snapshot_index() =>
+            {
+                // Dropped from memory after the latest snapshot (trim_log), or the host keeps
+                // no data of it (compact_in_place, a restart): a new one is needed. The follower
+                // waits for it (this is asked again on its heartbeats).
                 self.snapshot_wanted = true;
                 return;
             }
@@ -2196,50 +2241,57 @@ mod tests {
     /// A snapshot started before the log was trimmed past it (`--snapshot-count`) and saved
     /// after: it becomes the latest, the log is not touched, and a follower that waits for a
     /// newer one still does.
-    #[test]
-    fn a_snapshot_older_than_the_log_start_does_not_end_the_wait() {
-        let mut raft = one_of_three();
-        let propose = |raft: &mut Raft| {
-            let term = raft.term();
-            raft.propose(b"x".to_vec()).unwrap();
-            turn(raft);
-            let index = raft.log().last_index();
-            for f in [2, 3] {
-                raft.step(from(
-                    f,
-                    term,
-                    Body::AppendResp {
-                        index,
-                        reject: false,
-                    },
-                ));
-            }
-            turn(raft);
-            turn(raft);
-        };
-        elect_with_3(&mut raft);
-        propose(&mut raft);
-        let early = raft.snapshot_meta().expect("entries applied");
-        for _ in 0..5 {
-            propose(&mut raft);
-        }
-        let start = raft.log().snapshot_index();
-        assert!(start > early.index, "trimmed past the early snapshot");
-        // A new term, and node 2 needs everything: a snapshot is wanted.
+    /// The leader proposes an entry, both followers acknowledge it, and it is applied.
+    fn propose_acked(raft: &mut Raft) {
         let term = raft.term();
+        raft.propose(b"x".to_vec()).unwrap();
+        turn(raft);
+        let index = raft.log().last_index();
+        for f in [2, 3] {
+            raft.step(from(
+                f,
+                term,
+                Body::AppendResp {
+                    index,
+                    reject: false,
+                },
+            ));
+        }
+        turn(raft);
+        turn(raft);
+    }
+
+    /// The leader goes through a new term (it knows nothing of its followers until they
+    /// answer), and node 2 answers that it needs everything.
+    fn node_2_needs_everything(raft: &mut Raft) {
         let heartbeat = Body::Heartbeat {
             commit: 0,
             read: 0,
             held: 0,
         };
-        raft.step(from_2(term + 1, heartbeat));
-        turn(&mut raft);
-        elect_with_3(&mut raft);
+        raft.step(from_2(raft.term() + 1, heartbeat));
+        turn(raft);
+        elect_with_3(raft);
         let reject = Body::AppendResp {
             index: 0,
             reject: true,
         };
         raft.step(from_2(raft.term(), reject));
+    }
+
+    #[test]
+    fn a_snapshot_older_than_the_log_start_does_not_end_the_wait() {
+        let mut raft = one_of_three();
+        elect_with_3(&mut raft);
+        propose_acked(&mut raft);
+        let early = raft.snapshot_meta().expect("entries applied");
+        for _ in 0..5 {
+            propose_acked(&mut raft);
+        }
+        let start = raft.log().snapshot_index();
+        assert!(start > early.index, "trimmed past the early snapshot");
+        // A new term, and node 2 needs everything: a snapshot is wanted.
+        node_2_needs_everything(&mut raft);
         turn(&mut raft);
         assert!(raft.snapshot_wanted());
         let saved = Snapshot {
@@ -2255,6 +2307,40 @@ mod tests {
         assert!(raft.snapshot_wanted(), "it does not do for node 2");
         raft.compact(bytes::Bytes::from_static(b"state"));
         assert!(!raft.snapshot_wanted());
+    }
+
+    /// A snapshot in place (`--snapshot-count`'s: the host keeps no data of it) compacts the
+    /// log but is never sent: a follower that needs one waits for a new one with data, which
+    /// may be at the same index when nothing was applied since.
+    #[test]
+    fn a_snapshot_in_place_is_never_sent_a_new_one_is_taken_instead() {
+        let mut raft = one_of_three();
+        elect_with_3(&mut raft);
+        for _ in 0..3 {
+            propose_acked(&mut raft);
+        }
+        let meta = raft.snapshot_meta().expect("entries applied");
+        assert!(raft.compact_in_place(meta.clone()));
+        assert_eq!(raft.log().snapshot_index(), meta.index);
+        assert!(!raft.compact_in_place(meta.clone()), "already there");
+        node_2_needs_everything(&mut raft);
+        assert_eq!(snapshots_to_2(&turn(&mut raft)), 0, "it has no data");
+        assert!(raft.snapshot_wanted());
+        raft.step(from_2(raft.term(), Body::HeartbeatResp { read: 0 }));
+        assert_eq!(snapshots_to_2(&turn(&mut raft)), 0, "still waiting for one");
+
+        let again = raft
+            .snapshot_meta()
+            .expect("the one in place can be replaced");
+        assert_eq!(again.index, meta.index, "nothing applied since");
+        let taken = raft.compact(bytes::Bytes::from_static(b"state"));
+        assert_eq!(taken.meta, again);
+        assert!(!raft.snapshot_wanted());
+        assert_eq!(raft.snapshot_meta(), None, "this one can be sent");
+        raft.step(from_2(raft.term(), Body::HeartbeatResp { read: 0 }));
+        let sent = turn(&mut raft);
+        assert!(sent.iter().any(|m| matches!(&m.body,
+            Body::Snapshot { snapshot } if m.to == 2 && snapshot.data == taken.data)));
     }
 
     /// A leader keeps in memory only the entries some follower may still ask for, and a

@@ -114,6 +114,23 @@ fn setup_tls(cfg: &ServerConfig) -> anyhow::Result<Tls> {
     })
 }
 
+/// The error of a key space file behind this member's snapshot in place: the file is not the
+/// one that snapshot vouched for, and the WAL no longer holds what lies between.
+fn behind_in_place(data_dir: &std::path::Path, applied: u64, index: u64) -> anyhow::Error {
+    anyhow::anyhow!(
+        "the key space file {} has applied the log up to index {applied}, but this member's \
+         snapshot says that file was durable at index {index}, and the WAL no longer holds \
+         the entries between: the file was lost, or replaced by an older copy. Nothing was \
+         changed. Put back the member's whole data directory from one backup (not the file \
+         alone), or replace the member: move {} aside and follow \"Replacing a member whose \
+         machine is gone\" in docs/operations.md (`etcdctl member add --learner`, start on an \
+         empty data directory with --initial-cluster-state existing, promote, then remove the \
+         old id)",
+        data_dir.join("member/kv.redb").display(),
+        data_dir.display()
+    )
+}
+
 /// This member's and its cluster's ids.
 #[derive(Debug, Clone, Copy)]
 struct Ids {
@@ -143,11 +160,24 @@ async fn open_storage(
     for s in &report.rejected_snapshots {
         tracing::warn!(snapshot = %s, "skipped a snapshot file that failed its checks");
     }
-    let mvcc = Arc::new(Mvcc::open_with_cache(
-        &member_dir.join("kv.redb"),
-        cfg.backend_cache_bytes,
-    )?);
+    let kv = member_dir.join("kv.redb");
+    let kv_existed = kv.exists();
+    let mvcc = Arc::new(Mvcc::open_with_cache(&kv, cfg.backend_cache_bytes)?);
     let bootstrapped_now = disk.is_empty();
+    let applied = mvcc.position()?.applied;
+    let snapshot = disk.snapshot().meta;
+    if !bootstrapped_now
+        && applied < snapshot.index
+        && let Err(e) = DataReader::open(disk.snap_dir(), &snapshot)
+        && e.kind() == std::io::ErrorKind::InvalidData
+    {
+        // (the data directory is left as it was found)
+        drop(mvcc);
+        if !kv_existed {
+            let _ = std::fs::remove_file(&kv);
+        }
+        return Err(behind_in_place(&cfg.data_dir, applied, snapshot.index));
+    }
     if bootstrapped_now {
         match cfg.initial_cluster_state {
             ClusterState::New => {

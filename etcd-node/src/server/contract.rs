@@ -59,9 +59,8 @@ pub enum Input {
     RemovedByPeer {
         by: NodeId,
     },
-    /// The loop's snapshot thread saved a snapshot of the key space (its data is in the file
-    /// only), or why it could not.
-    SnapshotSaved(Result<crate::raft::Snapshot, String>),
+    /// The loop's snapshot thread saved a snapshot of the key space, or why it could not.
+    SnapshotSaved(Result<SavedSnapshot, String>),
     /// The transport's outcome of sending snapshot `index` to `to`.
     SnapshotSent {
         to: NodeId,
@@ -69,6 +68,15 @@ pub enum Input {
         delivered: bool,
     },
     Stop,
+}
+
+/// A snapshot of the key space the loop's snapshot thread saved.
+#[derive(Debug)]
+pub struct SavedSnapshot {
+    pub meta: crate::raft::SnapshotMeta,
+    /// In place (`--snapshot-count`'s): the key space file, durable at `meta.index`, is its
+    /// data. Otherwise (for a follower) its file holds a dump, sent from there.
+    pub in_place: bool,
 }
 
 /// A lease change the applier applied, for the lessor.

@@ -15,7 +15,8 @@ use witness_core::rules::Refusal;
 
 use super::applier::Applier;
 use super::contract::{
-    Input, LeaseAnswer, LeaseApplied, Status, leader_changed, no_leader, refused, regular_peer_url,
+    Input, LeaseAnswer, LeaseApplied, SavedSnapshot, Status, leader_changed, no_leader, refused,
+    regular_peer_url,
 };
 use super::driver::{Driver, World};
 use super::lessor::Lessor;
@@ -30,7 +31,7 @@ use crate::raft::{
     Body, Change, ChangeKind, ConfChange, Entry, EntryData, Message, NONE, NodeId, Raft, Ready,
     Refused, Role, Snapshot, Storage, WitnessRequest, WitnessResponse, apply_rule,
 };
-use crate::storage::disk::{DiskStorage, save_streamed};
+use crate::storage::disk::{DiskStorage, save_in_place, save_streamed};
 use crate::storage::snap::DataReader;
 use etcd_client::proto::PbLeaseRevokeRequest;
 
@@ -92,8 +93,8 @@ pub struct Pending {
     removed_by: Option<NodeId>,
     /// The thread saving a snapshot of the key space, while it runs.
     snapshotting: Option<std::thread::JoinHandle<()>>,
-    /// What it saved (the snapshot, its data in the file only), or why it failed.
-    snapshot_saved: Option<Result<Snapshot, String>>,
+    /// What it saved, or why it failed.
+    snapshot_saved: Option<Result<SavedSnapshot, String>>,
     /// The leader and term last logged (a change is logged once, as etcd does).
     seen_leader: (NodeId, u64),
 }
@@ -363,21 +364,34 @@ impl RaftLoop {
         }
     }
 
-    /// Every `--snapshot-count` applied entries, or when a follower needs one
-    /// ([`Raft::snapshot_wanted`]), a snapshot of the key space, taken and saved
-    /// by a thread of its own (a dump of a large key space takes the better part of a second:
-    /// the loop goes on meanwhile); once saved, the log is compacted up to it.
+    /// Every `--snapshot-count` applied entries a snapshot in place: once the key space is
+    /// durable at its index, a file that says so, and the log is compacted up to it (the key
+    /// space file is the data: nothing is copied). When a follower needs a snapshot
+    /// ([`Raft::snapshot_wanted`]), one with data: a dump of the key space, which the
+    /// transport sends from its file. Both are saved by a thread of their own (a dump of a
+    /// large key space takes seconds: the loop goes on meanwhile).
     fn maybe_snapshot(&mut self) -> Result<(), LoopError> {
         if let Some(saved) = self.fx.pending.snapshot_saved.take() {
             if let Some(saving) = self.fx.pending.snapshotting.take() {
                 let _ = saving.join();
             }
-            let snapshot = saved.map_err(LoopError::Snapshot)?;
-            if self.member.raft.compact_with(snapshot.clone()) {
+            let SavedSnapshot { meta, in_place } = saved.map_err(LoopError::Snapshot)?;
+            let snapshot = Snapshot {
+                meta,
+                data: bytes::Bytes::new(),
+            };
+            let raft = &mut self.member.raft;
+            let compacted = if in_place {
+                raft.compact_in_place(snapshot.meta.clone())
+            } else {
+                raft.compact_with(snapshot.clone())
+            };
+            if compacted {
                 self.fx.disk.adopt(&snapshot)?;
                 self.fx.pending.last_snapshot = snapshot.meta.index;
                 tracing::info!(
                     index = snapshot.meta.index,
+                    in_place,
                     "saved snapshot, compacted the log"
                 );
             }
@@ -399,19 +413,32 @@ impl RaftLoop {
                 "a follower needs entries older than this member keeps in memory: taking a snapshot for it"
             );
         }
-        // The thread dumps the key space as the applier leaves it at `meta` (everything
+        // The thread takes the key space as the applier leaves it at `meta` (everything
         // handed over so far, nothing after): the applier tells it when it gets there, and
-        // waits only until the dump's view is open. The loop does not wait at all.
+        // waits only until a dump's view is open. The loop does not wait at all.
         let (mvcc, snaps) = (self.fx.mvcc.clone(), self.fx.disk.snap_files());
         let feedback = self.fx.feedback.clone();
         let (reached_tx, reached) = std::sync::mpsc::sync_channel(1);
         let (opened_tx, opened) = std::sync::mpsc::sync_channel(1);
         let (synced_tx, synced) = std::sync::mpsc::sync_channel(1);
+        // (the log is compacted behind a durable key space only)
+        let durable = move || {
+            synced
+                .recv()
+                .map_err(|_| "the applier stopped before the key space was durable".to_string())
+        };
+        let in_place = !wanted;
         let saving = std::thread::Builder::new()
             .name("snapshot".into())
             .spawn(move || {
                 let saved = if reached.recv().is_err() {
                     Err("the applier stopped before it reached the snapshot's index".into())
+                } else if in_place {
+                    let _ = opened_tx.send(());
+                    durable().and_then(|()| {
+                        crate::crash!("snapshot-before-save");
+                        save_in_place(&snaps, &meta).map_err(|e| e.to_string())
+                    })
                 } else {
                     // The dump goes straight into the file: memory does not grow with the key
                     // space.
@@ -425,17 +452,9 @@ impl RaftLoop {
                             .map_err(std::io::Error::other)
                     })
                     .map_err(|e| e.to_string())
-                    .and_then(|()| {
-                        // (the log is compacted behind a durable key space only)
-                        synced.recv().map_err(|_| {
-                            "the applier stopped before the key space was durable".to_string()
-                        })
-                    })
-                    .map(|()| Snapshot {
-                        meta,
-                        data: bytes::Bytes::new(),
-                    })
+                    .and_then(|()| durable())
                 };
+                let saved = saved.map(|()| SavedSnapshot { meta, in_place });
                 let _ = feedback.send(Input::SnapshotSaved(saved));
             })
             .map_err(|e| LoopError::Snapshot(format!("cannot start its thread: {e}")))?;

@@ -635,14 +635,31 @@ impl Cluster {
 
     /// Node `id` snapshots its state machine and compacts its log.
     pub fn compact(&mut self, id: NodeId) {
+        self.compact_keeping(id, true);
+    }
+
+    /// Node `id` compacts its log behind its durable state machine and keeps no snapshot to
+    /// send, as the server's `--snapshot-count` does (`Raft::compact_in_place`): a follower that
+    /// needs one then gets a new one. (Its storage keeps the state machine, which the
+    /// server's key space file is.)
+    pub fn compact_in_place(&mut self, id: NodeId) {
+        self.compact_keeping(id, false);
+    }
+
+    fn compact_keeping(&mut self, id: NodeId, sendable: bool) {
         let Some(node) = self.nodes.get_mut(&id) else {
             return;
         };
         if let Some(member) = node.member.as_mut() {
             let raft = &mut member.raft;
-            let data = raft.applied().to_le_bytes().to_vec().into();
-            let snapshot = raft.compact(data);
-            node.storage.compact(snapshot);
+            let data: bytes::Bytes = raft.applied().to_le_bytes().to_vec().into();
+            if sendable {
+                node.storage.compact(raft.compact(data));
+            } else if let Some(meta) = raft.snapshot_meta()
+                && raft.compact_in_place(meta.clone())
+            {
+                node.storage.compact(Snapshot { meta, data });
+            }
         }
     }
 

@@ -203,6 +203,9 @@ pub fn run_seed(seed: u64, run: &RandomRun) -> Result<Stats, String> {
             r if r < 0.40 => {
                 let _ = c.read();
             }
+            // (half of them as --snapshot-count's, which keep nothing to send; chosen by the
+            // payload's parity, not drawn from the seed's stream)
+            r if r < 0.41 && payload % 2 == 1 => c.compact_in_place(pick),
             r if r < 0.41 => c.compact(pick),
             r if r < 0.413 => {
                 let cc = random_conf_change(&mut c, &mut next_id);

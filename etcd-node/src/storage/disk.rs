@@ -248,6 +248,12 @@ pub fn save_streamed(
     saved(snaps, meta, snaps.save_streamed(meta, data)).map(drop)
 }
 
+/// Writes the file of the snapshot in place `meta` durably in `snaps` (from any thread): the
+/// key space is durable at `meta.index` already.
+pub fn save_in_place(snaps: &SnapDir, meta: &SnapshotMeta) -> Result<(), StorageError> {
+    saved(snaps, meta, snaps.save_in_place(meta)).map(drop)
+}
+
 /// The outcome of saving snapshot `meta`'s file, as a storage error naming it.
 fn saved<T>(
     snaps: &SnapDir,

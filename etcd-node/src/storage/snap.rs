@@ -14,6 +14,11 @@ use super::codec::{PbSnapshotMeta, decode, encode};
 use crate::raft::{Snapshot, SnapshotMeta};
 
 const MAGIC: &[u8; 4] = b"SNAP";
+/// Format 2: a snapshot in place. The same layout with no data: the key space file
+/// (`member/kv.redb`) is the data, made durable at the snapshot's index before the file was
+/// written. A binary that reads format 1 only refuses it (its magic says a newer release
+/// wrote it) rather than send or restore an empty key space.
+const IN_PLACE: &[u8; 4] = b"SNP2";
 /// The extension of a snapshot received, not yet taken by the Raft core.
 const RECEIVED: &str = "received";
 
@@ -53,11 +58,14 @@ pub struct DataReader {
     remaining: u64,
     crc: u32,
     pub data_len: u64,
+    /// A snapshot in place ([`IN_PLACE`]): no data, the key space file is it.
+    in_place: bool,
 }
 
 impl DataReader {
     /// Opens the file of the snapshot `meta` in `dir` (it stays readable if it is purged
-    /// meanwhile); its header and metadata must say it is that snapshot.
+    /// meanwhile); its header and metadata must say it is that snapshot, and it must hold
+    /// data: a snapshot in place is an error, never an empty key space.
     pub fn open(dir: &Path, meta: &SnapshotMeta) -> io::Result<DataReader> {
         let (reader, stored) = Self::open_file(&dir.join(name(meta)))?;
         if stored != *meta {
@@ -65,6 +73,17 @@ impl DataReader {
                 "{}: its metadata is not the snapshot's",
                 reader.path.display()
             )));
+        }
+        if reader.in_place {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!(
+                    "{}: snapshot {} holds no data: it records that the key space file was \
+                     durable at that index",
+                    reader.path.display(),
+                    meta.index
+                ),
+            ));
         }
         Ok(reader)
     }
@@ -81,12 +100,13 @@ impl DataReader {
             .map_err(|_| bad("not a snapshot file (too short)"))?;
         let meta_len = u64::from(u32::from_le_bytes(head[4..8].try_into().expect("4 bytes")));
         let data_len = u64::from_le_bytes(head[8..16].try_into().expect("8 bytes"));
-        if &head[..3] == b"SNP" && head[3].is_ascii_digit() && head[3] >= b'2' {
-            // (the magic is the format's version: "SNAP" is 1, a later one is "SNP2"...)
+        if &head[..3] == b"SNP" && head[3].is_ascii_digit() && head[3] >= b'3' {
+            // (the magic is the format's version: "SNAP" is 1, "SNP2" 2 ([`IN_PLACE`]), a
+            // later one "SNP3"...)
             return Err(io::Error::new(
                 io::ErrorKind::Unsupported,
                 format!(
-                    "a snapshot of format {} (etcd-node {} reads format 1): a newer \
+                    "a snapshot of format {} (etcd-node {} reads formats 1 and 2): a newer \
                      release wrote it. Run that release (or a later one) on this data \
                      directory; a data directory is not downgraded (docs/operations.md, \
                      \"Upgrades and going back\")",
@@ -95,11 +115,15 @@ impl DataReader {
                 ),
             ));
         }
-        if &head[..4] != MAGIC {
+        let in_place = &head[..4] == IN_PLACE;
+        if &head[..4] != MAGIC && !in_place {
             return Err(bad("not a snapshot file (bad magic)"));
         }
         if meta_len.checked_add(data_len) != size.checked_sub(20) {
             return Err(bad("its lengths do not match its size"));
+        }
+        if in_place && data_len > 0 {
+            return Err(bad("a snapshot in place that holds data"));
         }
         let mut stored = vec![0; meta_len as usize];
         file.read_exact(&mut stored)?;
@@ -112,6 +136,7 @@ impl DataReader {
             remaining: data_len,
             crc: crc32c::crc32c_append(crc32c::crc32c(&head), &stored),
             data_len,
+            in_place,
         };
         if data_len == 0 {
             reader.check_crc()?;
@@ -212,7 +237,13 @@ impl SnapDir {
         meta: &SnapshotMeta,
         data: impl FnOnce(&mut dyn io::Write) -> io::Result<()>,
     ) -> io::Result<PathBuf> {
-        self.write(meta, self.dir.join(name(meta)), data)
+        self.write(meta, self.dir.join(name(meta)), MAGIC, data)
+    }
+
+    /// Writes the snapshot in place `meta` durably ([`IN_PLACE`]): the caller made the key
+    /// space durable at `meta.index` first.
+    pub fn save_in_place(&self, meta: &SnapshotMeta) -> io::Result<PathBuf> {
+        self.write(meta, self.dir.join(name(meta)), IN_PLACE, |_| Ok(()))
     }
 
     /// As [`SnapDir::save_streamed`], for a snapshot received from the leader: its file is not
@@ -223,7 +254,7 @@ impl SnapDir {
         meta: &SnapshotMeta,
         data: impl FnOnce(&mut dyn io::Write) -> io::Result<()>,
     ) -> io::Result<PathBuf> {
-        self.write(meta, self.received(meta), data)
+        self.write(meta, self.received(meta), MAGIC, data)
     }
 
     fn received(&self, meta: &SnapshotMeta) -> PathBuf {
@@ -261,13 +292,14 @@ impl SnapDir {
         &self,
         meta: &SnapshotMeta,
         path: PathBuf,
+        magic: &[u8; 4],
         data: impl FnOnce(&mut dyn io::Write) -> io::Result<()>,
     ) -> io::Result<PathBuf> {
         let tmp = path.with_extension(format!(
             "{}.tmp",
             path.extension().and_then(|x| x.to_str()).unwrap_or("")
         ));
-        if let Err(e) = write_file(&tmp, meta, data) {
+        if let Err(e) = write_file(&tmp, meta, magic, data) {
             let _ = fs::remove_file(&tmp);
             return Err(e);
         }
@@ -368,15 +400,17 @@ impl SnapDir {
     }
 }
 
-/// Writes the snapshot file of `meta` at `tmp`, its data written by `data`, and syncs it.
+/// Writes the snapshot file of `meta` at `tmp`, `magic` first, its data written by `data`,
+/// and syncs it.
 fn write_file(
     tmp: &Path,
     meta: &SnapshotMeta,
+    magic: &[u8; 4],
     data: impl FnOnce(&mut dyn io::Write) -> io::Result<()>,
 ) -> io::Result<()> {
     let encoded = encode(&PbSnapshotMeta::from(meta));
     let mut head = Vec::with_capacity(16 + encoded.len());
-    head.extend_from_slice(MAGIC);
+    head.extend_from_slice(magic);
     head.extend_from_slice(&(encoded.len() as u32).to_le_bytes());
     head.extend_from_slice(&0u64.to_le_bytes());
     head.extend_from_slice(&encoded);
@@ -426,13 +460,38 @@ mod tests {
         s.save(&snap(10)).unwrap();
         let newest = s.save(&snap(20)).unwrap();
         let mut bytes = fs::read(&newest).unwrap();
-        bytes[..4].copy_from_slice(b"SNP2");
+        bytes[..4].copy_from_slice(b"SNP3");
         fs::write(&newest, &bytes).unwrap();
         let err = s.load().unwrap_err().to_string();
         assert!(
-            err.contains("format 2") && err.contains("a newer release wrote it"),
+            err.contains("format 3") && err.contains("a newer release wrote it"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn a_snapshot_in_place_loads_but_is_never_read_as_data() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = SnapDir::open(dir.path()).unwrap();
+        s.save(&snap(10)).unwrap();
+        let path = s.save_in_place(&snap(20).meta).unwrap();
+        assert_eq!(&fs::read(&path).unwrap()[..4], b"SNP2");
+        let loaded = s.load().unwrap();
+        assert_eq!(loaded.snapshot.map(|s| s.meta), Some(snap(20).meta));
+        assert!(loaded.rejected.is_empty(), "{:?}", loaded.rejected);
+        // Sending or restoring it is an error, never an empty key space.
+        let err = DataReader::open(dir.path(), &snap(20).meta).unwrap_err();
+        assert!(err.to_string().contains("holds no data"), "{err}");
+        // It replaces the snapshot with data before it, as any newer snapshot does.
+        s.purge(1).unwrap();
+        assert_eq!(s.files().unwrap(), [path.clone()]);
+        // One that says it holds data is damaged.
+        let mut bytes = fs::read(&path).unwrap();
+        bytes[8] = 1;
+        bytes.insert(bytes.len() - 4, 0);
+        fs::write(&path, &bytes).unwrap();
+        let err = s.load().unwrap_err().to_string();
+        assert!(err.contains("in place that holds data"), "{err}");
     }
 
     #[test]
