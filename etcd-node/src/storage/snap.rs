@@ -484,7 +484,7 @@ mod tests {
         assert!(err.to_string().contains("holds no data"), "{err}");
         // It replaces the snapshot with data before it, as any newer snapshot does.
         s.purge(1).unwrap();
-        assert_eq!(s.files().unwrap(), [path.clone()]);
+        assert_eq!(s.files().unwrap(), std::slice::from_ref(&path));
         // One that says it holds data is damaged.
         let mut bytes = fs::read(&path).unwrap();
         bytes[8] = 1;
