@@ -681,6 +681,24 @@ impl Mvcc {
         Ok(self.dump_with_revision()?.0)
     }
 
+    /// The CRC-32C of [`Mvcc::dump`], computed as the dump is written: memory does not grow
+    /// with the key space (`Maintenance.Hash`).
+    pub fn dump_crc(&self) -> Result<u32, StoreError> {
+        struct Crc(u32);
+        impl std::io::Write for Crc {
+            fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+                self.0 = crc32c::crc32c_append(self.0, bytes);
+                Ok(bytes.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let mut crc = Crc(0);
+        self.dump_to(&mut crc, || {})?;
+        Ok(crc.0)
+    }
+
     /// As [`Mvcc::dump`], with the revision the dump is at.
     pub fn dump_with_revision(&self) -> Result<(Vec<u8>, u64), StoreError> {
         let mut out = Vec::new();

@@ -11,8 +11,12 @@
 //! - every entry in this member's log is kept and applied (etcd drops the uncommitted tail; an
 //!   entry here may have been acknowledged by the lost leader, so it is kept: an entry nobody
 //!   acknowledged costs nothing);
-//! - the change is one new snapshot written through the member's own storage (crash-safe as a
-//!   received snapshot is): until it is durable the old state stands.
+//! - the change is the key space's (removals applied, made durable), then one snapshot in
+//!   place saying so, written through the member's own storage: nothing is copied, whatever
+//!   the key space's size. A crash between the two leaves the old snapshot and log with the
+//!   key space ahead of them; the next start with the flag finds nobody left to remove and
+//!   writes the snapshot at the key space's index, never below it (entries after it would be
+//!   taken as applied already).
 
 use witness_core::WitnessUrl;
 
@@ -20,7 +24,7 @@ use super::contract::witness_member;
 use super::node::command_of;
 use super::witness_slot::Credentials;
 use crate::mvcc::{Command, MemberChange, Mvcc};
-use crate::raft::{HardState, Membership, NodeId, Ready, Snapshot, SnapshotMeta, Storage};
+use crate::raft::{HardState, Membership, NodeId, Ready, SnapshotMeta, Storage};
 use crate::storage::disk::DiskStorage;
 use crate::witness::load_within;
 
@@ -75,7 +79,7 @@ pub async fn force_new_cluster(
     let batch: Vec<(u64, Command)> = entries.iter().map(|e| (e.index, command_of(e))).collect();
     mvcc.apply(&batch, true)?;
     // Every other member (the witness included) leaves the member list.
-    let mut index = last_index;
+    let mut index = last_index.max(mvcc.position()?.applied);
     let others: Vec<_> = mvcc.members()?.into_iter().filter(|m| m.id != me).collect();
     if others.is_empty() && snapshot.meta.membership.voters.len() == 1 {
         tracing::warn!(
@@ -105,17 +109,14 @@ pub async fn force_new_cluster(
     let term = hs.term.max(last_term) + 1;
     let membership = Membership::new(std::collections::BTreeSet::from([me]), None)
         .map_err(anyhow::Error::msg)?;
-    let forced = Snapshot {
-        meta: SnapshotMeta {
-            index,
-            term,
-            subterm: 0,
-            membership,
-        },
-        data: mvcc.dump()?.into(),
+    let forced = SnapshotMeta {
+        index,
+        term,
+        subterm: 0,
+        membership,
     };
+    disk.install_in_place(&forced)?;
     let ready = Ready {
-        snapshot: Some(forced),
         hard_state: Some(HardState {
             term,
             vote: me,

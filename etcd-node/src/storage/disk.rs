@@ -158,6 +158,18 @@ impl DiskStorage {
             .mark_snapshot(snapshot.meta.index, snapshot.meta.term)?)
     }
 
+    /// Takes `meta` as this member's snapshot, in place: the key space is durable at its
+    /// index already (`--force-new-cluster`'s, which replaces the log by it).
+    pub fn install_in_place(&mut self, meta: &SnapshotMeta) -> Result<(), StorageError> {
+        save_in_place(&self.snaps, meta)?;
+        self.wal.mark_snapshot(meta.index, meta.term)?;
+        self.mem.install(Snapshot {
+            meta: meta.clone(),
+            data: bytes::Bytes::new(),
+        });
+        Ok(())
+    }
+
     /// Where the snapshot files are.
     pub fn snap_dir(&self) -> &Path {
         self.snaps.dir()

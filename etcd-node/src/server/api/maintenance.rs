@@ -183,10 +183,14 @@ impl PbMaintenanceService for Maintenance {
         request: Request<PbHashRequest>,
     ) -> Result<Response<PbHashResponse>, Status> {
         self.api.require_root(caller_of(&request).as_ref())?;
-        let dump = self.api.mvcc.dump().map_err(internal)?;
+        let mvcc = self.api.mvcc.clone();
+        let hash = tokio::task::spawn_blocking(move || mvcc.dump_crc())
+            .await
+            .map_err(internal)?
+            .map_err(internal)?;
         Ok(Response::new(PbHashResponse {
             header: self.api.current_header(),
-            hash: crc32c::crc32c(&dump),
+            hash,
         }))
     }
 
