@@ -930,6 +930,24 @@ fn catch_up_from_a_snapshot(crash_on_install: bool) {
             c.log(follower)
         );
     }
+    // The follower restored its key space from the dump and keeps no copy of it.
+    let snap_dir = c.data_dir(follower).join("member/snap");
+    let kept: Vec<Vec<u8>> = std::fs::read_dir(&snap_dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "snap"))
+        .map(|p| std::fs::read(p).unwrap())
+        .collect();
+    assert!(
+        kept.len() == 1 && kept[0].starts_with(b"SNP2"),
+        "the follower's snapshot files are not one snapshot in place: {:?}",
+        kept.iter()
+            .map(|k| (
+                String::from_utf8_lossy(&k[..4.min(k.len())]).to_string(),
+                k.len()
+            ))
+            .collect::<Vec<_>>()
+    );
     // Entries after the snapshot replicate as usual.
     put(&mut acked, 500, 0);
     acked.sort();

@@ -138,8 +138,9 @@ pub struct Raft {
     /// `snapshot_sendable`.
     snapshot: Snapshot,
     /// Whether the host keeps `snapshot`'s data to send: true once it saved one with its data
-    /// ([`Raft::compact_with`]) or received one; false after a restart and after
-    /// [`Raft::compact_in_place`] (the host's state machine is the data, and moves on). A follower
+    /// ([`Raft::compact_with`]); false after a restart, after [`Raft::compact_in_place`] (the
+    /// host's state machine is the data, and moves on) and after a snapshot received from a
+    /// leader (the host restores its state machine from it and need not keep it). A follower
     /// that needs a snapshot while it is false gets a new one ([`Raft::snapshot_wanted`]).
     snapshot_sendable: bool,
     /// A received snapshot the host has not persisted yet.
@@ -1136,7 +1137,7 @@ impl Raft {
         // The Ready that carries the snapshot persists and applies it before anything else.
         (self.commit, self.persisted, self.applied) = (index, index, index);
         self.snapshot = snapshot.clone();
-        self.snapshot_sendable = true;
+        self.snapshot_sendable = false;
         self.snapshot_wanted = false;
         self.pending_snapshot = Some(snapshot);
         self.reply_append(from, index, false);

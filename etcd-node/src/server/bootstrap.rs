@@ -29,7 +29,7 @@ use super::witness_slot::{Credentials, WitnessSlot};
 use crate::config::{ClusterState, HttpUrl, PeerUrls, ServerConfig};
 use crate::mvcc::Mvcc;
 use crate::raft::{self, KnownWitness, Membership, Raft, Storage};
-use crate::storage::disk::DiskStorage;
+use crate::storage::disk::{DiskStorage, save_in_place};
 use crate::storage::snap::DataReader;
 use crate::tls::{self, Dialer, ServerTls};
 use crate::witness::{Unread, load_within};
@@ -232,6 +232,8 @@ async fn open_storage(
         })?;
         if data.data_len > 0 {
             mvcc.restore(std::io::BufReader::new(data), snapshot.meta.index)?;
+            // (durable there: the dump gives way to a snapshot in place, as after an install)
+            save_in_place(&disk.snap_files(), &snapshot.meta)?;
         }
     }
     if cfg.force_new_cluster {

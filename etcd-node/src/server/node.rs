@@ -672,6 +672,10 @@ impl World for Effects {
         crate::crash!("install-before-restore");
         self.mvcc
             .restore(std::io::BufReader::new(data), snapshot.meta.index)?;
+        // The key space is durable at the snapshot's index (a restore commits durably): the
+        // dump is not needed any more, a snapshot in place replaces it (the Raft core does not
+        // send a received snapshot on).
+        save_in_place(&self.disk.snap_files(), &snapshot.meta)?;
         self.applier.restored(snapshot.meta.index);
         self.pending.last_snapshot = snapshot.meta.index;
         let revision = self.mvcc.position()?.revision;

@@ -153,9 +153,19 @@ impl DiskStorage {
         if !received {
             save(&self.snaps, snapshot)?;
         }
-        Ok(self
-            .wal
-            .mark_snapshot(snapshot.meta.index, snapshot.meta.term)?)
+        self.wal
+            .mark_snapshot(snapshot.meta.index, snapshot.meta.term)?;
+        // (the older snapshot files describe a state the log no longer leads to)
+        self.purge_snapshots()
+    }
+
+    fn purge_snapshots(&self) -> Result<(), StorageError> {
+        self.snaps
+            .purge(KEEP_SNAPSHOTS)
+            .map_err(|source| StorageError::Io {
+                path: self.snaps.dir().to_path_buf(),
+                source,
+            })
     }
 
     /// Takes `meta` as this member's snapshot, in place: the key space is durable at its
@@ -236,12 +246,7 @@ impl DiskStorage {
             self.mem = MemStorage::from_parts(self.mem.hard_state(), snapshot.clone(), Vec::new());
         }
         self.wal.release_to(snapshot.meta.index)?;
-        self.snaps
-            .purge(KEEP_SNAPSHOTS)
-            .map_err(|source| StorageError::Io {
-                path: self.snaps.dir().to_path_buf(),
-                source,
-            })
+        self.purge_snapshots()
     }
 }
 
