@@ -2239,9 +2239,6 @@ mod tests {
         assert!(!raft.compact_with(snapshot), "already compacted that far");
     }
 
-    /// A snapshot started before the log was trimmed past it (`--snapshot-count`) and saved
-    /// after: it becomes the latest, the log is not touched, and a follower that waits for a
-    /// newer one still does.
     /// The leader proposes an entry, both followers acknowledge it, and it is applied.
     fn propose_acked(raft: &mut Raft) {
         let term = raft.term();
@@ -2280,6 +2277,9 @@ mod tests {
         raft.step(from_2(raft.term(), reject));
     }
 
+    /// A snapshot started before the log was trimmed past it (`--snapshot-count`) and saved
+    /// after: it becomes the latest, the log is not touched, and a follower that waits for a
+    /// newer one still does.
     #[test]
     fn a_snapshot_older_than_the_log_start_does_not_end_the_wait() {
         let mut raft = one_of_three();
