@@ -177,7 +177,7 @@ impl DiskStorage {
             meta: meta.clone(),
             data: bytes::Bytes::new(),
         });
-        Ok(())
+        self.purge_snapshots()
     }
 
     /// Where the snapshot files are.
