@@ -7,7 +7,7 @@ use std::process::Output;
 use std::time::{Duration, Instant};
 
 use e2e_tests::azurite::Azurite;
-use e2e_tests::cluster::{Cluster, etcdctl, etcdctl_for, two_hashes_agree};
+use e2e_tests::cluster::{Cluster, etcdctl, etcdctl_for, snapshot_files, two_hashes_agree};
 use e2e_tests::free_port;
 use etcd_client::{
     Client, EventType, GetOptions, WatchFilterType, WatchOptions, WatchResponse, WatchStream,
@@ -931,22 +931,11 @@ fn catch_up_from_a_snapshot(crash_on_install: bool) {
         );
     }
     // The follower restored its key space from the dump and keeps no copy of it.
-    let snap_dir = c.data_dir(follower).join("member/snap");
-    let kept: Vec<Vec<u8>> = std::fs::read_dir(&snap_dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|x| x == "snap"))
-        .map(|p| std::fs::read(p).unwrap())
-        .collect();
+    let kept = snapshot_files(&c.data_dir(follower));
     assert!(
-        kept.len() == 1 && kept[0].starts_with(b"SNP2"),
+        kept.len() == 1 && kept[0].1.starts_with(b"SNP2"),
         "the follower's snapshot files are not one snapshot in place: {:?}",
-        kept.iter()
-            .map(|k| (
-                String::from_utf8_lossy(&k[..4.min(k.len())]).to_string(),
-                k.len()
-            ))
-            .collect::<Vec<_>>()
+        kept.iter().map(|(p, b)| (p, b.len())).collect::<Vec<_>>()
     );
     // Entries after the snapshot replicate as usual.
     put(&mut acked, 500, 0);
@@ -979,26 +968,16 @@ fn snapshot_count_snapshots_copy_nothing_and_a_lost_key_space_is_refused() {
         acked.push((k, v));
     }
     rt.block_on(wait_caught_up(&c.members[follower].url(), "q", &acked));
-    let snaps = |i: usize| -> Vec<(String, Vec<u8>)> {
-        let dir = c.data_dir(i).join("member/snap");
-        let mut files: Vec<_> = std::fs::read_dir(&dir)
-            .unwrap()
-            .map(|e| e.unwrap().path())
-            .filter(|p| p.extension().is_some_and(|x| x == "snap"))
-            .map(|p| (p.display().to_string(), std::fs::read(&p).unwrap()))
-            .collect();
-        files.sort();
-        files
-    };
     for i in [leader, follower] {
         // (the last 50 writes may not have reached a snapshot yet: the one before them has)
-        let files = snaps(i);
-        assert_eq!(files.len(), 1, "one snapshot kept: {files:?}");
+        let files = snapshot_files(&c.data_dir(i));
+        let sizes: Vec<_> = files.iter().map(|(p, b)| (p, b.len())).collect();
+        assert_eq!(files.len(), 1, "one snapshot kept: {sizes:?}");
         let (name, bytes) = &files[0];
-        assert_eq!(&bytes[..4], b"SNP2", "{name} is a snapshot in place");
+        assert_eq!(&bytes[..4], b"SNP2", "{name:?} is a snapshot in place");
         assert!(
             bytes.len() < 4096,
-            "{name} holds {} bytes: a dump, not a snapshot in place",
+            "{name:?} holds {} bytes: a dump, not a snapshot in place",
             bytes.len()
         );
     }

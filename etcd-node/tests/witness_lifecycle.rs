@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use e2e_tests::cluster::{Cluster, init_witness};
+use e2e_tests::cluster::{Cluster, init_witness, snapshot_files};
 use etcd_client::{Client, ConnectOptions, GetOptions};
 
 const LEADER_WAIT: Duration = Duration::from_secs(30);
@@ -443,16 +443,11 @@ fn a_member_behind_is_refused_and_named_and_force_new_cluster_keeps_every_write(
     assert_eq!(members, 1, "only the forced member remains");
     // The forced snapshot is in place (a few bytes: the key space file is its data), and the
     // only snapshot file left.
-    let snaps: Vec<Vec<u8>> = std::fs::read_dir(c.data_dir(l).join("member/snap"))
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|x| x == "snap"))
-        .map(|p| std::fs::read(p).unwrap())
-        .collect();
+    let snaps = snapshot_files(&c.data_dir(l));
     assert!(
-        snaps.len() == 1 && snaps[0].starts_with(b"SNP2"),
+        snaps.len() == 1 && snaps[0].1.starts_with(b"SNP2"),
         "snapshot files after the forced start: {:?}",
-        snaps.iter().map(Vec::len).collect::<Vec<_>>()
+        snaps.iter().map(|(p, b)| (p, b.len())).collect::<Vec<_>>()
     );
     // Restarted without the flag, it is still a cluster of one with its data.
     c.stop(l);

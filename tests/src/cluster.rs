@@ -85,6 +85,24 @@ pub fn data_dir(dir: &Path, name: &str) -> PathBuf {
     dir.join(format!("{name}.etcd"))
 }
 
+/// The snapshot files (`member/snap/*.snap`) in the `--data-dir` `data_dir`, each read whole,
+/// in name order: a snapshot in place starts with `SNP2` and is a few dozen bytes.
+pub fn snapshot_files(data_dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(data_dir.join("member/snap"))
+        .expect("the member's snapshot directory")
+        .map(|e| e.expect("a directory entry").path())
+        .filter(|p| p.extension().is_some_and(|x| x == "snap"))
+        .collect();
+    files.sort();
+    files
+        .into_iter()
+        .map(|p| {
+            let bytes = std::fs::read(&p).expect("a snapshot file");
+            (p, bytes)
+        })
+        .collect()
+}
+
 /// The names of the two members a cluster starts with.
 pub const MEMBERS: [&str; 2] = ["n1", "n2"];
 
