@@ -848,7 +848,8 @@ fn the_raft_loop_goes_on_while_a_batch_is_applied() {
 
 /// A follower that is down while the leader snapshots and compacts its log (every 50 entries)
 /// comes back behind the log: it receives the key space as a snapshot, then the entries after
-/// it, and ends with records identical to the leader's.
+/// it, and ends with records identical to the leader's. Each member then keeps one snapshot in
+/// place: the dump is gone from both once the follower is past it.
 #[test]
 fn lagging_follower_catches_up_from_a_snapshot() {
     catch_up_from_a_snapshot(false);
@@ -944,6 +945,21 @@ fn catch_up_from_a_snapshot(crash_on_install: bool) {
     let a = rt.block_on(local_records(&c.members[leader].url(), "s"));
     let b = rt.block_on(local_records(&c.members[follower].url(), "s"));
     assert_eq!(a, b, "records (key, value, version, create, mod) differ");
+    // The leader dumped its key space for the follower; with the follower past it, the dump
+    // gives way to a snapshot in place instead of staying until the next --snapshot-count.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let kept = snapshot_files(&c.data_dir(leader));
+        if kept.len() == 1 && kept[0].1.starts_with(b"SNP2") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the leader still keeps a dump: {:?}",
+            kept.iter().map(|(p, b)| (p, b.len())).collect::<Vec<_>>()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
 
 /// `--snapshot-count`'s snapshots copy nothing: each is a file of a few bytes saying the key

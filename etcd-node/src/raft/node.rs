@@ -843,6 +843,15 @@ impl Raft {
         self.snapshot_wanted
     }
 
+    /// The latest snapshot is a copy kept to be sent ([`Raft::compact_with`]) and no one needs
+    /// it any more: every regular member holds entries after it, and this member applied past
+    /// it. A host whose copy is large (a dump of its key space) replaces it with a snapshot in
+    /// place ([`Raft::compact_in_place`]) rather than keep it until the next scheduled one.
+    pub fn snapshot_outlived(&self) -> bool {
+        let index = self.snapshot.meta.index;
+        self.snapshot_sendable && self.applied > index && self.held_by_all() > index
+    }
+
     /// Keeps `snapshot` (of this member's state machine, with meta from
     /// [`Raft::snapshot_meta`], possibly some turns ago) as the one a lagging follower is sent,
     /// and drops the log up to it if it still holds those entries. Returns false, changing
@@ -2312,7 +2321,8 @@ mod tests {
 
     /// A snapshot in place (`--snapshot-count`'s: the host keeps no data of it) compacts the
     /// log but is never sent: a follower that needs one waits for a new one with data, which
-    /// may be at the same index when nothing was applied since.
+    /// may be at the same index when nothing was applied since. Once every member holds
+    /// entries after that copy, it is outlived, and a snapshot in place may replace it.
     #[test]
     fn a_snapshot_in_place_is_never_sent_a_new_one_is_taken_instead() {
         let mut raft = one_of_three();
@@ -2342,6 +2352,20 @@ mod tests {
         let sent = turn(&mut raft);
         assert!(sent.iter().any(|m| matches!(&m.body,
             Body::Snapshot { snapshot } if m.to == 2 && snapshot.data == taken.data)));
+
+        // Node 2 installs it; once it (and node 3) hold a later entry, the copy is not needed.
+        let installed = Body::AppendResp {
+            index: taken.meta.index,
+            reject: false,
+        };
+        raft.step(from_2(raft.term(), installed));
+        turn(&mut raft);
+        assert!(!raft.snapshot_outlived(), "nothing after it yet");
+        propose_acked(&mut raft);
+        assert!(raft.snapshot_outlived(), "every member holds a later entry");
+        let in_place = raft.snapshot_meta().expect("entries applied since");
+        assert!(raft.compact_in_place(in_place));
+        assert!(!raft.snapshot_outlived(), "a snapshot in place is no copy");
     }
 
     /// A leader keeps in memory only the entries some follower may still ask for, and a

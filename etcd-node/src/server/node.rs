@@ -398,9 +398,12 @@ impl RaftLoop {
         }
         let applied = self.member.raft.applied();
         let wanted = self.member.raft.snapshot_wanted();
+        // (a dump taken for a follower that has caught up: a snapshot in place replaces it,
+        // rather than the key space's copy staying beside it until the next one)
+        let outlived = self.member.raft.snapshot_outlived();
         let pending = &mut self.fx.pending;
         if pending.snapshotting.is_some()
-            || (applied < pending.last_snapshot + self.snapshot_count && !wanted)
+            || (applied < pending.last_snapshot + self.snapshot_count && !wanted && !outlived)
         {
             return Ok(());
         }
