@@ -197,10 +197,21 @@ impl<'t> Writer<'t> {
     }
 
     fn get(&self, key: &[u8]) -> Result<Option<PbKeyValue>, redb::Error> {
-        match range::row_at(&self.rows.history, key, u64::MAX)? {
-            Some(stored) => Ok(Some(record::decode(&self.rows.values, key, &stored)?)),
-            None => Ok(None),
-        }
+        self.newest(key, true)
+    }
+
+    /// The newest record of `key` (None: none, or a tombstone), with its value if `value`
+    /// (without, it is empty: the value's row, a random read in a large key space, is left
+    /// alone).
+    fn newest(&self, key: &[u8], value: bool) -> Result<Option<PbKeyValue>, redb::Error> {
+        let Some(stored) = range::row_at(&self.rows.history, key, u64::MAX)? else {
+            return Ok(None);
+        };
+        Ok(Some(if value {
+            record::decode(&self.rows.values, key, &stored)?
+        } else {
+            record::decode_meta(key, &stored)?.0
+        }))
     }
 
     /// What etcd refuses only against the data: `ignore_value`/`ignore_lease` on a missing
@@ -305,7 +316,9 @@ impl<'t> Writer<'t> {
     }
 
     fn put(&mut self, s: &mut Step, r: &PbPutRequest) -> Result<PbPutResponse, redb::Error> {
-        let prev = self.get(&r.key)?;
+        // (the previous value only if the request needs it: watchers that want it read it
+        // when they send the event, as etcd's do)
+        let prev = self.newest(&r.key, r.prev_kv || r.ignore_value)?;
         let kv = PbKeyValue {
             key: Vec::new(),
             create_revision: prev.as_ref().map_or(s.rev as i64, |p| p.create_revision),
@@ -322,7 +335,7 @@ impl<'t> Writer<'t> {
         };
         self.rows.put(&r.key, s.rev, &kv)?;
         self.attach(&r.key, prev.as_ref().map_or(0, |p| p.lease), kv.lease)?;
-        self.events.push(event(&r.key, &kv, prev.as_ref()));
+        self.events.push(event(&r.key, &kv, None));
         s.changed = true;
         Ok(PbPutResponse {
             header: header(s.rev),
@@ -342,7 +355,11 @@ impl<'t> Writer<'t> {
             &r.range_end,
             None,
             |k, record| {
-                doomed.push(record::decode(&self.rows.values, k, record)?);
+                doomed.push(if r.prev_kv {
+                    record::decode(&self.rows.values, k, record)?
+                } else {
+                    record::decode_meta(k, record)?.0
+                });
                 Ok(true)
             },
         )?;
@@ -353,7 +370,7 @@ impl<'t> Writer<'t> {
         for kv in &doomed {
             self.rows.put(&kv.key, s.rev, &tombstone)?;
             self.attach(&kv.key, kv.lease, 0)?;
-            self.events.push(event(&kv.key, &tombstone, Some(kv)));
+            self.events.push(event(&kv.key, &tombstone, None));
         }
         s.changed |= !doomed.is_empty();
         Ok(PbDeleteResponse {

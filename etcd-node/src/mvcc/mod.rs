@@ -166,7 +166,8 @@ pub struct StoreError {
 pub struct Outcome {
     /// One per entry (see [`Applied`]).
     pub results: Vec<Applied>,
-    /// What the batch changed, in order: the events watchers are sent.
+    /// What the batch changed, in order: the events watchers are sent, without the previous
+    /// records (a watcher that wants them has [`Mvcc::fill_prev`] read them).
     pub events: Vec<PbEvent>,
     /// The store's revision after the batch.
     pub revision: u64,
@@ -592,6 +593,33 @@ impl Mvcc {
     }
 
     /// Serves a Range at the newest revision or an older one.
+    /// Gives each of `events` (applied changes) that has none its key's record just before it
+    /// (`prev_kv`), as etcd reads it for a watcher that asked for it when it sends the event:
+    /// none for a put that created the key, none when that revision was compacted since.
+    pub fn fill_prev(&self, events: &mut [PbEvent]) -> Result<(), StoreError> {
+        let db = self.db();
+        let tx = db.begin_read().map_err(|e| self.fail(e))?;
+        let read = |events: &mut [PbEvent]| -> Result<(), redb::Error> {
+            let compacted = meta_get(&tx.open_table(META)?, "compact")?;
+            let (history, values) = (tx.open_table(HISTORY)?, tx.open_table(record::VALUES)?);
+            for e in events.iter_mut().filter(|e| e.prev_kv.is_none()) {
+                let Some(kv) = &e.kv else { continue };
+                let created = e.r#type == events::PUT && kv.create_revision == kv.mod_revision;
+                let Some(before) = (kv.mod_revision as u64).checked_sub(1) else {
+                    continue;
+                };
+                if created || before < compacted {
+                    continue;
+                }
+                if let Some(stored) = range::row_at(&history, &kv.key, before)? {
+                    e.prev_kv = Some(record::decode(&values, &kv.key, &stored)?);
+                }
+            }
+            Ok(())
+        };
+        read(events).map_err(|e| self.fail(e))
+    }
+
     pub fn range(
         &self,
         req: &etcd_client::proto::PbRangeRequest,

@@ -469,24 +469,29 @@ fn applied_writes_yield_the_events_the_history_replays() {
         )
         .unwrap();
     assert_eq!(out.revision, 5);
-    let seen: Vec<(i32, String, i64, Option<String>)> = out
-        .events
-        .iter()
-        .map(|e| {
-            let kv = e.kv.clone().unwrap();
-            (
-                e.r#type,
-                String::from_utf8(kv.key).unwrap(),
-                kv.mod_revision,
-                e.prev_kv
-                    .as_ref()
-                    .map(|p| String::from_utf8(p.value.clone()).unwrap()),
-            )
-        })
-        .collect();
+    // Applied events carry no previous records; a watcher that wants them reads them.
+    assert!(out.events.iter().all(|e| e.prev_kv.is_none()));
+    let mut live = out.events.clone();
+    m.fill_prev(&mut live).unwrap();
+    let prev_values = |events: &[PbEvent]| -> Vec<(i32, String, i64, Option<String>)> {
+        events
+            .iter()
+            .map(|e| {
+                let kv = e.kv.clone().unwrap();
+                (
+                    e.r#type,
+                    String::from_utf8(kv.key).unwrap(),
+                    kv.mod_revision,
+                    e.prev_kv
+                        .as_ref()
+                        .map(|p| String::from_utf8(p.value.clone()).unwrap()),
+                )
+            })
+            .collect()
+    };
     let s = |v: &str| Some(v.to_string());
     assert_eq!(
-        seen,
+        prev_values(&live),
         [
             (PUT, "a".into(), 2, None),
             (PUT, "b".into(), 3, None),
@@ -498,9 +503,9 @@ fn applied_writes_yield_the_events_the_history_replays() {
     );
     // The history replays exactly the same events, from any revision.
     let (all, revision) = m.events(b"\0", b"\0", 1).unwrap().unwrap();
-    assert_eq!((all, revision), (out.events.clone(), 5));
+    assert_eq!((all, revision), (live.clone(), 5));
     let (tail, _) = m.events(b"a", b"", 4).unwrap().unwrap();
-    assert_eq!(tail, [out.events[2].clone(), out.events[4].clone()]);
+    assert_eq!(tail, [live[2].clone(), live[4].clone()]);
     // Compacted: the events below the compacted revision are gone.
     let compact = Op::Compaction(PbCompactionRequest {
         revision: 4,
@@ -510,6 +515,18 @@ fn applied_writes_yield_the_events_the_history_replays() {
     assert_eq!(m.events(b"\0", b"\0", 3).unwrap(), Err(4));
     let (from_4, _) = m.events(b"\0", b"\0", 4).unwrap().unwrap();
     assert_eq!(from_4.len(), 4);
+    // A previous record at a compacted revision is not read (etcd leaves it out too).
+    let mut late = out.events.clone();
+    m.fill_prev(&mut late).unwrap();
+    assert_eq!(
+        prev_values(&late)[2..],
+        [
+            (PUT, "a".into(), 4, None),
+            (PUT, "c".into(), 4, None),
+            (DELETE, "a".into(), 5, s("2")),
+            (DELETE, "b".into(), 5, s("1")),
+        ]
+    );
 }
 
 #[test]

@@ -169,7 +169,11 @@ impl Stream {
         }
         let mut out = Vec::new();
         for w in self.watchers.values_mut() {
-            let events = w.select(&batch.events);
+            let mut events = w.select(&batch.events);
+            if w.prev_kv && !events.is_empty() {
+                // (applied events carry no previous records: read for those who want them)
+                self.api.mvcc.fill_prev(&mut events).map_err(store_error)?;
+            }
             w.next_rev = w.next_rev.max(batch.revision + 1);
             if !events.is_empty() {
                 out.push((w.id, events));
