@@ -28,19 +28,6 @@ fn cluster() -> Cluster {
     Cluster::start(node, etcdutl, &[])
 }
 
-/// Waits up to 30 s for member `i` to exit by itself; fails saying `what`, with its log.
-fn wait_exited(c: &mut Cluster, i: usize, what: &str) {
-    let started = Instant::now();
-    while !c.exited(i) {
-        assert!(
-            started.elapsed() < Duration::from_secs(30),
-            "{what}:\n{}",
-            c.log(i)
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
 /// etcdctl failed, saying `what`.
 fn refused_with(out: Output, what: &str) {
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -1171,7 +1158,7 @@ fn a_member_removed_while_away_is_refused_and_stops() {
         )));
     }
     c.resume(away);
-    wait_exited(&mut c, away, "the removed member kept running");
+    c.wait_exited(away, "the removed member kept running");
     let log = c.log(away);
     assert!(
         log.contains("the member has been permanently removed from the cluster")
@@ -1181,7 +1168,7 @@ fn a_member_removed_while_away_is_refused_and_stops() {
     // Started again on its data directory: refused at once, with the same words.
     c.kill(away); // (reaps the exited process)
     c.start_member(away);
-    wait_exited(&mut c, away, "it started again");
+    c.wait_exited(away, "it started again");
     let log = c.log(away);
     assert!(log.matches("must not be used again").count() >= 2, "{log}");
     // The cluster went on: n3 and the leader hold every write.
@@ -1322,7 +1309,7 @@ fn joining_without_member_add_is_refused_with_the_fix() {
     c.wait_leader(LEADER_WAIT);
     let new = c.new_member("n3");
     c.start_member(new);
-    wait_exited(&mut c, new, "n3 kept running");
+    c.wait_exited(new, "n3 kept running");
     let log = c.log(new);
     assert!(
         log.contains("etcdctl member add n3 --peer-urls=http://127.0.0.1:"),
@@ -2926,7 +2913,7 @@ fn a_new_cluster_with_mixed_peer_protocols_does_not_start() {
     let mut c = Cluster::prepare(node, etcdutl, &[]);
     c.start_member_with(1, &[], &[("FAILPOINTS", "peer-protocol=return(9)")]);
     c.start_member(0);
-    wait_exited(&mut c, 1, "the member of another protocol kept running");
+    c.wait_exited(1, "the member of another protocol kept running");
     let log = c.log(1);
     assert!(
         log.contains("must speak a common peer protocol")

@@ -340,7 +340,8 @@ fn a_start_that_fails_on_the_witness_writes_nothing_and_the_corrected_flag_wins(
 /// A member that is behind, alone with the witness, is refused its vote and says which member
 /// to start (finding 5.4). The last resort, `--force-new-cluster`, is refused on it too (the
 /// witness's record shows writes it lacks); on the up-to-date member, with the witness lost, it
-/// makes that member the only voter with every acknowledged write.
+/// makes that member the only voter with every acknowledged write, even when the forced start
+/// crashes between its steps and is run again.
 #[test]
 fn a_member_behind_is_refused_and_named_and_force_new_cluster_keeps_every_write() {
     let (node, etcdutl) = bins();
@@ -389,15 +390,7 @@ fn a_member_behind_is_refused_and_named_and_force_new_cluster_keeps_every_write(
     c.stop(f);
     // The follower lacks those writes and the witness's record says so: refused, unchanged.
     c.start_member_with(f, &["--force-new-cluster"], &[]);
-    let started = Instant::now();
-    while !c.exited(f) {
-        assert!(
-            started.elapsed() < LEADER_WAIT,
-            "the forced start of the member behind did not end; log:\n{}",
-            c.log(f)
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    c.wait_exited(f, "the forced start of the member behind did not end");
     c.stop(f);
     let log = c.log(f);
     assert!(
@@ -405,7 +398,19 @@ fn a_member_behind_is_refused_and_named_and_force_new_cluster_keeps_every_write(
         "{log}"
     );
     // The witness is lost too; the leader, up to date, is forced into a cluster of its own.
+    // The forced start crashes twice, at each step between its durable changes; each time the
+    // next forced start carries on from where the last one stopped.
     wipe(&witness_dir(&c));
+    for point in ["force-before-snapshot", "force-before-hard-state"] {
+        c.start_member_with(
+            l,
+            &["--force-new-cluster"],
+            &[("ETCD_NODE_FAILPOINT", point)],
+        );
+        c.wait_exited(l, &format!("the failpoint {point} never fired"));
+        c.stop(l);
+        assert!(c.log(l).contains(point), "{}", c.log(l));
+    }
     c.start_member_with(l, &["--force-new-cluster"], &[]);
     let have = rt.block_on(async {
         let started = Instant::now();

@@ -454,6 +454,19 @@ impl Cluster {
             .is_some_and(|c| matches!(c.try_wait(), Ok(Some(_))))
     }
 
+    /// Waits up to 30 s for member `i` to exit by itself; fails saying `what`, with its log.
+    pub fn wait_exited(&mut self, i: usize, what: &str) {
+        let started = Instant::now();
+        while !self.exited(i) {
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "{what}:\n{}",
+                self.log(i)
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
     /// SIGKILL: the member loses whatever it had not made durable.
     pub fn kill(&mut self, i: usize) {
         self.signal(i, Signal::SIGKILL);

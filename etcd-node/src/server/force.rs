@@ -103,6 +103,7 @@ pub async fn force_new_cluster(
         .collect();
     mvcc.apply(&removals, true)?;
     mvcc.sync()?;
+    crate::crash!("force-before-snapshot");
 
     // One snapshot: the key space as it is now, this member the only voter, in a term above
     // every term this member has seen.
@@ -116,6 +117,7 @@ pub async fn force_new_cluster(
         membership,
     };
     disk.install_in_place(&forced)?;
+    crate::crash!("force-before-hard-state");
     let ready = Ready {
         hard_state: Some(HardState {
             term,
@@ -148,4 +150,56 @@ async fn read_witness(
         .await
         .ok()?;
     Some(loaded?.state)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::raft::{Entry, EntryData};
+
+    /// A forced start that crashed after changing the key space and before its snapshot (the
+    /// key space applied past the log's end) is run again: the snapshot goes at the key
+    /// space's index, not the log's end, so the entries a leader appends next are applied,
+    /// not taken as applied already.
+    #[tokio::test]
+    async fn a_forced_start_run_again_after_a_crash_snapshots_where_the_key_space_is() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut disk, _) = DiskStorage::open(&dir.path().join("member")).unwrap();
+        let members = Membership::new([1, 2], Some(3)).unwrap();
+        disk.bootstrap(members, None, |_| Ok(())).unwrap();
+        let entries: Vec<Entry> = (2..=5)
+            .map(|index| Entry {
+                term: 2,
+                subterm: 1,
+                index,
+                data: EntryData::Empty,
+            })
+            .collect();
+        let ready = Ready {
+            hard_state: Some(HardState {
+                term: 2,
+                vote: 1,
+                commit: 5,
+                witness: None,
+            }),
+            entries,
+            ..Ready::default()
+        };
+        disk.persist(&ready).unwrap();
+        // What the first forced start left: the log applied and two removals after it, durable.
+        let mvcc = Mvcc::open(&dir.path().join("kv.redb")).unwrap();
+        let applied: Vec<(u64, Command)> = (2..=7).map(|i| (i, Command::Noop)).collect();
+        mvcc.apply(&applied, true).unwrap();
+
+        force_new_cluster(&mut disk, &mvcc, 1, &Credentials::default())
+            .await
+            .unwrap();
+        let snapshot = disk.snapshot().meta;
+        assert_eq!(
+            snapshot.index, 7,
+            "at the key space's index, past the log's end (5)"
+        );
+        assert_eq!(snapshot.membership.voters.len(), 1);
+        assert_eq!(disk.hard_state().commit, 7);
+    }
 }
