@@ -592,7 +592,6 @@ impl Mvcc {
         self.apply(&[], true).map(|_| ())
     }
 
-    /// Serves a Range at the newest revision or an older one.
     /// Gives each of `events` (applied changes) that has none its key's record just before it
     /// (`prev_kv`), as etcd reads it for a watcher that asked for it when it sends the event:
     /// none for a put that created the key, none when that revision was compacted since.
@@ -620,6 +619,7 @@ impl Mvcc {
         read(events).map_err(|e| self.fail(e))
     }
 
+    /// Serves a Range at the newest revision or an older one.
     pub fn range(
         &self,
         req: &etcd_client::proto::PbRangeRequest,
