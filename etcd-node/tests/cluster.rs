@@ -888,15 +888,7 @@ fn catch_up_from_a_snapshot(crash_on_install: bool) {
             &[],
             &[("ETCD_NODE_FAILPOINT", "install-before-restore:1")],
         );
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while !c.exited(follower) && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        assert!(
-            c.exited(follower),
-            "the failpoint never fired; log:\n{}",
-            c.log(follower)
-        );
+        c.wait_exited(follower, "the failpoint never fired");
         c.kill(follower);
     }
     c.start_member(follower);
@@ -990,11 +982,7 @@ fn snapshot_count_snapshots_copy_nothing_and_a_lost_key_space_is_refused() {
     let aside = c.dir.path().join("kv.redb.aside");
     std::fs::rename(&kv, &aside).unwrap();
     c.start_member(follower);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !c.exited(follower) && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    assert!(c.exited(follower), "it started without its key space");
+    c.wait_exited(follower, "it started without its key space");
     let log = c.log(follower);
     assert!(
         log.contains("kv.redb") && log.contains("Replacing a member whose machine is gone"),

@@ -196,10 +196,6 @@ impl<'t> Writer<'t> {
         })
     }
 
-    fn get(&self, key: &[u8]) -> Result<Option<PbKeyValue>, redb::Error> {
-        self.newest(key, true)
-    }
-
     /// The newest record of `key` (None: none, or a tombstone), with its value if `value`
     /// (without, it is empty: the value's row, a random read in a large key space, is left
     /// alone).
@@ -217,7 +213,7 @@ impl<'t> Writer<'t> {
     /// What etcd refuses only against the data: `ignore_value`/`ignore_lease` on a missing
     /// key, an unknown lease.
     fn refuse_put(&self, r: &PbPutRequest) -> Result<Option<ApiError>, redb::Error> {
-        if (r.ignore_value || r.ignore_lease) && self.get(&r.key)?.is_none() {
+        if (r.ignore_value || r.ignore_lease) && self.newest(&r.key, false)?.is_none() {
             return Ok(Some(key_not_found()));
         }
         if r.lease != 0 && self.leases.get(r.lease)?.is_none() {

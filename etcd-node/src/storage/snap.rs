@@ -1,8 +1,8 @@
 //! Snapshot files: `snap/<term:016x>-<index:016x>.snap`, each
 //! `magic | meta length u32 LE | data length u64 LE | meta | data | crc32c u32 LE` (the CRC
 //! covers everything before it); the magic is `SNAP` for a snapshot with its data (a dump) and
-//! `SNP2` for a snapshot in place ([`IN_PLACE`], no data). Written to a temporary name, fsynced, renamed, directory
-//! fsynced. Loading takes the newest valid file; a newer file that fails its checks is reported
+//! `SNP2` for a snapshot in place ([`IN_PLACE`], no data). Written to a temporary name,
+//! fsynced, renamed, directory fsynced. Loading takes the newest valid file; a newer file that fails its checks is reported
 //! and skipped (an older snapshot plus the WAL still describes the state), and a directory with
 //! files but no valid one is an error.
 
