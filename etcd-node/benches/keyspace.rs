@@ -5,6 +5,8 @@
 //!
 //! Prints one line per 100,000 writes: writes/s of that stretch, file size, bytes per revision,
 //! the process's RSS; then the time of a range over every key (values, and count only).
+//! `BATCH=<n>` sets the entries applied per transaction (64), `SYNC_EVERY=<n>` the entries
+//! between durable commits (10,000).
 //!
 //!   FORMAT2=1 cargo bench -p etcd-node --bench keyspace -- [rows] [keys] [value bytes]
 //!
@@ -17,14 +19,16 @@ use std::time::Instant;
 use etcd_client::proto::PbPutRequest;
 use etcd_node::mvcc::{Command, Mvcc, Op, Proposal};
 
-/// Entries per applied batch, and entries between durable commits (the server's loop).
+/// Entries per applied batch (`BATCH`), and entries between durable commits (`SYNC_EVERY`), as
+/// the server's applier takes them by default.
 const BATCH: u64 = 64;
 const SYNC_EVERY: u64 = 10_000;
-fn sync_every() -> u64 {
-    std::env::var("SYNC_EVERY")
+fn from_env(name: &str, default: u64) -> u64 {
+    std::env::var(name)
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(SYNC_EVERY)
+        .filter(|&n| n > 0)
+        .unwrap_or(default)
 }
 
 fn peak_rss_kib() -> u64 {
@@ -156,8 +160,9 @@ fn main() {
     let mut unsynced = 0u64;
     let mut started = Instant::now();
     let mut stretch = 0u64;
+    let (batch_len, sync_every) = (from_env("BATCH", BATCH), from_env("SYNC_EVERY", SYNC_EVERY));
     while index < writes {
-        let batch: Vec<(u64, Command)> = (0..BATCH)
+        let batch: Vec<(u64, Command)> = (0..batch_len)
             .map(|i| {
                 let n = index + i + 1;
                 let key = format!("key/{:08}", (n * 7919) % keys).into_bytes();
@@ -170,15 +175,15 @@ fn main() {
                 (n, Command::Kv(Proposal { id: n, op }))
             })
             .collect();
-        index += BATCH;
-        unsynced += BATCH;
-        let durable = unsynced >= sync_every();
+        index += batch_len;
+        unsynced += batch_len;
+        let durable = unsynced >= sync_every;
         if durable {
             unsynced = 0;
         }
         mvcc.apply(&batch, durable).expect("apply");
-        stretch += BATCH;
-        if index % 100_032 < BATCH {
+        stretch += batch_len;
+        if index % 100_032 < batch_len {
             let secs = started.elapsed().as_secs_f64();
             let meta = std::fs::metadata(&path).expect("the key-space file");
             // (the file may be sparse: blocks are what the disk holds)

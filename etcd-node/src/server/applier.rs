@@ -8,6 +8,9 @@
 //! milliseconds with a large key space. The queue between them is bounded ([`QUEUE`] batches): a
 //! key space that cannot keep up slows the loop down instead of filling memory.
 //!
+//! Batches that queued up while the applier was busy are applied together, in one transaction
+//! ([`MERGE`] entries at most): a key space that fell behind catches up with fewer commits.
+//!
 //! Invariants:
 //! - entries are applied in index order, each once (the key space skips what it applied before
 //!   a restart);
@@ -47,6 +50,10 @@ pub const SYNC_EVERY: u64 = 10_000;
 
 /// Batches handed over and not applied yet, at most.
 const QUEUE: usize = 256;
+
+/// Entries applied in one transaction, at most, when batches queued behind each other are
+/// merged (a merged batch reaches a little past it: batches are not split).
+const MERGE: usize = 1024;
 
 /// An applied batch slower than this is logged (etcd's "apply request took too long").
 const SLOW_APPLY: Duration = Duration::from_millis(100);
@@ -188,11 +195,44 @@ pub fn publish_applied(status: &watch::Sender<Status>, index: u64) {
     });
 }
 
+/// Appends to `batch` (and `waiters`) the batches queued behind it, up to [`MERGE`] entries, so
+/// a key space that fell behind catches up in fewer, larger transactions (each costs a commit
+/// and a copy of the pages it changes, whatever its size). Returns the first other work taken.
+fn merge_queued(
+    queue: &Receiver<Work>,
+    batch: &mut Vec<(u64, Command)>,
+    waiters: &mut Vec<(usize, WriteWaiter)>,
+) -> Option<Work> {
+    while batch.len() < MERGE {
+        match queue.try_recv() {
+            Ok(Work::Apply {
+                batch: more,
+                waiters: theirs,
+            }) => {
+                let base = batch.len();
+                waiters.extend(theirs.into_iter().map(|(at, w)| (base + at, w)));
+                batch.extend(more);
+            }
+            Ok(other) => return Some(other),
+            Err(_) => return None,
+        }
+    }
+    None
+}
+
 impl Thread {
     fn run(&mut self, queue: Receiver<Work>) {
-        while let Ok(work) = queue.recv() {
+        // (work taken from the queue while merging batches, and not a batch)
+        let mut next = None;
+        while let Some(work) = next.take().or_else(|| queue.recv().ok()) {
             let done = match work {
-                Work::Apply { batch, waiters } => self.apply(batch, waiters),
+                Work::Apply {
+                    mut batch,
+                    mut waiters,
+                } => {
+                    next = merge_queued(&queue, &mut batch, &mut waiters);
+                    self.apply(batch, waiters)
+                }
                 Work::Barrier { done } => {
                     let _ = done.send(());
                     Ok(())
@@ -284,5 +324,76 @@ impl Thread {
             waiter.answer(result.unwrap_or_else(|| Err(outcome_unknown())));
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::sync::oneshot;
+
+    fn entries(indexes: std::ops::RangeInclusive<u64>) -> Vec<(u64, Command)> {
+        indexes.map(|i| (i, Command::Noop)).collect()
+    }
+
+    /// Batches queued behind each other become one, each waiter still at its own entry; a
+    /// barrier (or a snapshot) is not merged past, and a full batch takes nothing more.
+    #[test]
+    fn queued_batches_merge_up_to_the_next_other_work() {
+        let (work, queue) = sync_channel(8);
+        let (first, first_answer) = oneshot::channel();
+        let (second, mut second_answer) = oneshot::channel();
+        let (third, mut third_answer) = oneshot::channel();
+        let apply = |batch, waiters| Work::Apply { batch, waiters };
+        let (done, _) = sync_channel(1);
+        for w in [
+            apply(entries(1..=3), vec![(0, first), (2, second)]),
+            apply(entries(4..=5), vec![(1, third)]),
+            Work::Barrier { done },
+            apply(entries(6..=6), vec![]),
+        ] {
+            work.send(w).unwrap();
+        }
+        let Ok(Work::Apply {
+            mut batch,
+            mut waiters,
+        }) = queue.recv()
+        else {
+            panic!("the first work is a batch");
+        };
+        let next = merge_queued(&queue, &mut batch, &mut waiters);
+        assert!(
+            matches!(next, Some(Work::Barrier { .. })),
+            "stops at the barrier"
+        );
+        let indexes: Vec<u64> = batch.iter().map(|(i, _)| *i).collect();
+        assert_eq!(indexes, [1, 2, 3, 4, 5]);
+        let at: Vec<usize> = waiters.iter().map(|(at, _)| *at).collect();
+        assert_eq!(
+            at,
+            [0, 2, 4],
+            "the second batch's waiter moved by its first's length"
+        );
+        // (the waiter at entry 4, index 5, is the second batch's)
+        let (_, waiter) = waiters.pop().unwrap();
+        waiter.send(Err(outcome_unknown())).unwrap();
+        assert!(third_answer.try_recv().is_ok());
+        assert!(second_answer.try_recv().is_err());
+        assert!(first_answer.is_empty());
+
+        let Ok(Work::Apply {
+            batch: mut full, ..
+        }) = queue.recv()
+        else {
+            panic!("the batch after the barrier stays queued");
+        };
+        full.extend(entries(100..=99 + MERGE as u64));
+        work.send(apply(entries(7..=7), vec![])).unwrap();
+        assert!(merge_queued(&queue, &mut full, &mut Vec::new()).is_none());
+        assert_eq!(full.len(), MERGE + 1, "a full batch takes nothing more");
+        assert!(
+            queue.try_recv().is_ok(),
+            "what it did not take stays queued"
+        );
     }
 }
