@@ -13,7 +13,9 @@
 #   SUITE=sustained bash scripts/bench-compare.sh  # after WARMUP writes (default 100000): puts,
 #                                            # ranges, then memory and disk per member, the
 #                                            # Raft loop's longest turn, and a leader killed
-#                                            # under 16 writers with no timeout of their own
+#                                            # under 16 writers with no timeout of their own;
+#                                            # ROUNDS=3: both systems three times, alternated,
+#                                            # then each point's medians and their ratio
 #   SUITE=growth bash scripts/bench-compare.sh     # for each KEYS (default "100000 1000000";
 #                                            # add 5000000 outside CI): a fresh cluster loaded with
 #                                            # that many keys, then puts, ranges, memory, disk,
@@ -265,18 +267,47 @@ if [ "${SUITE:-all}" = growth ]; then
   done
   echo; echo "==> all results"; cat "$work/results"; exit 0
 fi
+# Tags the RESULT lines written since the last call with round=N.
+tag_round() { sed -i "/ round=/!s/\$/ round=$1/" "$work/results"; }
+# Per point of the sustained suite: each system's median rate over the rounds, the ratio of the
+# medians, and each round's ratio (both systems of a round ran one after the other).
+summarize_rounds() {
+  python3 - "$work/results" <<'PY'
+import statistics, sys
+runs = {}
+for line in open(sys.argv[1]):
+    f = dict(kv.split("=", 1) for kv in line.split()[1:] if "=" in kv)
+    if f.get("op") in ("put", "range") and "rps" in f:
+        point = f"{f['op']} clients={f['clients']}"
+        runs.setdefault(point, {}).setdefault(f["cluster"], {})[f["round"]] = float(f["rps"])
+for point, by in runs.items():
+    ours, theirs = by.get("etcd-node", {}), by.get("etcd-3.4", {})
+    if not ours or not theirs:
+        continue
+    mo, mt = statistics.median(ours.values()), statistics.median(theirs.values())
+    each = " ".join(f"{ours[r] / theirs[r]:.2f}x" for r in sorted(ours) if r in theirs)
+    print(f"SUMMARY {point} rounds={len(ours)} etcd-node_median_rps={mo:.0f} "
+          f"etcd-3.4_median_rps={mt:.0f} ratio_of_medians={mo / mt:.2f}x per_round={each}")
+PY
+}
 if [ "${SUITE:-all}" = sustained ]; then
-  echo "==> etcd-node: two members + witness"
-  start_ours; for p in 26379 27379; do wait_healthy $p; done; sleep 1
-  member_dirs="$work/ours-http/n1 $work/ours-http/n2" kv_file=member/kv.redb
-  sustained etcd-node "$ours_eps" ours_ports "${ours[@]}"
-  kill -9 "${ours[@]}" 2>/dev/null || true
-  echo "==> etcd $(etcd --version | head -1 | awk '{print $3}'): three members"
-  start_etcd; for p in 28379 29379 30379; do wait_healthy $p; done; sleep 1
-  member_dirs="$work/etcd-http/e1 $work/etcd-http/e2 $work/etcd-http/e3" kv_file=member/snap/db
-  sustained etcd-3.4 "$theirs_eps" theirs_ports "${theirs[@]}"
-  kill -9 "${theirs[@]}" 2>/dev/null || true
-  echo; echo "==> all results"; cat "$work/results"; exit 0
+  # ROUNDS=n repeats both systems n times, alternated, each time on fresh data directories.
+  for round in $(seq 1 "${ROUNDS:-1}"); do
+    echo "==> round $round: etcd-node: two members + witness"
+    rm -rf "$work/ours-http"; start_ours; for p in 26379 27379; do wait_healthy $p; done; sleep 1
+    member_dirs="$work/ours-http/n1 $work/ours-http/n2" kv_file=member/kv.redb
+    sustained etcd-node "$ours_eps" ours_ports "${ours[@]}"
+    kill -9 "${ours[@]}" 2>/dev/null || true; wait "${ours[@]}" 2>/dev/null || true
+    rm -rf "$work/ours-http"
+    echo "==> round $round: etcd $(etcd --version | head -1 | awk '{print $3}'): three members"
+    rm -rf "$work/etcd-http"; start_etcd; for p in 28379 29379 30379; do wait_healthy $p; done; sleep 1
+    member_dirs="$work/etcd-http/e1 $work/etcd-http/e2 $work/etcd-http/e3" kv_file=member/snap/db
+    sustained etcd-3.4 "$theirs_eps" theirs_ports "${theirs[@]}"
+    kill -9 "${theirs[@]}" 2>/dev/null || true; wait "${theirs[@]}" 2>/dev/null || true
+    rm -rf "$work/etcd-http"
+    tag_round "$round"
+  done
+  echo; echo "==> all results"; cat "$work/results"; summarize_rounds; exit 0
 fi
 if [ "${SUITE:-all}" = tls ]; then
   command -v openssl >/dev/null || { echo "needs openssl"; exit 1; }
