@@ -279,15 +279,20 @@ for line in open(sys.argv[1]):
     f = dict(kv.split("=", 1) for kv in line.split()[1:] if "=" in kv)
     if f.get("op") in ("put", "range") and "rps" in f:
         point = f"{f['op']} clients={f['clients']}"
-        runs.setdefault(point, {}).setdefault(f["cluster"], {})[f["round"]] = float(f["rps"])
+        rounds = runs.setdefault(point, {}).setdefault(f["cluster"], {})
+        rounds[f["round"]] = (float(f["rps"]), float(f["p99_ms"]))
 for point, by in runs.items():
     ours, theirs = by.get("etcd-node", {}), by.get("etcd-3.4", {})
     if not ours or not theirs:
         continue
-    mo, mt = statistics.median(ours.values()), statistics.median(theirs.values())
-    each = " ".join(f"{ours[r] / theirs[r]:.2f}x" for r in sorted(ours) if r in theirs)
+    def median(rounds, i):
+        return statistics.median(v[i] for v in rounds.values())
+    mo, mt = median(ours, 0), median(theirs, 0)
+    po, pt = median(ours, 1), median(theirs, 1)
+    each = " ".join(f"{ours[r][0] / theirs[r][0]:.2f}x" for r in sorted(ours) if r in theirs)
     print(f"SUMMARY {point} rounds={len(ours)} etcd-node_median_rps={mo:.0f} "
-          f"etcd-3.4_median_rps={mt:.0f} ratio_of_medians={mo / mt:.2f}x per_round={each}")
+          f"etcd-3.4_median_rps={mt:.0f} ratio_of_medians={mo / mt:.2f}x per_round={each} "
+          f"p99_ms_medians={po:.1f},{pt:.1f} p99_ratio={po / pt:.2f}x")
 PY
 }
 if [ "${SUITE:-all}" = sustained ]; then
