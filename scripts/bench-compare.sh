@@ -15,7 +15,8 @@
 #                                            # Raft loop's longest turn, and a leader killed
 #                                            # under 16 writers with no timeout of their own;
 #                                            # ROUNDS=3: both systems three times, alternated,
-#                                            # then each point's medians and their ratio
+#                                            # then each point's medians and their ratio;
+#                                            # SINGLE=1: etcd as one member too, in each round
 #   SUITE=growth bash scripts/bench-compare.sh     # for each KEYS (default "100000 1000000";
 #                                            # add 5000000 outside CI): a fresh cluster loaded with
 #                                            # that many keys, then puts, ranges, memory, disk,
@@ -102,6 +103,20 @@ start_etcd() {
   done
   theirs_eps=$scheme://127.0.0.1:28379,$scheme://127.0.0.1:29379,$scheme://127.0.0.1:30379
   theirs_ports=(28379 29379 30379)
+}
+
+# etcd as one member (SINGLE=1 in the sustained suite: issue 16 asks for puts at least a
+# single member's), its data in etcd1-http.
+start_etcd_single() {
+  theirs1=()
+  etcd --name e1 --data-dir "$work/etcd1-$scheme/e1" \
+    --listen-client-urls $scheme://127.0.0.1:28379 --advertise-client-urls $scheme://127.0.0.1:28379 \
+    --listen-peer-urls $scheme://127.0.0.1:28380 --initial-advertise-peer-urls $scheme://127.0.0.1:28380 \
+    --initial-cluster "e1=$scheme://127.0.0.1:28380" --initial-cluster-state new --log-level error \
+    ${QUOTA:+--quota-backend-bytes "$QUOTA"} ${BATCH_LIMIT:+--backend-batch-limit "$BATCH_LIMIT"} \
+    ${member_tls[@]+"${member_tls[@]}"} 2>"$work/etcd1-e1.log" &
+  theirs1+=($!); pids+=($!)
+  theirs1_ports=(28379)
 }
 
 wait_healthy() {
@@ -191,6 +206,8 @@ sustained() { # label eps ports-array-name pids...
     done
   fi
   echo "RESULT op=footprint cluster=$label writes=$(( warm + 100000 )) rss_mb=$(IFS=,; echo "${rss[*]}") kv_file_mb=$(IFS=,; echo "${kv[*]}") data_dir_mb=$(IFS=,; echo "${data[*]}") ${longest:+loop_longest_turn_ms=${longest%,}} ${slow:+slow_batches=${slow%,}}" | tee -a "$work/results"
+  # (a single member has no one to fail over to)
+  if [ "${#ps[@]}" -eq 1 ]; then return; fi
   "$bin/etcd-bench" --endpoints "$eps" --clients 16 failover --duration 12 > "$work/fo" 2>&1 & local b=$!
   sleep 4; local l; l=$(leader_of "${ports[@]}"); [ "$l" -ge 0 ] || { echo "no leader found"; exit 1; }
   echo "killing the leader on port ${ports[$l]}"; kill -9 "${ps[$l]}"; wait $b
@@ -290,9 +307,14 @@ for point, by in runs.items():
     mo, mt = median(ours, 0), median(theirs, 0)
     po, pt = median(ours, 1), median(theirs, 1)
     each = " ".join(f"{ours[r][0] / theirs[r][0]:.2f}x" for r in sorted(ours) if r in theirs)
+    single = by.get("etcd-3.4-single", {})
+    alone = ""
+    if single:
+        ms = median(single, 0)
+        alone = f" etcd-3.4-single_median_rps={ms:.0f} ratio_to_single={mo / ms:.2f}x"
     print(f"SUMMARY {point} rounds={len(ours)} etcd-node_median_rps={mo:.0f} "
           f"etcd-3.4_median_rps={mt:.0f} ratio_of_medians={mo / mt:.2f}x per_round={each} "
-          f"p99_ms_medians={po:.1f},{pt:.1f} p99_ratio={po / pt:.2f}x")
+          f"p99_ms_medians={po:.1f},{pt:.1f} p99_ratio={po / pt:.2f}x{alone}")
 PY
 }
 if [ "${SUITE:-all}" = sustained ]; then
@@ -310,6 +332,14 @@ if [ "${SUITE:-all}" = sustained ]; then
     sustained etcd-3.4 "$theirs_eps" theirs_ports "${theirs[@]}"
     kill -9 "${theirs[@]}" 2>/dev/null || true; wait "${theirs[@]}" 2>/dev/null || true
     rm -rf "$work/etcd-http"
+    if [ -n "${SINGLE:-}" ]; then
+      echo "==> round $round: etcd, one member"
+      rm -rf "$work/etcd1-http"; start_etcd_single; wait_healthy 28379; sleep 1
+      member_dirs="$work/etcd1-http/e1" kv_file=member/snap/db
+      sustained etcd-3.4-single "$scheme://127.0.0.1:28379" theirs1_ports "${theirs1[@]}"
+      kill -9 "${theirs1[@]}" 2>/dev/null || true; wait "${theirs1[@]}" 2>/dev/null || true
+      rm -rf "$work/etcd1-http"
+    fi
     tag_round "$round"
   done
   echo; echo "==> all results"; cat "$work/results"; summarize_rounds; exit 0
