@@ -90,33 +90,21 @@ start_ours() {
   ours_ports=(26379 27379)
 }
 
+# etcd with MEMBERS members (3 unless given: SINGLE=1 in the sustained suite runs 1, as issue 16
+# asks for puts at least a single member's).
 start_etcd() {
-  local ic="e1=$scheme://127.0.0.1:28380,e2=$scheme://127.0.0.1:29380,e3=$scheme://127.0.0.1:30380"
-  theirs=()
-  for i in 1 2 3; do
+  local n=${1:-3} i ic=""
+  theirs=() theirs_ports=()
+  for i in $(seq 1 "$n"); do ic+="${ic:+,}e$i=$scheme://127.0.0.1:$((27380 + i * 1000))"; done
+  for i in $(seq 1 "$n"); do
     etcd --name e$i --data-dir "$work/etcd-$scheme/e$i" \
       --listen-client-urls $scheme://127.0.0.1:$((27379 + i * 1000)) --advertise-client-urls $scheme://127.0.0.1:$((27379 + i * 1000)) \
       --listen-peer-urls $scheme://127.0.0.1:$((27380 + i * 1000)) --initial-advertise-peer-urls $scheme://127.0.0.1:$((27380 + i * 1000)) \
       --initial-cluster "$ic" --initial-cluster-state new --log-level error ${QUOTA:+--quota-backend-bytes "$QUOTA"} ${BATCH_LIMIT:+--backend-batch-limit "$BATCH_LIMIT"} \
       ${member_tls[@]+"${member_tls[@]}"} 2>"$work/etcd-e$i.log" &
-    theirs+=($!); pids+=($!)
+    theirs+=($!); pids+=($!); theirs_ports+=($((27379 + i * 1000)))
   done
-  theirs_eps=$scheme://127.0.0.1:28379,$scheme://127.0.0.1:29379,$scheme://127.0.0.1:30379
-  theirs_ports=(28379 29379 30379)
-}
-
-# etcd as one member (SINGLE=1 in the sustained suite: issue 16 asks for puts at least a
-# single member's), its data in etcd1-http.
-start_etcd_single() {
-  theirs1=()
-  etcd --name e1 --data-dir "$work/etcd1-$scheme/e1" \
-    --listen-client-urls $scheme://127.0.0.1:28379 --advertise-client-urls $scheme://127.0.0.1:28379 \
-    --listen-peer-urls $scheme://127.0.0.1:28380 --initial-advertise-peer-urls $scheme://127.0.0.1:28380 \
-    --initial-cluster "e1=$scheme://127.0.0.1:28380" --initial-cluster-state new --log-level error \
-    ${QUOTA:+--quota-backend-bytes "$QUOTA"} ${BATCH_LIMIT:+--backend-batch-limit "$BATCH_LIMIT"} \
-    ${member_tls[@]+"${member_tls[@]}"} 2>"$work/etcd1-e1.log" &
-  theirs1+=($!); pids+=($!)
-  theirs1_ports=(28379)
+  theirs_eps=$(printf "$scheme://127.0.0.1:%s," "${theirs_ports[@]}"); theirs_eps=${theirs_eps%,}
 }
 
 wait_healthy() {
@@ -291,6 +279,8 @@ tag_round() { sed -i "/ round=/!s/\$/ round=$1/" "$work/results"; }
 summarize_rounds() {
   python3 - "$work/results" <<'PY'
 import statistics, sys
+def median(rounds, i):
+    return statistics.median(v[i] for v in rounds.values())
 runs = {}
 for line in open(sys.argv[1]):
     f = dict(kv.split("=", 1) for kv in line.split()[1:] if "=" in kv)
@@ -302,8 +292,6 @@ for point, by in runs.items():
     ours, theirs = by.get("etcd-node", {}), by.get("etcd-3.4", {})
     if not ours or not theirs:
         continue
-    def median(rounds, i):
-        return statistics.median(v[i] for v in rounds.values())
     mo, mt = median(ours, 0), median(theirs, 0)
     po, pt = median(ours, 1), median(theirs, 1)
     each = " ".join(f"{ours[r][0] / theirs[r][0]:.2f}x" for r in sorted(ours) if r in theirs)
@@ -319,6 +307,13 @@ PY
 }
 if [ "${SUITE:-all}" = sustained ]; then
   # ROUNDS=n repeats both systems n times, alternated, each time on fresh data directories.
+  sustained_etcd() { # label members
+    rm -rf "$work/etcd-http"; start_etcd "$2"; for p in "${theirs_ports[@]}"; do wait_healthy $p; done; sleep 1
+    member_dirs=$(printf "$work/etcd-http/e%s " $(seq 1 "$2")) kv_file=member/snap/db
+    sustained "$1" "$theirs_eps" theirs_ports "${theirs[@]}"
+    kill -9 "${theirs[@]}" 2>/dev/null || true; wait "${theirs[@]}" 2>/dev/null || true
+    rm -rf "$work/etcd-http"
+  }
   for round in $(seq 1 "${ROUNDS:-1}"); do
     echo "==> round $round: etcd-node: two members + witness"
     rm -rf "$work/ours-http"; start_ours; for p in 26379 27379; do wait_healthy $p; done; sleep 1
@@ -327,18 +322,10 @@ if [ "${SUITE:-all}" = sustained ]; then
     kill -9 "${ours[@]}" 2>/dev/null || true; wait "${ours[@]}" 2>/dev/null || true
     rm -rf "$work/ours-http"
     echo "==> round $round: etcd $(etcd --version | head -1 | awk '{print $3}'): three members"
-    rm -rf "$work/etcd-http"; start_etcd; for p in 28379 29379 30379; do wait_healthy $p; done; sleep 1
-    member_dirs="$work/etcd-http/e1 $work/etcd-http/e2 $work/etcd-http/e3" kv_file=member/snap/db
-    sustained etcd-3.4 "$theirs_eps" theirs_ports "${theirs[@]}"
-    kill -9 "${theirs[@]}" 2>/dev/null || true; wait "${theirs[@]}" 2>/dev/null || true
-    rm -rf "$work/etcd-http"
+    sustained_etcd etcd-3.4 3
     if [ -n "${SINGLE:-}" ]; then
       echo "==> round $round: etcd, one member"
-      rm -rf "$work/etcd1-http"; start_etcd_single; wait_healthy 28379; sleep 1
-      member_dirs="$work/etcd1-http/e1" kv_file=member/snap/db
-      sustained etcd-3.4-single "$scheme://127.0.0.1:28379" theirs1_ports "${theirs1[@]}"
-      kill -9 "${theirs1[@]}" 2>/dev/null || true; wait "${theirs1[@]}" 2>/dev/null || true
-      rm -rf "$work/etcd1-http"
+      sustained_etcd etcd-3.4-single 1
     fi
     tag_round "$round"
   done
