@@ -16,7 +16,9 @@
 #                                            # under 16 writers with no timeout of their own;
 #                                            # ROUNDS=3: both systems three times, alternated,
 #                                            # then each point's medians and their ratio;
-#                                            # SINGLE=1: etcd as one member too, in each round
+#                                            # SINGLE=1: etcd as one member too, in each round;
+#                                            # VARIANT="<flags>": etcd-node again in each round
+#                                            # with those flags (label etcd-node-variant)
 #   SUITE=growth bash scripts/bench-compare.sh     # for each KEYS (default "100000 1000000";
 #                                            # add 5000000 outside CI): a fresh cluster loaded with
 #                                            # that many keys, then puts, ranges, memory, disk,
@@ -72,7 +74,7 @@ use_tls() {
 }
 use_plain() { scheme=http member_tls=() client_tls=() curl_tls=(); }
 
-start_ours() {
+start_ours() { # [extra flags for both members]
   local dir=$work/ours-$scheme
   mkdir -p "$dir/witness"
   local url="witness:mount?path=$(python3 -c 'import sys,urllib.parse;print(urllib.parse.quote(sys.argv[1],safe=""))' "$dir/witness")"
@@ -83,7 +85,7 @@ start_ours() {
     "$bin/etcd-node" --name n$i --data-dir "$dir/n$i" \
       --listen-client-urls $scheme://127.0.0.1:$((25379 + i * 1000)) --advertise-client-urls $scheme://127.0.0.1:$((25379 + i * 1000)) \
       --listen-peer-urls $scheme://127.0.0.1:$((25380 + i * 1000)) --initial-advertise-peer-urls $scheme://127.0.0.1:$((25380 + i * 1000)) \
-      --initial-cluster "$ic" ${QUOTA:+--quota-backend-bytes "$QUOTA"} ${BATCH_LIMIT:+--backend-batch-limit "$BATCH_LIMIT"} ${member_tls[@]+"${member_tls[@]}"} 2>"$dir/n$i.log" &
+      --initial-cluster "$ic" ${QUOTA:+--quota-backend-bytes "$QUOTA"} ${BATCH_LIMIT:+--backend-batch-limit "$BATCH_LIMIT"} ${member_tls[@]+"${member_tls[@]}"} "$@" 2>"$dir/n$i.log" &
     ours+=($!); pids+=($!)
   done
   ours_eps=$scheme://127.0.0.1:26379,$scheme://127.0.0.1:27379
@@ -295,11 +297,15 @@ for point, by in runs.items():
     mo, mt = median(ours, 0), median(theirs, 0)
     po, pt = median(ours, 1), median(theirs, 1)
     each = " ".join(f"{ours[r][0] / theirs[r][0]:.2f}x" for r in sorted(ours) if r in theirs)
-    single = by.get("etcd-3.4-single", {})
+    single, variant = by.get("etcd-3.4-single", {}), by.get("etcd-node-variant", {})
     alone = ""
     if single:
         ms = median(single, 0)
         alone = f" etcd-3.4-single_median_rps={ms:.0f} ratio_to_single={mo / ms:.2f}x"
+    if variant:
+        mv, pv = median(variant, 0), median(variant, 1)
+        alone += (f" variant_median_rps={mv:.0f} variant_ratio={mv / mt:.2f}x"
+                  f" variant_p99_ms_median={pv:.1f}")
     print(f"SUMMARY {point} rounds={len(ours)} etcd-node_median_rps={mo:.0f} "
           f"etcd-3.4_median_rps={mt:.0f} ratio_of_medians={mo / mt:.2f}x per_round={each} "
           f"p99_ms_medians={po:.1f},{pt:.1f} p99_ratio={po / pt:.2f}x{alone}")
@@ -314,13 +320,23 @@ if [ "${SUITE:-all}" = sustained ]; then
     kill -9 "${theirs[@]}" 2>/dev/null || true; wait "${theirs[@]}" 2>/dev/null || true
     rm -rf "$work/etcd-http"
   }
-  for round in $(seq 1 "${ROUNDS:-1}"); do
-    echo "==> round $round: etcd-node: two members + witness"
-    rm -rf "$work/ours-http"; start_ours; for p in 26379 27379; do wait_healthy $p; done; sleep 1
+  sustained_ours() { # label [extra flags]
+    local label=$1; shift
+    rm -rf "$work/ours-http"; start_ours "$@"; for p in 26379 27379; do wait_healthy $p; done; sleep 1
     member_dirs="$work/ours-http/n1 $work/ours-http/n2" kv_file=member/kv.redb
-    sustained etcd-node "$ours_eps" ours_ports "${ours[@]}"
+    sustained "$label" "$ours_eps" ours_ports "${ours[@]}"
     kill -9 "${ours[@]}" 2>/dev/null || true; wait "${ours[@]}" 2>/dev/null || true
     rm -rf "$work/ours-http"
+  }
+  for round in $(seq 1 "${ROUNDS:-1}"); do
+    echo "==> round $round: etcd-node: two members + witness"
+    sustained_ours etcd-node
+    if [ -n "${VARIANT:-}" ]; then
+      echo "==> round $round: etcd-node with $VARIANT"
+      # (word splitting wanted: VARIANT is a list of flags)
+      # shellcheck disable=SC2086
+      sustained_ours etcd-node-variant $VARIANT
+    fi
     echo "==> round $round: etcd $(etcd --version | head -1 | awk '{print $3}'): three members"
     sustained_etcd etcd-3.4 3
     if [ -n "${SINGLE:-}" ]; then

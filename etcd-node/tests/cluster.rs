@@ -543,33 +543,40 @@ fn both_restart(mut c: Cluster) {
     assert!(rt.block_on(put_until(&any, "after", "restart", Duration::from_secs(30))));
 }
 
-/// `--backend-batch-limit` sets how many entries the key space applies between durable
-/// commits: killed after 60 writes, a member with a limit of 1 has none to apply again from its
-/// WAL when it starts, one with etcd's default (10,000) has them all.
+/// `--backend-batch-limit` and `--backend-batch-interval` set when the key space is made
+/// durable: killed after 60 writes, a member with a limit of 1 has none to apply again from its
+/// WAL when it starts, one with etcd's default limit (10,000) and no interval (the default) has
+/// them all, and one with an interval of 2 s, killed after 20 quick writes and 5 quiet seconds,
+/// has none (the interval ran out with nothing more applied).
 #[test]
-fn the_key_space_is_durable_every_backend_batch_limit_entries() {
+fn the_key_space_is_durable_every_backend_batch_limit_entries_or_interval() {
     let mut c = cluster();
     let rt = tokio::runtime::Runtime::new().unwrap();
     c.wait_leader(LEADER_WAIT);
     c.stop(0);
     c.start_member_with(0, &["--backend-batch-limit", "1"], &[]);
-    let eps = c.endpoints();
     let mut acked = Vec::new();
-    for i in 0..60 {
-        let (k, v) = (format!("b{i:03}"), format!("v{i}"));
-        assert!(rt.block_on(put_any(&eps, &k, &v, Duration::from_secs(10))));
-        acked.push((k, v));
-    }
-    for m in 0..2 {
-        rt.block_on(wait_caught_up(&c.members[m].url(), "b", &acked));
-    }
+    // Writes keys `b<i>` for each i of `range`, then waits for both members to hold them all.
+    let mut write = |c: &Cluster, range: std::ops::Range<usize>| {
+        let eps = c.endpoints();
+        for i in range {
+            let (k, v) = (format!("b{i:03}"), format!("v{i}"));
+            assert!(rt.block_on(put_any(&eps, &k, &v, Duration::from_secs(10))));
+            acked.push((k, v));
+        }
+        for m in 0..2 {
+            rt.block_on(wait_caught_up(&c.members[m].url(), "b", &acked));
+        }
+    };
+    write(&c, 0..60);
     const OPENED: &str = "opened the key space";
     let opened = |c: &Cluster, i: usize| c.log(i).matches(OPENED).count();
-    // Restarts member `i` and returns the number its start logs in its "opened" line.
-    let restart = |c: &mut Cluster, i: usize| -> u64 {
+    // Restarts member `i` with `flags` and returns the number its start logs in its "opened"
+    // line.
+    let restart_with = |c: &mut Cluster, i: usize, flags: &[&str]| -> u64 {
         let before = opened(c, i);
         c.kill(i);
-        c.start_member(i);
+        c.start_member_with(i, flags, &[]);
         let started = Instant::now();
         while opened(c, i) == before {
             assert!(
@@ -589,16 +596,30 @@ fn the_key_space_is_durable_every_backend_batch_limit_entries() {
             .and_then(|n| n.parse().ok())
             .unwrap_or_else(|| panic!("no to_apply_again= in {line:?}"))
     };
-    assert_eq!(restart(&mut c, 0), 0, "limit 1: every batch was durable");
-    let default = restart(&mut c, 1);
+    let interval = ["--backend-batch-interval", "2s"];
+    assert_eq!(
+        restart_with(&mut c, 0, &[]),
+        0,
+        "limit 1: every batch was durable"
+    );
+    let default = restart_with(&mut c, 1, &interval);
     assert!(
         default >= 60,
-        "etcd's default limit: the 60 writes are applied again ({default})"
+        "etcd's default limit and no interval: the 60 writes are applied again ({default})"
+    );
+    // Member 1 now runs with an interval. 20 more writes (in well under its 2 s, so no batch
+    // after them finds it run out), then 5 quiet seconds: the interval alone made them
+    // durable, the limit being far off.
+    c.wait_leader(LEADER_WAIT);
+    write(&c, 60..80);
+    std::thread::sleep(Duration::from_secs(5));
+    assert_eq!(
+        restart_with(&mut c, 1, &[]),
+        0,
+        "with an interval, a quiet member's key space is durable"
     );
     c.wait_leader(LEADER_WAIT);
-    for m in 0..2 {
-        rt.block_on(wait_caught_up(&c.members[m].url(), "b", &acked));
-    }
+    write(&c, 80..80);
 }
 
 /// Every key under `prefix` on `endpoint` with (value, version, create and mod revision).

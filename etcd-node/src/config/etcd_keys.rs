@@ -12,7 +12,6 @@ const NO_EFFECT: &[(&str, bool)] = &[
     ("max-snapshots", true),
     ("max-wals", true),
     ("cors", true),
-    ("backend-batch-interval", true),
     ("backend-bbolt-freelist-type", true),
     ("max-txn-ops", true),
     ("max-concurrent-streams", true),

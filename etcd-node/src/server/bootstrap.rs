@@ -551,7 +551,7 @@ pub async fn run(
         metrics.clone(),
         status_tx.clone(),
         inputs_tx.clone(),
-        cfg.backend_batch_limit,
+        cfg.backend_sync,
     )?;
 
     let raft_loop = RaftLoop {
