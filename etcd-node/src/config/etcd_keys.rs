@@ -99,6 +99,15 @@ const REFUSED: &[(&str, &str)] = &[
 /// Keys a config file may give as numbers where etcd-node reads text.
 const TEXT_KEYS: &[&str] = &["auto-compaction-retention"];
 
+/// Keys that are a Go `time.Duration` in etcd's config: a number there is nanoseconds (etcd
+/// writes `backend-batch-interval: 100000000` for 100 ms); text is a Go duration as on the
+/// command line.
+const DURATION_KEYS: &[&str] = &[
+    "backend-batch-interval",
+    "experimental-watch-progress-notify-interval",
+    "experimental-corrupt-check-time",
+];
+
 fn value_is_set(v: &Value) -> bool {
     match v {
         Value::Null => false,
@@ -253,6 +262,9 @@ pub fn flatten_file(text: &str) -> Result<(Mapping, Vec<String>), String> {
                     .join(","),
             ),
             Value::Number(n) if TEXT_KEYS.contains(&key.as_str()) => Value::String(n.to_string()),
+            Value::Number(n) if DURATION_KEYS.contains(&key.as_str()) => {
+                Value::String(format!("{n}ns"))
+            }
             other => other,
         };
         out.insert(Value::String(key), v);

@@ -1126,7 +1126,7 @@ mod tests {
         assert!(e.contains("client-transport-security.allowed-cn"), "{e}");
         std::fs::write(
             &path,
-            "name: x\npeer-transport-security:\n  auto-tls: true\n  allowed-cn: [etcd-peer]\n  client-cert-auth: true\n  trusted-ca-file: /ca.crt\nlogger: zap\nauto-compaction-retention: 2\n",
+            "name: x\npeer-transport-security:\n  auto-tls: true\n  allowed-cn: [etcd-peer]\n  client-cert-auth: true\n  trusted-ca-file: /ca.crt\nlogger: zap\nauto-compaction-retention: 2\nbackend-batch-interval: 100000000\nexperimental-corrupt-check-time: 1m\n",
         )
         .unwrap();
         let c = parse(&["--config-file", path.to_str().unwrap()]).unwrap();
@@ -1137,5 +1137,8 @@ mod tests {
             c.auto_compaction,
             Some(AutoCompaction::Periodic(Duration::from_secs(7200)))
         );
+        // (etcd writes a duration as nanoseconds; text is a Go duration)
+        assert_eq!(c.backend_sync.interval, Some(Duration::from_millis(100)));
+        assert_eq!(c.corrupt_check, Some(Duration::from_secs(60)));
     }
 }
