@@ -547,7 +547,8 @@ fn both_restart(mut c: Cluster) {
 /// durable: killed after 60 writes, a member with a limit of 1 has none to apply again from its
 /// WAL when it starts, one with etcd's default limit (10,000) and no interval (the default) has
 /// them all, and one with an interval of 2 s, killed after 20 quick writes and 5 quiet seconds,
-/// has none (the interval ran out with nothing more applied).
+/// has none (the interval ran out with nothing more applied); a clean stop (SIGTERM) leaves
+/// none either (closing the key space makes its pending commits durable).
 #[test]
 fn the_key_space_is_durable_every_backend_batch_limit_entries_or_interval() {
     let mut c = cluster();
@@ -571,11 +572,15 @@ fn the_key_space_is_durable_every_backend_batch_limit_entries_or_interval() {
     write(&c, 0..60);
     const OPENED: &str = "opened the key space";
     let opened = |c: &Cluster, i: usize| c.log(i).matches(OPENED).count();
-    // Restarts member `i` with `flags` and returns the number its start logs in its "opened"
-    // line.
-    let restart_with = |c: &mut Cluster, i: usize, flags: &[&str]| -> u64 {
+    // Kills member `i` (or stops it cleanly: `clean`), starts it with `flags` and returns the
+    // number its start logs in its "opened" line.
+    let restart_with = |c: &mut Cluster, i: usize, flags: &[&str], clean: bool| -> u64 {
         let before = opened(c, i);
-        c.kill(i);
+        if clean {
+            assert!(c.stop_within(i, Duration::from_secs(30)), "no clean stop");
+        } else {
+            c.kill(i);
+        }
         c.start_member_with(i, flags, &[]);
         let started = Instant::now();
         while opened(c, i) == before {
@@ -598,11 +603,11 @@ fn the_key_space_is_durable_every_backend_batch_limit_entries_or_interval() {
     };
     let interval = ["--backend-batch-interval", "2s"];
     assert_eq!(
-        restart_with(&mut c, 0, &[]),
+        restart_with(&mut c, 0, &[], false),
         0,
         "limit 1: every batch was durable"
     );
-    let default = restart_with(&mut c, 1, &interval);
+    let default = restart_with(&mut c, 1, &interval, false);
     assert!(
         default >= 60,
         "etcd's default limit and no interval: the 60 writes are applied again ({default})"
@@ -614,12 +619,20 @@ fn the_key_space_is_durable_every_backend_batch_limit_entries_or_interval() {
     write(&c, 60..80);
     std::thread::sleep(Duration::from_secs(5));
     assert_eq!(
-        restart_with(&mut c, 1, &[]),
+        restart_with(&mut c, 1, &[], false),
         0,
         "with an interval, a quiet member's key space is durable"
     );
+    // Defaults again (the limit alone): 20 more writes, then a clean stop.
     c.wait_leader(LEADER_WAIT);
-    write(&c, 80..80);
+    write(&c, 80..100);
+    assert_eq!(
+        restart_with(&mut c, 1, &[], true),
+        0,
+        "a clean stop makes the key space durable"
+    );
+    c.wait_leader(LEADER_WAIT);
+    write(&c, 100..100);
 }
 
 /// Every key under `prefix` on `endpoint` with (value, version, create and mod revision).
