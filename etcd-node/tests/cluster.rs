@@ -85,9 +85,24 @@ fn a_member_stops_on_sigterm_with_streams_open() {
 /// every write acknowledged meanwhile.
 #[test]
 fn a_member_whose_disk_fails_stops_says_why_and_comes_back() {
+    disk_fails_stops_says_why_and_comes_back("wal-write-enospc", &[]);
+}
+
+/// The same when it is the key space's durable commit that fails (failpoint `kv-sync-enospc`,
+/// one durable commit per batch): the writes it acknowledged before (their batch answered, its
+/// durable commit failing after) are in its WAL and applied again when it comes back.
+#[test]
+fn a_member_whose_key_space_cannot_be_made_durable_stops_and_comes_back() {
+    disk_fails_stops_says_why_and_comes_back("kv-sync-enospc", &["--backend-batch-limit", "1"]);
+}
+
+/// Member 0 runs with `flags` and fails at the 60th hit of the storage-error failpoint
+/// `failpoint`, while a client writes through member 1.
+fn disk_fails_stops_says_why_and_comes_back(failpoint: &str, flags: &[&str]) {
     let mut c = cluster();
     c.stop(0);
-    c.start_member_with(0, &[], &[("ETCD_NODE_FAILPOINT", "wal-write-enospc:60")]);
+    let armed = format!("{failpoint}:60");
+    c.start_member_with(0, flags, &[("ETCD_NODE_FAILPOINT", armed.as_str())]);
     c.wait_leader(LEADER_WAIT);
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     let (first, second) = (c.members[0].url(), c.members[1].url());
@@ -122,7 +137,7 @@ fn a_member_whose_disk_fails_stops_says_why_and_comes_back() {
     }
     let log = c.log(0);
     for said in [
-        "failpoint wal-write-enospc",
+        format!("failpoint {failpoint}").as_str(),
         "storage failure in --data-dir",
         "No space left on device",
         "start this member again on the same data directory",

@@ -587,8 +587,10 @@ impl Mvcc {
         read().map_err(|e| self.fail(e))
     }
 
-    /// Makes everything applied so far durable (before the Raft log behind it is compacted).
+    /// Makes everything applied so far durable (before the Raft log behind it is compacted, and
+    /// every `--backend-batch-limit` entries or `--backend-batch-interval`).
     pub fn sync(&self) -> Result<(), StoreError> {
+        crate::storage_error!("kv-sync-enospc", |e| self.fail(e));
         self.apply(&[], true).map(|_| ())
     }
 
