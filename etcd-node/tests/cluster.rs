@@ -89,8 +89,8 @@ fn a_member_whose_disk_fails_stops_says_why_and_comes_back() {
 }
 
 /// The same when it is the key space's durable commit that fails (failpoint `kv-sync-enospc`,
-/// one durable commit per batch): the writes it acknowledged before (their batch answered, its
-/// durable commit failing after) are in its WAL and applied again when it comes back.
+/// one durable commit per batch): the entries it applied but could not make durable are in its
+/// WAL, and applied again when it comes back.
 #[test]
 fn a_member_whose_key_space_cannot_be_made_durable_stops_and_comes_back() {
     disk_fails_stops_says_why_and_comes_back("kv-sync-enospc", &["--backend-batch-limit", "1"]);
