@@ -48,6 +48,10 @@ n_small=$(( ${scale:-10} * 200 ))   # 1 client
 n_big=$(( ${scale:-10} * 2000 ))    # 16 and 64 clients
 
 rss_kb() { local t=0; for p in "$@"; do t=$(( t + $(awk '/VmRSS/{print $2}' "/proc/$p/status" 2>/dev/null || echo 0) )); done; echo $t; }
+# CPU time the processes used so far, in clock ticks (user + system, all threads).
+cpu_ticks() { local t=0; for p in "$@"; do t=$(( t + $(awk '{print $14 + $15}' "/proc/$p/stat" 2>/dev/null || echo 0) )); done; echo $t; }
+# The machine's idle clock ticks so far (all cores).
+idle_ticks() { awk '/^cpu /{print $5}' /proc/stat; }
 
 # Plain (the default) or TLS on every URL with client certificates required (SUITE=tls):
 # scheme, the members' TLS flags, and the flags of etcd-bench and curl.
@@ -129,10 +133,18 @@ bench() { # label eps pids... -- args
   local label=$1 eps=$2; shift 2
   local ps=(); while [ "$1" != "--" ]; do ps+=("$1"); shift; done; shift
   "$bin/etcd-bench" --endpoints "$eps" ${client_tls[@]+"${client_tls[@]}"} "$@" > "$work/out" 2>&1 &
-  local b=$! peak=0 r
+  local b=$! peak=0 r cpu0=() idle0 t0 p
+  for p in "${ps[@]}"; do cpu0+=("$(cpu_ticks "$p")"); done
+  idle0=$(idle_ticks) t0=$(date +%s%N)
   while kill -0 $b 2>/dev/null; do r=$(rss_kb "${ps[@]}"); [ "$r" -gt "$peak" ] && peak=$r; sleep 0.2; done
   wait $b || { cat "$work/out"; exit 1; }
-  echo "$(grep '^RESULT' "$work/out") cluster=$label peak_rss_kb=$peak" | tee -a "$work/results"
+  # Each member's CPU over the point (ms, all threads; the leader's is the largest) and the
+  # machine's idle share: where the cores went, for a rate that the members and the client,
+  # sharing the machine's cores, bound.
+  local hz ms i cpu=(); hz=$(getconf CLK_TCK) ms=$(( ($(date +%s%N) - t0) / 1000000 ))
+  for i in "${!ps[@]}"; do cpu+=("$(( ($(cpu_ticks "${ps[$i]}") - cpu0[i]) * 1000 / hz ))"); done
+  local idle_pct=$(( ($(idle_ticks) - idle0) * 1000 / hz * 100 / (ms * $(nproc)) ))
+  echo "$(grep '^RESULT' "$work/out") cluster=$label peak_rss_kb=$peak members_cpu_ms=$(IFS=,; echo "${cpu[*]}") machine_idle_pct=$idle_pct" | tee -a "$work/results"
 }
 
 run_api() { # label eps pids...
@@ -289,7 +301,9 @@ for line in open(sys.argv[1]):
     if f.get("op") in ("put", "range") and "rps" in f:
         point = f"{f['op']} clients={f['clients']}"
         rounds = runs.setdefault(point, {}).setdefault(f["cluster"], {})
-        rounds[f["round"]] = (float(f["rps"]), float(f["p99_ms"]))
+        # (the members' CPU per request, in microseconds, all members together)
+        cpu = sum(float(c) for c in f.get("members_cpu_ms", "0").split(","))
+        rounds[f["round"]] = (float(f["rps"]), float(f["p99_ms"]), cpu * 1000 / float(f["requests"]))
 for point, by in runs.items():
     ours, theirs = by.get("etcd-node", {}), by.get("etcd-3.4", {})
     if not ours or not theirs:
@@ -298,10 +312,11 @@ for point, by in runs.items():
     po, pt = median(ours, 1), median(theirs, 1)
     each = " ".join(f"{ours[r][0] / theirs[r][0]:.2f}x" for r in sorted(ours) if r in theirs)
     single, variant = by.get("etcd-3.4-single", {}), by.get("etcd-node-variant", {})
-    alone = ""
+    alone = f" cpu_us_per_op_medians={median(ours, 2):.0f},{median(theirs, 2):.0f}"
     if single:
         ms = median(single, 0)
-        alone = f" etcd-3.4-single_median_rps={ms:.0f} ratio_to_single={mo / ms:.2f}x"
+        alone += (f" etcd-3.4-single_median_rps={ms:.0f} ratio_to_single={mo / ms:.2f}x"
+                  f" single_cpu_us_per_op_median={median(single, 2):.0f}")
     if variant:
         mv, pv = median(variant, 0), median(variant, 1)
         alone += (f" variant_median_rps={mv:.0f} variant_ratio={mv / mt:.2f}x"
