@@ -650,6 +650,66 @@ fn the_key_space_is_durable_every_backend_batch_limit_entries_or_interval() {
     write(&c, 100..100);
 }
 
+/// A write is answered when its batch is applied, before the durable commit that may follow the
+/// batch: the fsync of the key space holds up only the writes that reach the applier while it
+/// runs. Member 0 makes the key space durable after every batch (`--backend-batch-limit 1`),
+/// and each of those commits sleeps `HOLD` first (a `sleep` action on failpoint
+/// `kv-sync-enospc`). A write through it is then answered before its commit's `HOLD` is over
+/// (an answer that waited for the commit could not be), and the write right behind it waits for
+/// that commit.
+#[test]
+fn a_write_is_answered_before_the_key_space_is_made_durable() {
+    const HOLD: Duration = Duration::from_secs(6);
+    let mut c = cluster();
+    c.wait_leader(LEADER_WAIT);
+    c.stop(0);
+    let hold = format!("kv-sync-enospc=sleep({})", HOLD.as_millis());
+    c.start_member_with(
+        0,
+        &["--backend-batch-limit", "1"],
+        &[("FAILPOINTS", hold.as_str())],
+    );
+    c.wait_leader(LEADER_WAIT);
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let first = c.members[0].url();
+    // Member 0 serves writes again (each batch since its start held it for HOLD); then a quiet
+    // spell longer than HOLD, so no durable commit is under way when the measured writes start.
+    // (clients with no timeout of their own: an answer may wait for a held commit)
+    let mut client = rt.block_on(async {
+        tokio::time::timeout(Duration::from_secs(120), async {
+            loop {
+                if let Ok(mut client) = Client::connect([first.as_str()], None).await
+                    && client.put("ready", "1", None).await.is_ok()
+                {
+                    return client;
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("member 0 took no write in 120 s; log:\n{}", c.log(0)))
+    });
+    std::thread::sleep(HOLD + Duration::from_secs(2));
+    let started = Instant::now();
+    rt.block_on(client.put("first", "1", None)).expect("put");
+    let first_answered = started.elapsed();
+    rt.block_on(client.put("second", "2", None)).expect("put");
+    let second_answered = started.elapsed();
+    assert!(
+        first_answered < HOLD,
+        "the write was answered after {first_answered:?}: it waited for the durable commit \
+         that followed its batch (held {HOLD:?}); log:\n{}",
+        c.log(0)
+    );
+    // (the check that the hold was in force: the next write queued behind that commit)
+    assert!(
+        second_answered >= HOLD - Duration::from_secs(1),
+        "the second write was answered {second_answered:?} after the first was sent: the \
+         durable commit was not held (is the failpoint gone?); log:\n{}",
+        c.log(0)
+    );
+}
+
 /// Every key under `prefix` on `endpoint` with (value, version, create and mod revision).
 async fn local_records(endpoint: &str, prefix: &str) -> Vec<(String, String, i64, i64, i64)> {
     let mut client = Client::connect([endpoint], None).await.expect("connect");
