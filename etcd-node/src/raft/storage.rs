@@ -121,6 +121,11 @@ impl MemStorage {
             .is_some_and(|mine| mine.term == e.term)
     }
 
+    /// The snapshot's index and the entries persisted after it.
+    pub fn persisted(&self) -> (u64, &[Entry]) {
+        (self.snapshot.meta.index, &self.entries)
+    }
+
     /// Installs a snapshot received from the leader: the log is replaced by it.
     pub fn install(&mut self, snapshot: Snapshot) {
         self.entries.clear();

@@ -931,7 +931,8 @@ impl Cluster {
             }
         }
         let live = live(&self.nodes);
-        self.checker.check(self.now, &live)
+        let stored: Vec<_> = self.nodes.iter().map(|(&id, n)| (id, &n.storage)).collect();
+        self.checker.check(self.now, &live, &stored)
     }
 
     /// Delivers a member-to-member envelope to a live node.

@@ -1,8 +1,10 @@
 //! The invariants of `shared/design/extended-raft.md`, checked during simulation.
 //!
 //! Checked: election safety (one leader per term); leader completeness (a new leader holds every
-//! entry known committed that its log still has, and its snapshot agrees with them); log
-//! matching (same index and term -> same entries down to the later snapshot); state machine
+//! entry known committed after its snapshot, in memory or, for entries it trimmed from memory,
+//! in its storage, and its snapshot agrees with them); log matching (same index and term ->
+//! same entries down to the later snapshot, over the live nodes' logs in memory and every
+//! node's storage, down nodes' too); state machine
 //! safety (every node applies the same entry at an index, each once and in order, and a
 //! snapshot installs exactly the committed prefix); per witness: its term never decreases, its
 //! (last_log_term, last_log_subterm) only grows, at most one vote per term; a witness append
@@ -32,6 +34,44 @@ pub struct Violation {
 impl fmt::Display for Violation {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "at tick {}: {}", self.tick, self.what)
+    }
+}
+
+/// A log as the checks read it: the entries after index `after`, and whose log it is (a
+/// member's in memory, which it trims once every member holds them, or what its storage
+/// persisted, everything since its last snapshot).
+struct LogView<'a> {
+    whose: String,
+    after: u64,
+    entries: &'a [Entry],
+}
+
+impl<'a> LogView<'a> {
+    fn in_memory(r: &'a Raft) -> Self {
+        let log = r.log();
+        LogView {
+            whose: format!("node {}'s log", r.id()),
+            after: log.snapshot_index(),
+            entries: log.entries(),
+        }
+    }
+
+    fn persisted(node: NodeId, storage: &'a MemStorage) -> Self {
+        let (after, entries) = storage.persisted();
+        LogView {
+            whose: format!("node {node}'s storage"),
+            after,
+            entries,
+        }
+    }
+
+    fn entry(&self, index: u64) -> Option<&'a Entry> {
+        let k = index.checked_sub(self.after + 1)?;
+        self.entries.get(usize::try_from(k).ok()?)
+    }
+
+    fn last_index(&self) -> u64 {
+        self.after + self.entries.len() as u64
     }
 }
 
@@ -337,8 +377,14 @@ impl Checker {
         }
     }
 
-    /// Per-tick checks over the live nodes.
-    pub fn check(&mut self, tick: u64, live: &[&Raft]) -> Result<(), Violation> {
+    /// Per-tick checks over the live nodes, and every node's storage (`stored`, down nodes'
+    /// too).
+    pub fn check(
+        &mut self,
+        tick: u64,
+        live: &[&Raft],
+        stored: &[(NodeId, &MemStorage)],
+    ) -> Result<(), Violation> {
         self.ticks_checked += 1;
         for r in live.iter().filter(|r| r.role() == Role::Leader) {
             let first_seen = !self.leaders.contains_key(&r.term());
@@ -355,11 +401,14 @@ impl Checker {
                 self.check_rset_shape(r, rset);
             }
             if first_seen {
-                self.check_leader_completeness(r);
+                let storage = stored.iter().find(|(id, _)| *id == r.id());
+                self.check_leader_completeness(r, storage.map(|(_, s)| *s));
             }
         }
         if self.ticks_checked.is_multiple_of(64) {
-            self.check_log_matching(live);
+            let logs = live.iter().map(|r| LogView::in_memory(r));
+            let persisted = stored.iter().map(|(id, s)| LogView::persisted(*id, s));
+            self.check_log_matching(&logs.chain(persisted).collect::<Vec<_>>());
         }
         match self.pending.take() {
             Some(what) => Err(Violation { tick, what }),
@@ -379,15 +428,19 @@ impl Checker {
         }
     }
 
-    fn check_leader_completeness(&mut self, r: &Raft) {
+    /// A new leader holds every committed entry after its snapshot: in its log in memory, or,
+    /// for those it trimmed from memory, in its storage.
+    fn check_leader_completeness(&mut self, r: &Raft, storage: Option<&MemStorage>) {
         let log = r.log();
         let snap = log.snapshot_index();
-        let missing = self
-            .committed
-            .values()
-            .filter(|e| e.index > snap)
-            .find(|e| log.entry(e.index) != Some(e))
-            .map(|e| e.index);
+        let stored = storage.map(|s| LogView::persisted(r.id(), s));
+        let held = |e: &Entry| match &stored {
+            Some(stored) if e.index <= snap => {
+                e.index <= stored.after || stored.entry(e.index) == Some(e)
+            }
+            _ => e.index <= snap || log.entry(e.index) == Some(e),
+        };
+        let missing = self.committed.values().find(|e| !held(e)).map(|e| e.index);
         let snapshot_agrees = self
             .committed
             .get(&snap)
@@ -461,23 +514,24 @@ impl Checker {
         }
     }
 
-    fn check_log_matching(&mut self, live: &[&Raft]) {
-        for (i, a) in live.iter().enumerate() {
-            for b in &live[i + 1..] {
-                let (la, lb) = (a.log(), b.log());
-                let lo = la.snapshot_index().max(lb.snapshot_index()) + 1;
-                let hi = la.last_index().min(lb.last_index());
+    /// Log matching over every pair of logs: the live nodes' in memory and every node's
+    /// storage (a persisted log is one the node had, and down nodes' count too).
+    fn check_log_matching(&mut self, logs: &[LogView]) {
+        for (i, a) in logs.iter().enumerate() {
+            for b in &logs[i + 1..] {
+                let term = |l: &LogView, k| l.entry(k).map(|e| e.term);
+                let lo = a.after.max(b.after) + 1;
+                let hi = a.last_index().min(b.last_index());
                 let Some(k) = (lo..=hi)
                     .rev()
-                    .find(|&k| la.term(k).is_some() && la.term(k) == lb.term(k))
+                    .find(|&k| term(a, k).is_some() && term(a, k) == term(b, k))
                 else {
                     continue;
                 };
-                if let Some(j) = (lo..=k).find(|&j| la.entry(j) != lb.entry(j)) {
+                if let Some(j) = (lo..=k).find(|&j| a.entry(j) != b.entry(j)) {
                     let what = format!(
-                        "log matching: nodes {} and {} agree on the term at {k} but not on entry {j}",
-                        a.id(),
-                        b.id(),
+                        "log matching: {} and {} agree on the term at {k} but not on entry {j}",
+                        a.whose, b.whose,
                     );
                     self.fail(what);
                 }
