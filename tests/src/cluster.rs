@@ -4,6 +4,7 @@
 //! (SIGTERM) and restarted on the same data directory. Every process is stopped on drop.
 
 use std::fs::File;
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -244,11 +245,20 @@ impl Cluster {
     ) -> Cluster {
         let scheme = if pki.is_some() { "https" } else { "http" };
         init_witness(etcdutl, "w", &witness_url);
-        let members: Vec<Member> = MEMBERS
+        // A proxied member's advertised peer port is its proxy's, bound here and kept: a port
+        // only looked up here and bound later was once taken meanwhile by one of the parallel
+        // tests' outgoing connections (the fault campaign failed with "Address already in use").
+        let (members, listeners): (Vec<Member>, Vec<_>) = MEMBERS
             .iter()
             .map(|n| {
-                let peer_port = free_port();
-                Member {
+                let listener = proxied.then(|| {
+                    std::net::TcpListener::bind("127.0.0.1:0").expect("bind a proxy's port")
+                });
+                let peer_port = match &listener {
+                    Some(l) => l.local_addr().expect("the proxy's address").port(),
+                    None => free_port(),
+                };
+                let member = Member {
                     name: n.to_string(),
                     client_port: free_port(),
                     peer_port,
@@ -256,13 +266,17 @@ impl Cluster {
                     join: false,
                     scheme,
                     child: None,
-                }
+                };
+                (member, listener)
             })
-            .collect();
+            .unzip();
         let proxies = members
             .iter()
-            .filter(|_| proxied)
-            .map(|m| Proxy::start(m.peer_port, m.listen_peer_port))
+            .zip(listeners)
+            .filter_map(|(m, l)| {
+                let target = SocketAddr::from(([127, 0, 0, 1], m.listen_peer_port));
+                l.map(|l| Proxy::on(l, target, Duration::ZERO))
+            })
             .collect();
         let initial_cluster = members
             .iter()

@@ -21,12 +21,6 @@ pub struct Proxy {
 }
 
 impl Proxy {
-    /// Listens on 127.0.0.1:`listen` and forwards each connection to 127.0.0.1:`target`.
-    pub fn start(listen: u16, target: u16) -> Proxy {
-        let local = |port| SocketAddr::from(([127, 0, 0, 1], port));
-        Self::between(local(listen), local(target), Duration::ZERO)
-    }
-
     /// Listens on `listen` and forwards each connection to `target`, every byte `delay` late
     /// in each direction.
     pub fn between(listen: SocketAddr, target: SocketAddr, delay: Duration) -> Proxy {
