@@ -48,8 +48,8 @@ n_small=$(( ${scale:-10} * 200 ))   # 1 client
 n_big=$(( ${scale:-10} * 2000 ))    # 16 and 64 clients
 
 rss_kb() { local t=0; for p in "$@"; do t=$(( t + $(awk '/VmRSS/{print $2}' "/proc/$p/status" 2>/dev/null || echo 0) )); done; echo $t; }
-# CPU time the processes used so far, in clock ticks (user + system, all threads).
-cpu_ticks() { local t=0; for p in "$@"; do t=$(( t + $(awk '{print $14 + $15}' "/proc/$p/stat" 2>/dev/null || echo 0) )); done; echo $t; }
+# CPU time process $1 used so far, in clock ticks (user + system, all threads).
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat" 2>/dev/null || echo 0; }
 # The machine's idle clock ticks so far (all cores).
 idle_ticks() { awk '/^cpu /{print $5}' /proc/stat; }
 
