@@ -1448,6 +1448,126 @@ fn status_reports_an_unreachable_witness() {
     }
 }
 
+/// The kubelet's probes of an etcd static pod (kubeadm since 1.31: `/livez` and `/readyz`), as
+/// etcd 3.6 answers them: plain `ok`, `?verbose` listing each check, `?exclude=`, one check at
+/// its own path, 405 for other methods, 404 for an unknown check. Then the faults a probe must
+/// tell apart: the witness's share gone (every etcd check still passes, so no kubelet restarts
+/// or unreadies a member; `/readyz/witness` and `/health` say it), and then the follower killed
+/// (the survivor cannot serve a linearizable read: not ready, but still live, and a
+/// serializable `/health` as kubeadm's older liveness probe asks stays green).
+#[test]
+fn kubelet_probes_as_etcd_serves_them() {
+    let mut c = cluster();
+    let leader = c.wait_leader(LEADER_WAIT);
+    ok(etcdctl(&c.endpoints(), &["put", "k", "v"], None));
+    let get = |c: &Cluster, path: &str| c.http_get(leader, path).expect(path);
+    assert_eq!(get(&c, "/livez"), (200, "ok\n".to_string()));
+    assert_eq!(get(&c, "/readyz"), (200, "ok\n".to_string()));
+    let (code, verbose) = get(&c, "/readyz?verbose");
+    assert_eq!(code, 200);
+    for check in [
+        "data_corruption",
+        "serializable_read",
+        "linearizable_read",
+        "non_learner",
+    ] {
+        assert!(verbose.contains(&format!("[+]{check} ok\n")), "{verbose}");
+        assert_eq!(
+            get(&c, &format!("/readyz/{check}")),
+            (200, "ok\n".to_string())
+        );
+    }
+    assert!(!verbose.contains("witness"), "{verbose}");
+    assert!(verbose.ends_with("ok\n"), "{verbose}");
+    let (_, excluded) = get(
+        &c,
+        "/readyz?verbose&exclude=linearizable_read&exclude=no_such",
+    );
+    assert!(!excluded.contains("linearizable_read"), "{excluded}");
+    assert_eq!(
+        get(&c, "/livez?verbose"),
+        (200, "[+]serializable_read ok\nok\n".to_string())
+    );
+    assert_eq!(get(&c, "/readyz/witness"), (200, "ok\n".to_string()));
+    assert_eq!(get(&c, "/livez/no_such_check").0, 404);
+    assert_eq!(
+        get(&c, "/no/such/path"),
+        (404, "404 page not found\n".to_string())
+    );
+    // (while a gRPC call of a service not served still gets gRPC's UNIMPLEMENTED)
+    let ep = c.members[leader].url();
+    let lock = tokio::runtime::Runtime::new().unwrap().block_on(async {
+        let mut client = Client::connect([ep.as_str()], None).await.expect("connect");
+        client.lock("l", None).await
+    });
+    match lock {
+        Err(etcd_client::Error::GRpcStatus(s)) => {
+            assert_eq!(s.code(), tonic::Code::Unimplemented, "{s:?}")
+        }
+        other => panic!("Lock is not served yet: {other:?}"),
+    }
+    assert_eq!(
+        c.http_post(leader, "/readyz"),
+        Some((405, Some("GET".to_string())))
+    );
+    let ready = c.metric(
+        leader,
+        "etcd_server_healthcheck{name=\"linearizable_read\",type=\"readyz\"}",
+    );
+    assert_eq!(ready, Some(1.0));
+
+    let share = c.dir.path().join("witness");
+    std::fs::rename(&share, c.dir.path().join("witness.gone")).unwrap();
+    let started = Instant::now();
+    let witness = loop {
+        let (code, body) = get(&c, "/readyz/witness");
+        if code == 503 {
+            break body;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "/readyz/witness never failed: {body}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert!(witness.starts_with("[-]witness failed: "), "{witness}");
+    assert_eq!(
+        get(&c, "/readyz"),
+        (200, "ok\n".to_string()),
+        "both members are up"
+    );
+    assert_eq!(get(&c, "/livez"), (200, "ok\n".to_string()));
+    let (code, health) = get(&c, "/health");
+    assert_eq!(code, 503);
+    assert!(health.contains("WITNESS: "), "{health}");
+
+    c.kill(1 - leader);
+    let started = Instant::now();
+    let unready = loop {
+        let (code, body) = get(&c, "/readyz");
+        if code == 503 {
+            break body;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "/readyz never failed without the follower and the witness: {body}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert!(
+        unready.contains("[-]linearizable_read failed: "),
+        "{unready}"
+    );
+    assert!(unready.contains("[+]serializable_read ok\n"), "{unready}");
+    assert!(unready.contains("[+]data_corruption ok\n"), "{unready}");
+    assert_eq!(get(&c, "/livez"), (200, "ok\n".to_string()), "still live");
+    assert_eq!(
+        get(&c, "/health?exclude=NOSPACE&serializable=true"),
+        (200, r#"{"health":"true","reason":""}"#.to_string())
+    );
+    assert_eq!(get(&c, "/health").0, 503);
+}
+
 /// etcd's `WithRequireLeader` (kube-apiserver's watches use it): the other member dead and
 /// the witness's share gone, the survivor has no leader. A require-leader watch on it then
 /// ends with `no leader` (so the client moves to another member) and a require-leader
@@ -2213,6 +2333,18 @@ fn a_full_quota_raises_nospace_until_compact_defrag_and_disarm() {
     }
     let status = ok(etcdctl(&eps, &["endpoint", "status"], None));
     assert!(status.contains("alarm:NOSPACE"), "{status}");
+    // /health fails on the alarm unless told to leave it out, as etcd's; /readyz checks only
+    // CORRUPT (a full quota still serves reads).
+    let health = |path: &str| c.http_get(1, path).expect(path);
+    assert_eq!(
+        health("/health"),
+        (
+            503,
+            "{\"health\":\"false\",\"reason\":\"ALARM NOSPACE\"}\n".to_string()
+        )
+    );
+    assert_eq!(health("/health?exclude=NOSPACE").0, 200);
+    assert_eq!(health("/readyz"), (200, "ok\n".to_string()));
     assert_eq!(
         ok(etcdctl(second, &["get", "q/1", "--print-value-only"], None)).len(),
         100_001
@@ -2331,6 +2463,24 @@ fn the_leader_raises_corrupt_when_a_members_key_space_diverges() {
         log.contains("the key spaces differ at the same revision"),
         "{log}"
     );
+    // Every member holds the alarm: not ready, as etcd's `data_corruption` check, but live (a
+    // kubelet must not restart a member whose data an operator has to look at).
+    for i in 0..2 {
+        let started = Instant::now();
+        let (code, body) = loop {
+            let (code, body) = c.http_get(i, "/readyz").expect("GET /readyz");
+            if code == 503 || started.elapsed() > Duration::from_secs(10) {
+                break (code, body);
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        };
+        assert_eq!(code, 503, "member {i}: {body}");
+        assert!(
+            body.contains("[-]data_corruption failed: alarm activated: CORRUPT\n"),
+            "member {i}: {body}"
+        );
+        assert_eq!(c.http_get(i, "/livez"), Some((200, "ok\n".to_string())));
+    }
 }
 
 /// Auth with the real etcdctl, as etcd's guide runs it: root user and role, a user with a read

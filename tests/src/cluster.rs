@@ -528,6 +528,19 @@ impl Cluster {
         Some((code, r.text().ok()?))
     }
 
+    /// POST `path` (empty body) on member `i`'s plain-HTTP client URL: the status and the
+    /// `Allow` header. None if no answer came.
+    pub fn http_post(&self, i: usize, path: &str) -> Option<(u16, Option<String>)> {
+        let url = format!("{}{path}", self.members[i].url());
+        let r = reqwest::blocking::Client::new()
+            .post(url)
+            .timeout(Duration::from_secs(10))
+            .send()
+            .ok()?;
+        let allow = r.headers().get("allow").and_then(|v| v.to_str().ok());
+        Some((r.status().as_u16(), allow.map(String::from)))
+    }
+
     /// A metric's value on member `i` (the first sample whose line starts with `name`).
     pub fn metric(&self, i: usize, name: &str) -> Option<f64> {
         let (_, page) = self.http_get(i, "/metrics")?;

@@ -768,7 +768,6 @@ async fn mixed_protocols(
 /// How long a stopping member waits for its requests in flight before closing its connections.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
 
-/// Adds `/health` and `/metrics` to a router.
 /// etcd (grpc-go) refuses a request over the size limit with RESOURCE_EXHAUSTED "grpc: received
 /// message larger than max (N vs. M)"; tonic with OUT_OF_RANGE "Error, decoded message length
 /// too large: found N bytes, the limit is: M bytes". Clients act on etcd's code (not retrying a
@@ -801,30 +800,35 @@ async fn etcd_size_error(mut r: axum::response::Response) -> axum::response::Res
     r
 }
 
+/// What answers a path nothing serves: gRPC's UNIMPLEMENTED to a gRPC call (an unknown service
+/// or method, as grpc-go), Go's 404 page to anything else (as etcd's HTTP mux). Without it an
+/// HTTP client saw `200 OK` with an empty body for any path.
+async fn unknown_path(request: axum::extract::Request) -> axum::response::Response {
+    use axum::http::header::{CONTENT_TYPE, X_CONTENT_TYPE_OPTIONS};
+    use axum::response::IntoResponse;
+    let grpc = request
+        .headers()
+        .get(CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/grpc"));
+    if grpc {
+        return tonic::Status::unimplemented("").into_http();
+    }
+    let headers = [
+        (CONTENT_TYPE, "text/plain; charset=utf-8"),
+        (X_CONTENT_TYPE_OPTIONS, "nosniff"),
+    ];
+    let body = "404 page not found\n";
+    (axum::http::StatusCode::NOT_FOUND, headers, body).into_response()
+}
+
+/// Adds the health endpoints, `/metrics` and `/version` to a router, and the answer to paths
+/// nothing serves.
 fn with_http(router: axum::Router, api: &Api) -> Routes {
-    let (a, b, c) = (api.clone(), api.clone(), api.clone());
+    let (b, c) = (api.clone(), api.clone());
     Routes::from(
-        router
-            .route(
-                "/health",
-                get(move || {
-                    let api = a.clone();
-                    async move {
-                        let (healthy, reason) = api.health().await;
-                        let code = if healthy {
-                            axum::http::StatusCode::OK
-                        } else {
-                            axum::http::StatusCode::SERVICE_UNAVAILABLE
-                        };
-                        let body = serde_json::json!({
-                            "health": healthy.to_string(),
-                            "reason": reason,
-                        })
-                        .to_string();
-                        (code, body)
-                    }
-                }),
-            )
+        api::probes::routes(router, api)
+            .fallback(unknown_path)
             .route(
                 "/metrics",
                 get(move || {

@@ -78,6 +78,45 @@ pub struct Metrics {
     witness_error: Mutex<Option<(Instant, String, bool)>>,
     /// What the periodic probe of the witness last found.
     witness_probe: Mutex<Probe>,
+    health: HealthMetrics,
+}
+
+/// etcd's counts of its HTTP health endpoints (`/health`, `/livez`, `/readyz`).
+#[derive(Debug)]
+struct HealthMetrics {
+    success: IntCounter,
+    failures: IntCounter,
+    check: IntGaugeVec,
+    checks: IntCounterVec,
+}
+
+impl HealthMetrics {
+    fn new(r: &Registry) -> Self {
+        HealthMetrics {
+            success: counter(
+                r,
+                "etcd_server_health_success",
+                "The total number of successful health checks",
+            ),
+            failures: counter(
+                r,
+                "etcd_server_health_failures",
+                "The total number of failed health checks",
+            ),
+            check: gauges(
+                r,
+                "etcd_server_healthcheck",
+                "The result of each kind of healthcheck.",
+                &["type", "name"],
+            ),
+            checks: counters(
+                r,
+                "etcd_server_healthchecks_total",
+                "The total number of each kind of healthcheck.",
+                &["type", "name", "status"],
+            ),
+        }
+    }
 }
 
 /// The witness probe's findings.
@@ -347,6 +386,7 @@ impl Metrics {
                  (--feature-gates) and the leader recorded it, 0 otherwise.",
                 &["name", "stage"],
             ),
+            health: HealthMetrics::new(&r),
             registry: r,
             last_leader: Mutex::new(0),
             heartbeats: Mutex::new(HashMap::new()),
@@ -358,6 +398,27 @@ impl Metrics {
             m.witness_latency.with_label_values(&[step]);
         }
         m
+    }
+
+    /// A `/health` answer.
+    pub fn record_health(&self, healthy: bool) {
+        match healthy {
+            true => self.health.success.inc(),
+            false => self.health.failures.inc(),
+        }
+    }
+
+    /// One check of `/livez` or `/readyz` (`kind`), by etcd's name.
+    pub fn record_health_check(&self, kind: &str, name: &str, ok: bool) {
+        self.health
+            .check
+            .with_label_values(&[kind, name])
+            .set(i64::from(ok));
+        let status = if ok { "success" } else { "error" };
+        self.health
+            .checks
+            .with_label_values(&[kind, name, status])
+            .inc();
     }
 
     pub fn wal_fsync(&self, d: Duration) {

@@ -1,6 +1,6 @@
 //! The handle every client service shares: the way into the Raft loop (`server::contract`),
 //! this member's key space, and the helpers the services have in common (proposing a write,
-//! waiting for a linearizable read's index, response headers, `/health`).
+//! waiting for a linearizable read's index, response headers).
 
 use std::sync::Arc;
 use std::sync::mpsc::Sender;
@@ -212,30 +212,6 @@ impl Api {
         tokio::time::timeout(self.request_timeout, wait)
             .await
             .map_err(|_| timed_out())?
-    }
-
-    /// `/health`: healthy when there is a leader, the witness (if any) is well, and a
-    /// linearizable read succeeds. A witness that is unreadable or lost makes the member
-    /// unhealthy although it serves: the cluster has lost its tie-breaker, which it needs as soon
-    /// as a member fails.
-    pub async fn health(&self) -> (bool, String) {
-        let witness = self.metrics.witness_problem(WITNESS_ERROR_WINDOW);
-        if self.status.borrow().leader == 0 {
-            // etcd's reason, then why the witness cannot help (e.g. it refused this member's
-            // vote: which member must come back).
-            let reason = match witness {
-                Some(why) => format!("RAFT NO LEADER; WITNESS: {why}"),
-                None => "RAFT NO LEADER".into(),
-            };
-            return (false, reason);
-        }
-        if let Some(why) = witness {
-            return (false, format!("WITNESS: {why}"));
-        }
-        match self.barrier().await {
-            Ok(()) => (true, String::new()),
-            Err(s) => (false, s.message().to_string()),
-        }
     }
 
     pub fn metrics_text(&self) -> String {

@@ -1,6 +1,7 @@
 //! The etcd v3 client API (gRPC, etcd-client's server types), one struct per service over the
 //! shared handle [`Api`]: [`kv::Kv`], [`cluster::Cluster`], [`maintenance::Maintenance`],
-//! [`lease::Lease`], [`watch::Watch`] and [`auth::Auth`]; plus `/health` and `/metrics`. The
+//! [`lease::Lease`], [`watch::Watch`] and [`auth::Auth`]; plus `/metrics` and the health
+//! endpoints ([`probes`]: `/health`, `/livez`, `/readyz`). The
 //! handle talks to the Raft loop only through `server::contract` (inputs in, status out).
 //! Writes go through Raft; linearizable reads wait for a ReadIndex round, serializable ones read
 //! this member's key space at once.
@@ -14,6 +15,7 @@ pub mod handle;
 pub mod kv;
 pub mod lease;
 pub mod maintenance;
+pub mod probes;
 pub mod watch;
 
 use etcd_client::proto::{
