@@ -2,7 +2,7 @@
 //! carrying frames of envelopes. Sending never blocks the Raft loop: each link has a bounded
 //! queue, and what does not fit, or what is queued while a peer is unreachable, is dropped
 //! (Raft resends what matters). A broken stream reconnects with backoff (100 ms doubling to
-//! 2 s).
+//! [`RECONNECT_MAX`]).
 //!
 //! A Raft snapshot (the whole key space) goes apart: each link has a second task that streams
 //! at most one snapshot at a time in 1 MiB chunks on its own connection, drops any snapshot
@@ -427,6 +427,12 @@ pub async fn fetch_members(
 /// removed member stops when it reads them.
 pub const MEMBER_REMOVED: &str = "the member has been permanently removed from the cluster";
 
+/// The longest wait between two attempts to reach a peer. A member that restarts learns who
+/// leads only when the leader's link reaches it: with 2 s here it served "no leader" for up to
+/// 2 s after a restart (kube-apiserver's writes routed to it failed meanwhile). etcd's peer
+/// streams redial every 100 ms; a refused or timed-out dial costs little.
+const RECONNECT_MAX: Duration = Duration::from_millis(400);
+
 async fn run_link(
     me: Identity,
     to: NodeId,
@@ -452,7 +458,7 @@ async fn run_link(
                     return; // the member was removed, or the node stopped
                 }
                 tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_secs(2));
+                backoff = (backoff * 2).min(RECONNECT_MAX);
                 continue;
             }
         };
@@ -515,7 +521,7 @@ async fn run_link(
             // back off as after a refused connection, instead of spinning.
             while rx.try_recv().is_ok() {}
             tokio::time::sleep(backoff).await;
-            backoff = (backoff * 2).min(Duration::from_secs(2));
+            backoff = (backoff * 2).min(RECONNECT_MAX);
         } else {
             backoff = Duration::from_millis(100);
         }

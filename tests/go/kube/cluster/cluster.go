@@ -237,6 +237,19 @@ func (c *Cluster) Stop() {
 	}
 }
 
+// WitnessDir is the witness's directory (the share both members mount, in a real setup).
+func (c *Cluster) WitnessDir() string { return filepath.Join(c.Dir, "witness") }
+
+// HideWitness makes the witness's storage disappear (an unmounted share), RestoreWitness
+// brings it back as it was.
+func (c *Cluster) HideWitness() error {
+	return os.Rename(c.WitnessDir(), c.WitnessDir()+".gone")
+}
+
+func (c *Cluster) RestoreWitness() error {
+	return os.Rename(c.WitnessDir()+".gone", c.WitnessDir())
+}
+
 // Running says whether member i's process is up.
 func (c *Cluster) Running(i int) bool { return c.Members[i].cmd != nil }
 
