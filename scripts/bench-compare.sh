@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Side by side on this machine, same tool (etcd-bench), same run: etcd-node as two members plus
-# a witness in a local directory, and Debian's etcd 3.4 as a three-member cluster. Both with
+# a witness in a local directory, and etcd as a three-member cluster: etcd 3.6 built from its Go
+# module (scripts/build-go.sh), or Debian's etcd 3.4 with ETCD_RELEASE=3.4. Both with
 # etcd's default timeouts (heartbeat 100 ms, election 1000 ms), data in the same directory tree.
 # Prints RESULT lines and a markdown table (docs/benchmarks.md has the last one).
 #
@@ -25,6 +26,7 @@
 #                                            # snapshot save and restore, and defragment times.
 #                                            # QUOTA sets --quota-backend-bytes on both systems
 #                                            # (default: theirs, 2 GiB; 5M keys need more)
+#   ETCD_RELEASE=3.4 bash scripts/bench-compare.sh  # against Debian's etcd 3.4 instead of 3.6
 #   BATCH_LIMIT=1000 SUITE=... bash scripts/bench-compare.sh  # --backend-batch-limit on both
 #                                            # systems (default: theirs, 10,000 entries between
 #                                            # durable key-space commits)
@@ -35,7 +37,20 @@ cd "$(dirname "$0")/.."
 # once failed to start that way, and a run measured two members of three)), and apart from the
 # local cluster's (2379-2380, 22379-22380).
 
-command -v etcd >/dev/null || { echo "needs Debian's etcd-server (apt-get install etcd-server)"; exit 1; }
+# The etcd compared with: its server, its etcdctl, and the command that restores its snapshots
+# (etcdutl since 3.5; 3.4's etcdctl).
+case "${ETCD_RELEASE:=3.6}" in
+  3.6)
+    bash scripts/build-go.sh etcd
+    etcd_bin=$PWD/target/go/etcd36/etcd etcdctl_bin=$PWD/target/go/etcd36/etcdctl
+    etcd_restore=("$PWD/target/go/etcd36/etcdutl" snapshot restore) ;;
+  3.4)
+    command -v etcd >/dev/null || { echo "needs Debian's etcd-server (apt-get install etcd-server)"; exit 1; }
+    etcd_bin=etcd etcdctl_bin=etcdctl etcd_restore=(etcdctl snapshot restore) ;;
+  *) echo "ETCD_RELEASE must be 3.6 (built from the Go module) or 3.4 (Debian's)"; exit 1 ;;
+esac
+etcd_label=etcd-$ETCD_RELEASE
+etcd_version=$("$etcd_bin" --version | head -1 | awk '{print $3}')
 cargo build --release --locked -p etcd-node --bin etcd-node --bin etcdutl --bin etcd-bench
 bin=$PWD/target/release
 work=$(mktemp -d "${BENCH_DIR:-/var/tmp}/bench-compare.XXXXXX")
@@ -103,7 +118,7 @@ start_etcd() {
   theirs=() theirs_ports=()
   for i in $(seq 1 "$n"); do ic+="${ic:+,}e$i=$scheme://127.0.0.1:$((27380 + i * 1000))"; done
   for i in $(seq 1 "$n"); do
-    etcd --name e$i --data-dir "$work/etcd-$scheme/e$i" \
+    "$etcd_bin" --name e$i --data-dir "$work/etcd-$scheme/e$i" \
       --listen-client-urls $scheme://127.0.0.1:$((27379 + i * 1000)) --advertise-client-urls $scheme://127.0.0.1:$((27379 + i * 1000)) \
       --listen-peer-urls $scheme://127.0.0.1:$((27380 + i * 1000)) --initial-advertise-peer-urls $scheme://127.0.0.1:$((27380 + i * 1000)) \
       --initial-cluster "$ic" --initial-cluster-state new --log-level error ${QUOTA:+--quota-backend-bytes "$QUOTA"} ${BATCH_LIMIT:+--backend-batch-limit "$BATCH_LIMIT"} \
@@ -218,7 +233,7 @@ sustained() { # label eps ports-array-name pids...
 # Growth (docs/benchmarks.md, "Growth"): a fresh cluster loaded with `keys` distinct keys (256-byte
 # values, 64 clients), then puts and linearizable ranges at 16 clients over those keys, what each
 # member holds, `etcdctl snapshot save` from one member, a restore of one member from that file
-# (etcdutl for etcd-node, etcd 3.4's etcdctl for etcd), and `etcdctl defrag` of one member.
+# (etcdutl for etcd-node, etcd's own restore for etcd), and `etcdctl defrag` of one member.
 secs() { local t0=$1; echo "$(( ($(date +%s%N) - t0) / 1000000 ))"; }
 growth() { # label eps ports-array-name keys pids...
   local label=$1 eps=$2 ports_name=$3 keys=$4; shift 4
@@ -241,7 +256,7 @@ growth() { # label eps ports-array-name keys pids...
   local snap=$work/growth.snap peak=0 r
   rm -f "$snap"
   t0=$(date +%s%N)
-  ETCDCTL_API=3 etcdctl --endpoints "$one" snapshot save "$snap" >/dev/null 2>&1 &
+  ETCDCTL_API=3 "$etcdctl_bin" --endpoints "$one" snapshot save "$snap" >/dev/null 2>&1 &
   local c=$!
   while kill -0 $c 2>/dev/null; do r=$(rss_kb "${ps[0]}"); [ "$r" -gt "$peak" ] && peak=$r; sleep 0.1; done
   wait $c
@@ -256,12 +271,12 @@ growth() { # label eps ports-array-name keys pids...
     /usr/bin/time -f %M -o "$work/restore.rss" "$bin/etcdutl" snapshot restore "$snap" --name r1 --data-dir "$restored" \
       --initial-cluster "r1=http://127.0.0.1:1,r2=http://127.0.0.1:2,w=$wurl" --initial-advertise-peer-urls http://127.0.0.1:1 >/dev/null
   else
-    ETCDCTL_API=3 /usr/bin/time -f %M -o "$work/restore.rss" etcdctl snapshot restore "$snap" --data-dir "$restored" >/dev/null 2>&1
+    ETCDCTL_API=3 /usr/bin/time -f %M -o "$work/restore.rss" "${etcd_restore[@]}" "$snap" --data-dir "$restored" >/dev/null 2>&1
   fi
   local restore_ms; restore_ms=$(secs "$t0")
   local restore_rss_mb=$(( $(tail -1 "$work/restore.rss") / 1024 ))
   t0=$(date +%s%N)
-  ETCDCTL_API=3 etcdctl --endpoints "$one" --command-timeout 600s defrag >/dev/null
+  ETCDCTL_API=3 "$etcdctl_bin" --endpoints "$one" --command-timeout 600s defrag >/dev/null
   local defrag_ms; defrag_ms=$(secs "$t0")
   local first; first=$(echo "$member_dirs" | awk '{print $1}')
   local kv_after=$(( $(du -B1 "$first/$kv_file" | cut -f1) / 1000000 ))
@@ -277,10 +292,10 @@ if [ "${SUITE:-all}" = growth ]; then
     growth etcd-node "$ours_eps" ours_ports "$keys" "${ours[@]}"
     kill -9 "${ours[@]}" 2>/dev/null || true; wait "${ours[@]}" 2>/dev/null || true
     rm -rf "$work/ours-http"
-    echo "==> etcd $(etcd --version | head -1 | awk '{print $3}'): three members, $keys keys"
+    echo "==> etcd $etcd_version: three members, $keys keys"
     rm -rf "$work/etcd-http"; start_etcd; for p in 28379 29379 30379; do wait_healthy $p; done; sleep 1
     member_dirs="$work/etcd-http/e1 $work/etcd-http/e2 $work/etcd-http/e3" kv_file=member/snap/db
-    growth etcd-3.4 "$theirs_eps" theirs_ports "$keys" "${theirs[@]}"
+    growth "$etcd_label" "$theirs_eps" theirs_ports "$keys" "${theirs[@]}"
     kill -9 "${theirs[@]}" 2>/dev/null || true; wait "${theirs[@]}" 2>/dev/null || true
     rm -rf "$work/etcd-http"
   done
@@ -291,7 +306,7 @@ tag_round() { sed -i "/ round=/!s/\$/ round=$1/" "$work/results"; }
 # Per point of the sustained suite: each system's median rate over the rounds, the ratio of the
 # medians, and each round's ratio (both systems of a round ran one after the other).
 summarize_rounds() {
-  python3 - "$work/results" <<'PY'
+  python3 - "$work/results" "$etcd_label" <<'PY'
 import statistics, sys
 def median(rounds, i):
     return statistics.median(v[i] for v in rounds.values())
@@ -305,24 +320,25 @@ for line in open(sys.argv[1]):
         cpu = sum(float(c) for c in f.get("members_cpu_ms", "0").split(","))
         rounds[f["round"]] = (float(f["rps"]), float(f["p99_ms"]), cpu * 1000 / float(f["requests"]))
 for point, by in runs.items():
-    ours, theirs = by.get("etcd-node", {}), by.get("etcd-3.4", {})
+    label = sys.argv[2]
+    ours, theirs = by.get("etcd-node", {}), by.get(label, {})
     if not ours or not theirs:
         continue
     mo, mt = median(ours, 0), median(theirs, 0)
     po, pt = median(ours, 1), median(theirs, 1)
     each = " ".join(f"{ours[r][0] / theirs[r][0]:.2f}x" for r in sorted(ours) if r in theirs)
-    single, variant = by.get("etcd-3.4-single", {}), by.get("etcd-node-variant", {})
+    single, variant = by.get(label + "-single", {}), by.get("etcd-node-variant", {})
     alone = f" cpu_us_per_op_medians={median(ours, 2):.0f},{median(theirs, 2):.0f}"
     if single:
         ms = median(single, 0)
-        alone += (f" etcd-3.4-single_median_rps={ms:.0f} ratio_to_single={mo / ms:.2f}x"
+        alone += (f" {label}-single_median_rps={ms:.0f} ratio_to_single={mo / ms:.2f}x"
                   f" single_cpu_us_per_op_median={median(single, 2):.0f}")
     if variant:
         mv, pv = median(variant, 0), median(variant, 1)
         alone += (f" variant_median_rps={mv:.0f} variant_ratio={mv / mt:.2f}x"
                   f" variant_p99_ms_median={pv:.1f}")
     print(f"SUMMARY {point} rounds={len(ours)} etcd-node_median_rps={mo:.0f} "
-          f"etcd-3.4_median_rps={mt:.0f} ratio_of_medians={mo / mt:.2f}x per_round={each} "
+          f"{label}_median_rps={mt:.0f} ratio_of_medians={mo / mt:.2f}x per_round={each} "
           f"p99_ms_medians={po:.1f},{pt:.1f} p99_ratio={po / pt:.2f}x{alone}")
 PY
 }
@@ -352,11 +368,11 @@ if [ "${SUITE:-all}" = sustained ]; then
       # shellcheck disable=SC2086
       sustained_ours etcd-node-variant $VARIANT
     fi
-    echo "==> round $round: etcd $(etcd --version | head -1 | awk '{print $3}'): three members"
-    sustained_etcd etcd-3.4 3
+    echo "==> round $round: etcd $etcd_version: three members"
+    sustained_etcd "$etcd_label" 3
     if [ -n "${SINGLE:-}" ]; then
       echo "==> round $round: etcd, one member"
-      sustained_etcd etcd-3.4-single 1
+      sustained_etcd "$etcd_label-single" 1
     fi
     tag_round "$round"
   done
@@ -370,9 +386,9 @@ if [ "${SUITE:-all}" = tls ]; then
     start_ours; for p in 26379 27379; do wait_healthy $p; done; sleep 1
     run_tls_points "etcd-node-$mode" "$ours_eps" "${ours[@]}"
     kill -9 "${ours[@]}" 2>/dev/null || true
-    echo "==> etcd 3.4 ($mode): three members"
+    echo "==> etcd $etcd_version ($mode): three members"
     start_etcd; for p in 28379 29379 30379; do wait_healthy $p; done; sleep 1
-    run_tls_points "etcd-3.4-$mode" "$theirs_eps" "${theirs[@]}"
+    run_tls_points "$etcd_label-$mode" "$theirs_eps" "${theirs[@]}"
     kill -9 "${theirs[@]}" 2>/dev/null || true
     sleep 1
   done
@@ -391,14 +407,14 @@ failover_ours() {
 case "${SUITE:-all}" in api|put) ;; *) failover_ours ;; esac
 kill -9 "${ours[@]}" 2>/dev/null || true
 
-echo "==> etcd $(etcd --version | head -1 | awk '{print $3}'): three members"
+echo "==> etcd $etcd_version: three members"
 start_etcd; for p in 28379 29379 30379; do wait_healthy $p; done; sleep 1
-run_suite etcd-3.4 "$theirs_eps" "${theirs[@]}"
+run_suite "$etcd_label" "$theirs_eps" "${theirs[@]}"
 case "${SUITE:-all}" in api|put) echo; echo "==> all results"; cat "$work/results"; exit 0 ;; esac
 "$bin/etcd-bench" --endpoints "$theirs_eps" failover --duration 12 > "$work/fo" 2>&1 & b=$!
 sleep 4; l=$(leader_of "${theirs_ports[@]}"); [ "$l" -ge 0 ] || { echo "no leader found"; exit 1; }
 echo "killing the leader on port ${theirs_ports[$l]}"; kill -9 "${theirs[$l]}"; wait $b
-echo "$(grep '^RESULT' "$work/fo") cluster=etcd-3.4" | tee -a "$work/results"
+echo "$(grep '^RESULT' "$work/fo") cluster=$etcd_label" | tee -a "$work/results"
 
 echo
 echo "==> all results"

@@ -7,6 +7,7 @@ use std::path::Path;
 use std::process::{Command, Output};
 
 use e2e_tests::azurite::Azurite;
+use e2e_tests::etcd::{Etcd, Release};
 use percent_encoding::{NON_ALPHANUMERIC, utf8_percent_encode};
 
 fn etcdutl(args: &[&str]) -> Output {
@@ -438,13 +439,13 @@ async fn load(endpoint: &str) -> i64 {
     between
 }
 
-fn etcdctl(endpoint: &str, args: &[&str]) -> Output {
-    Command::new("etcdctl")
-        .env("ETCDCTL_API", "3")
-        .args(["--endpoints", endpoint, "--user", "root:rootpw"])
-        .args(args)
-        .output()
-        .expect("run etcdctl")
+/// `etcdctl` of `release` as etcd's root user.
+fn etcdctl(release: &Release, endpoint: &str, args: &[&str]) -> Output {
+    let all: Vec<&str> = ["--endpoints", endpoint, "--user", "root:rootpw"]
+        .into_iter()
+        .chain(args.iter().copied())
+        .collect();
+    release.etcdctl(&all)
 }
 
 /// Checks what a user sees of a migrated cluster at `endpoint`: alice reads under m/ and
@@ -481,16 +482,26 @@ async fn users_and_leases_work(endpoint: &str) {
 }
 
 /// Migration in and out of etcd, as docs/operations.md tells it, against Debian's etcd 3.4:
-/// `etcdctl snapshot save` from etcd, `etcdutl snapshot restore` of that file into two
+/// `etcdctl snapshot save` from etcd 3.4, `etcdutl snapshot restore` of that file into two
 /// members and a witness, then back with `etcdutl snapshot export --format etcd` and etcd's
 /// own `etcdctl snapshot restore`. Every key, version, revision (the history after the
 /// compaction too), lease and user arrives each way.
 #[test]
-fn an_etcd_key_space_moves_to_etcd_node_and_back() {
+fn an_etcd_3_4_key_space_moves_to_etcd_node_and_back() {
+    moves_to_etcd_node_and_back(&Release::debian_3_4());
+}
+
+/// The same with etcd 3.6 (its etcdctl saves, its etcdutl restores).
+#[test]
+fn an_etcd_3_6_key_space_moves_to_etcd_node_and_back() {
+    moves_to_etcd_node_and_back(&Release::v3_6());
+}
+
+fn moves_to_etcd_node_and_back(release: &Release) {
     use std::time::Instant;
     let dir = tempfile::tempdir().unwrap();
     let rt = tokio::runtime::Runtime::new().unwrap();
-    let mut etcd = e2e_tests::etcd::Etcd::new(dir.path(), "e1");
+    let mut etcd = Etcd::new(release, dir.path(), "e1");
     etcd.start();
     let loaded = Instant::now();
     let between = rt.block_on(load(&etcd.endpoint()));
@@ -508,6 +519,7 @@ fn an_etcd_key_space_moves_to_etcd_node_and_back() {
     let down = Instant::now();
     let file = dir.path().join("etcd.snap");
     let o = etcdctl(
+        release,
         &etcd.endpoint(),
         &["snapshot", "save", file.to_str().unwrap()],
     );
@@ -600,8 +612,9 @@ fn an_etcd_key_space_moves_to_etcd_node_and_back() {
         }
     });
     println!(
-        "etcd -> etcd-node, 100,000 keys: snapshot saved after {saved:?}, both members \
+        "etcd {} -> etcd-node, 100,000 keys: snapshot saved after {saved:?}, both members \
          restored after {restored:?}, first write accepted after {:?}",
+        release.name,
         down.elapsed()
     );
     assert_eq!(first_write, want.0 + 1, "the revision goes on from etcd's");
@@ -623,6 +636,7 @@ fn an_etcd_key_space_moves_to_etcd_node_and_back() {
     // Out: back to etcd with etcd's own restore.
     let file = dir.path().join("ours.snap");
     let o = etcdctl(
+        release,
         &c.members[0].endpoint(),
         &["snapshot", "save", file.to_str().unwrap()],
     );
@@ -655,22 +669,8 @@ fn an_etcd_key_space_moves_to_etcd_node_and_back() {
         everything(&mut root, 0).await
     });
     drop(c);
-    let mut back = e2e_tests::etcd::Etcd::new(dir.path(), "b1");
-    let o = Command::new("etcdctl")
-        .env("ETCDCTL_API", "3")
-        .args([
-            "snapshot",
-            "restore",
-            exported.to_str().unwrap(),
-            "--name",
-            "b1",
-        ])
-        .arg("--data-dir")
-        .arg(&back.data_dir)
-        .args(["--initial-cluster", &back.initial_cluster()])
-        .args(["--initial-advertise-peer-urls", &back.peer_url()])
-        .output()
-        .unwrap();
+    let mut back = Etcd::new(release, dir.path(), "b1");
+    let o = release.restore(&exported, &back);
     assert!(o.status.success(), "etcd's restore: {}", text(&o));
     back.start();
     let (got, got_old) = rt.block_on(async {
