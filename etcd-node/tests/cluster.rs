@@ -7,7 +7,9 @@ use std::process::Output;
 use std::time::{Duration, Instant};
 
 use e2e_tests::azurite::Azurite;
-use e2e_tests::cluster::{Cluster, etcdctl, etcdctl_for, snapshot_files, two_hashes_agree};
+use e2e_tests::cluster::{
+    Cluster, etcdctl, etcdctl_at, etcdctl_at_for, etcdctl_for, snapshot_files, two_hashes_agree,
+};
 use e2e_tests::free_port;
 use etcd_client::{
     Client, EventType, GetOptions, WatchFilterType, WatchOptions, WatchResponse, WatchStream,
@@ -1679,6 +1681,98 @@ fn etcdctl_watches() {
         String::from_utf8_lossy(&replay.stdout),
         "PUT\nw/a\n1\nPUT\nw/a\n2\nDELETE\nw/a\n\n"
     );
+}
+
+/// etcdctl 3.6 (built from etcd's Go module, as current Kubernetes ships it) against two members
+/// and a witness: keys, a transaction, compaction, watch, leases, lock and elect, the member and
+/// endpoint commands with `--cluster`, alarms, defragment, leader transfer and a snapshot.
+#[test]
+fn etcdctl_3_6_works_as_3_4_does() {
+    let bin = e2e_tests::etcd::Release::v3_6().etcdctl;
+    let c = cluster();
+    c.wait_leader(LEADER_WAIT);
+    let all = c.endpoints();
+    let run = |args: &[&str], stdin: Option<&str>| ok(etcdctl_at(&bin, &all, args, stdin));
+    assert_eq!(run(&["put", "foo", "bar"], None), "OK\n");
+    assert_eq!(run(&["get", "foo"], None), "foo\nbar\n");
+    let txn = "value(\"foo\") = \"bar\"\n\nput t yes\n\nput t no\n\n";
+    assert!(run(&["txn"], Some(txn)).starts_with("SUCCESS"));
+    assert_eq!(run(&["del", "foo"], None), "1\n");
+    assert_eq!(run(&["compact", "3"], None), "compacted revision 3\n");
+    let old = etcdctl_at(&bin, &all, &["get", "t", "--rev=2"], None);
+    assert!(
+        String::from_utf8_lossy(&old.stderr).contains("required revision has been compacted"),
+        "{old:?}"
+    );
+    let live = {
+        let (bin, all) = (bin.clone(), all.clone());
+        std::thread::spawn(move || etcdctl_at_for(4, &bin, &all, &["watch", "w/", "--prefix"]))
+    };
+    std::thread::sleep(Duration::from_millis(1500));
+    run(&["put", "w/a", "1"], None);
+    let live = live.join().unwrap();
+    assert_eq!(String::from_utf8_lossy(&live.stdout), "PUT\nw/a\n1\n");
+    let lease = granted_lease(&run(&["lease", "grant", "100"], None));
+    run(&["put", "--lease", &lease, "l/a", "1"], None);
+    let ttl = run(&["lease", "timetolive", &lease, "--keys"], None);
+    assert!(ttl.ends_with("attached keys([l/a])\n"), "{ttl}");
+    assert_eq!(
+        run(&["lease", "revoke", &lease], None),
+        format!("lease {lease} revoked\n")
+    );
+    let locked = run(&["lock", "mutex", "echo", "held"], None);
+    assert_eq!(locked.lines().last(), Some("held"), "{locked}");
+    let elected = etcdctl_at_for(3, &bin, &all, &["elect", "leader-election", "me"]);
+    assert!(
+        String::from_utf8_lossy(&elected.stdout).starts_with("leader-election/"),
+        "{elected:?}"
+    );
+    let members = run(&["member", "list", "-w", "table"], None);
+    assert!(members.contains(&c.witness_url), "{members}");
+    for args in [
+        &["endpoint", "status", "--cluster"][..],
+        &["endpoint", "health", "--cluster"],
+        &["endpoint", "hashkv", "--cluster"],
+    ] {
+        let out = etcdctl_at(&bin, &all, args, None);
+        let said = String::from_utf8_lossy(&out.stdout).to_string()
+            + &String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{args:?}: {said}");
+        for m in &c.members {
+            assert!(said.contains(&m.url()), "{args:?}: {said}");
+        }
+    }
+    assert_eq!(run(&["alarm", "list"], None), "");
+    assert_eq!(
+        run(&["defrag"], None)
+            .matches("Finished defragmenting")
+            .count(),
+        2
+    );
+    let leader = c.wait_leader(LEADER_WAIT);
+    let to = member_id(&run(&["member", "list"], None), &c.members[1 - leader].name);
+    let moved = etcdctl_at(
+        &bin,
+        &[c.members[leader].url()],
+        &["move-leader", &to],
+        None,
+    );
+    assert!(
+        String::from_utf8_lossy(&moved.stdout).contains("Leadership transferred"),
+        "{moved:?}"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("s.db");
+    let one = [c.members[0].url()];
+    let saved = etcdctl_at(
+        &bin,
+        &one,
+        &["snapshot", "save", file.to_str().unwrap()],
+        None,
+    );
+    assert!(saved.status.success(), "{saved:?}");
+    let status = etcdutl(&["snapshot", "status", file.to_str().unwrap(), "-w", "json"]);
+    assert!(status.status.success(), "{status:?}");
 }
 
 /// Watch through the `etcd-client` crate: replay from a past revision with previous values,

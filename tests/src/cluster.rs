@@ -639,14 +639,24 @@ pub fn two_hashes_agree(out: &str) -> bool {
 
 /// Runs the real `etcdctl` (Debian's `etcd-client`) against `endpoints`.
 pub fn etcdctl(endpoints: &[String], args: &[&str], stdin: Option<&str>) -> Output {
-    run_etcdctl(Command::new("etcdctl"), endpoints, args, stdin)
+    etcdctl_at(Path::new("etcdctl"), endpoints, args, stdin)
+}
+
+/// As [`etcdctl`] with the etcdctl at `bin` (another release's).
+pub fn etcdctl_at(bin: &Path, endpoints: &[String], args: &[&str], stdin: Option<&str>) -> Output {
+    run_etcdctl(Command::new(bin), endpoints, args, stdin)
 }
 
 /// As [`etcdctl`] for a command that does not end by itself (`watch`, `lease keep-alive`):
 /// stopped after `secs` seconds; its output until then.
 pub fn etcdctl_for(secs: u32, endpoints: &[String], args: &[&str]) -> Output {
+    etcdctl_at_for(secs, Path::new("etcdctl"), endpoints, args)
+}
+
+/// As [`etcdctl_for`] with the etcdctl at `bin`.
+pub fn etcdctl_at_for(secs: u32, bin: &Path, endpoints: &[String], args: &[&str]) -> Output {
     let mut timeout = Command::new("timeout");
-    timeout.arg(secs.to_string()).arg("etcdctl");
+    timeout.arg(secs.to_string()).arg(bin);
     run_etcdctl(timeout, endpoints, args, None)
 }
 
