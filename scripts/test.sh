@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The whole test suite, from a fresh machine: installs what the tests need, then runs
 # formatting, lints and every test (end-to-end ones run etcd-node processes against Debian's
-# etcdctl). Tests start and stop their own servers (Azurite, a
-# loopback sshd for sshfs mounts). Run as root: some tests mount tmpfs and sshfs file systems.
+# etcdctl and etcd 3.6's), then the Kubernetes tier (Go: Kubernetes' storage contract through
+# the real etcd3 store, and kube-apiserver, controller managers and a scheduler on etcd-node).
+# Tests start and stop their own servers (Azurite, a loopback sshd for sshfs mounts, the
+# control plane). Run as root: some tests mount tmpfs and sshfs file systems.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -28,17 +30,40 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}"
 fi
 
+# Go (1.26 or newer) builds the Kubernetes tier and etcd 3.6; Debian's golang is too old, so it
+# is not installed here.
+if ! command -v go >/dev/null 2>&1; then
+  echo "!!! no \`go\` on PATH: the Kubernetes tier and the etcd 3.6 tests need Go 1.26 or newer" >&2
+  echo "!!! (https://go.dev/doc/install); the suite cannot run without it" >&2
+  exit 1
+fi
+
 echo "==> installing Azurite (npm ci, pinned in package-lock.json)"
 npm ci --no-audit --no-fund --loglevel=error
 
-echo "==> cargo fmt --check"
+echo "==> cargo fmt --check, gofmt"
 cargo fmt --all -- --check
+unformatted=$(gofmt -l tests/go)
+if [ -n "$unformatted" ]; then echo "gofmt would change: $unformatted" >&2; exit 1; fi
 
 echo "==> cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
+
+echo "==> building the Go programs: Kubernetes and etcd 3.6 (cached in target/go)"
+bash scripts/build-go.sh
+
+echo "==> go vet (tests/go)"
+(cd tests/go/kube && go vet ./...)
 
 echo "==> building the previous release (the rolling-upgrade test starts from it)"
 bash scripts/build-previous.sh
 
 echo "==> cargo test"
 cargo test --workspace --locked
+
+echo "==> the Kubernetes tier (tests/go/kube: the storage contract, then kube-apiserver)"
+(
+  cd tests/go/kube
+  export ETCD_NODE_BIN=$PWD/../../../target/debug/etcd-node ETCDUTL_BIN=$PWD/../../../target/debug/etcdutl
+  go test -count=1 -p 1 -timeout 20m ./storage/ ./apiserver/
+)
