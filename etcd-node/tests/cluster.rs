@@ -1520,18 +1520,7 @@ fn kubelet_probes_as_etcd_serves_them() {
 
     let share = c.dir.path().join("witness");
     std::fs::rename(&share, c.dir.path().join("witness.gone")).unwrap();
-    let started = Instant::now();
-    let witness = loop {
-        let (code, body) = get(&c, "/readyz/witness");
-        if code == 503 {
-            break body;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(30),
-            "/readyz/witness never failed: {body}"
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    };
+    let witness = c.wait_http(leader, "/readyz/witness", 503, Duration::from_secs(30));
     assert!(witness.starts_with("[-]witness failed: "), "{witness}");
     assert_eq!(
         get(&c, "/readyz"),
@@ -1544,18 +1533,7 @@ fn kubelet_probes_as_etcd_serves_them() {
     assert!(health.contains("WITNESS: "), "{health}");
 
     c.kill(1 - leader);
-    let started = Instant::now();
-    let unready = loop {
-        let (code, body) = get(&c, "/readyz");
-        if code == 503 {
-            break body;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(60),
-            "/readyz never failed without the follower and the witness: {body}"
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    };
+    let unready = c.wait_http(leader, "/readyz", 503, Duration::from_secs(60));
     assert!(
         unready.contains("[-]linearizable_read failed: "),
         "{unready}"
@@ -2560,15 +2538,7 @@ fn the_leader_raises_corrupt_when_a_members_key_space_diverges() {
     // Every member holds the alarm: not ready, as etcd's `data_corruption` check, but live (a
     // kubelet must not restart a member whose data an operator has to look at).
     for i in 0..2 {
-        let started = Instant::now();
-        let (code, body) = loop {
-            let (code, body) = c.http_get(i, "/readyz").expect("GET /readyz");
-            if code == 503 || started.elapsed() > Duration::from_secs(10) {
-                break (code, body);
-            }
-            std::thread::sleep(Duration::from_millis(200));
-        };
-        assert_eq!(code, 503, "member {i}: {body}");
+        let body = c.wait_http(i, "/readyz", 503, Duration::from_secs(10));
         assert!(
             body.contains("[-]data_corruption failed: alarm activated: CORRUPT\n"),
             "member {i}: {body}"

@@ -528,6 +528,24 @@ impl Cluster {
         Some((code, r.text().ok()?))
     }
 
+    /// GET `path` on member `i` until it answers `code`, for up to `limit`: the body.
+    pub fn wait_http(&self, i: usize, path: &str, code: u16, limit: Duration) -> String {
+        let started = Instant::now();
+        loop {
+            let answer = self.http_get(i, path);
+            if let Some((got, body)) = &answer
+                && *got == code
+            {
+                return body.clone();
+            }
+            assert!(
+                started.elapsed() < limit,
+                "{path} on member {i} never answered {code} in {limit:?}: {answer:?}"
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
     /// POST `path` (empty body) on member `i`'s plain-HTTP client URL: the status and the
     /// `Allow` header. None if no answer came.
     pub fn http_post(&self, i: usize, path: &str) -> Option<(u16, Option<String>)> {

@@ -93,16 +93,18 @@ struct Query {
 impl Query {
     fn of(request: &Request) -> Query {
         let mut q = Query::default();
+        let mut serializable = None;
         let raw = request.uri().query().unwrap_or_default();
         for (k, v) in url::form_urlencoded::parse(raw.as_bytes()) {
             match &*k {
                 "exclude" if !v.is_empty() => q.exclude.push(v.into_owned()),
                 "verbose" => q.verbose = true,
-                // Go's Query().Get: the first value counts.
-                "serializable" if !q.serializable => q.serializable = v == "true",
+                // (Go's Query().Get: the first value counts)
+                "serializable" => _ = serializable.get_or_insert(v == "true"),
                 _ => {}
             }
         }
+        q.serializable = serializable.unwrap_or(false);
         q
     }
 }
@@ -327,4 +329,30 @@ pub fn routes(router: axum::Router, api: &Api) -> axum::Router {
         }
     }
     router
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn query(uri: &str) -> Query {
+        let request = Request::builder()
+            .uri(uri)
+            .body(axum::body::Body::empty())
+            .expect("a request");
+        Query::of(&request)
+    }
+
+    #[test]
+    fn queries_are_read_as_go_reads_them() {
+        let q = query("/readyz?verbose&exclude=non_learner&exclude=&exclude=serializable_read");
+        assert!(q.verbose && !q.serializable);
+        assert_eq!(q.exclude, ["non_learner", "serializable_read"]);
+        // (the first value of a repeated parameter counts, as Go's Query().Get)
+        assert!(!query("/health?serializable=false&serializable=true").serializable);
+        assert!(query("/health?exclude=NOSPACE&serializable=true").serializable);
+        assert!(!query("/health?serializable=1").serializable);
+        let none = query("/livez");
+        assert!(!none.verbose && none.exclude.is_empty());
+    }
 }

@@ -102,82 +102,83 @@ func afterKill(acked []ack, at time.Time) (first, gap time.Duration) {
 	return first, gap
 }
 
-// readiness samples kube-apiserver's /readyz every 50 ms until stopped: when it was not ready.
+// sampling calls probe every `every` until the stop it returns is called (which waits for the
+// call under way).
+func sampling(every time.Duration, probe func()) (stop func()) {
+	quit, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-quit:
+				return
+			case <-time.After(every):
+			}
+			probe()
+		}
+	}()
+	return func() {
+		close(quit)
+		<-done
+	}
+}
+
+// readiness samples kube-apiserver's /readyz every 50 ms until ended: when it was not ready.
 type readiness struct {
-	mu       sync.Mutex
-	unready  []time.Time
-	stop     chan struct{}
-	finished chan struct{}
+	mu      sync.Mutex
+	unready []time.Time
+	stop    func()
 }
 
 func watchReadiness() *readiness {
-	r := &readiness{stop: make(chan struct{}), finished: make(chan struct{})}
-	go func() {
-		defer close(r.finished)
-		for {
-			select {
-			case <-r.stop:
-				return
-			case <-time.After(50 * time.Millisecond):
-			}
-			code, _, err := cp.Get("/readyz")
-			if err != nil || code != 200 {
-				r.mu.Lock()
-				r.unready = append(r.unready, time.Now())
-				r.mu.Unlock()
-			}
+	r := &readiness{}
+	r.stop = sampling(50*time.Millisecond, func() {
+		if code, _, err := cp.Get("/readyz"); err != nil || code != 200 {
+			r.mu.Lock()
+			r.unready = append(r.unready, time.Now())
+			r.mu.Unlock()
 		}
-	}()
+	})
 	return r
 }
 
 // end stops sampling: the first and last unready samples (zero: always ready).
 func (r *readiness) end() (first, last time.Time, samples int) {
-	close(r.stop)
-	<-r.finished
+	r.stop()
 	if len(r.unready) == 0 {
 		return time.Time{}, time.Time{}, 0
 	}
 	return r.unready[0], r.unready[len(r.unready)-1], len(r.unready)
 }
 
-// holders samples the kube-controller-manager lease's holder every 100 ms until stopped.
+// holders samples the kube-controller-manager lease's holder every 100 ms until ended.
 type holders struct {
-	mu       sync.Mutex
-	seen     []string
-	stop     chan struct{}
-	finished chan struct{}
+	mu   sync.Mutex
+	seen []string
+	stop func()
 }
 
 func watchHolders(cs *kubernetes.Clientset) *holders {
-	h := &holders{stop: make(chan struct{}), finished: make(chan struct{})}
-	go func() {
-		defer close(h.finished)
-		for {
-			select {
-			case <-h.stop:
-				return
-			case <-time.After(100 * time.Millisecond):
-			}
-			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-			l, err := cs.CoordinationV1().Leases("kube-system").Get(ctx, "kube-controller-manager", metav1.GetOptions{})
-			cancel()
-			if err != nil || l.Spec.HolderIdentity == nil {
-				continue
-			}
-			h.mu.Lock()
-			if n := len(h.seen); n == 0 || h.seen[n-1] != *l.Spec.HolderIdentity {
-				h.seen = append(h.seen, *l.Spec.HolderIdentity)
-			}
-			h.mu.Unlock()
+	h := &holders{}
+	h.stop = sampling(100*time.Millisecond, func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		l, err := cs.CoordinationV1().Leases("kube-system").Get(ctx, "kube-controller-manager", metav1.GetOptions{})
+		if err != nil || l.Spec.HolderIdentity == nil {
+			return
 		}
-	}()
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		if n := len(h.seen); n == 0 || h.seen[n-1] != *l.Spec.HolderIdentity {
+			h.seen = append(h.seen, *l.Spec.HolderIdentity)
+		}
+	})
 	return h
 }
 
+// end stops sampling: the holders seen, each change once.
 func (h *holders) end() []string {
-	close(h.stop)
-	<-h.finished
+	h.stop()
 	return h.seen
 }
 

@@ -10,32 +10,21 @@
 package apiserver
 
 import (
-	"fmt"
-	"os"
 	"testing"
 
+	"etcd-witness/tests/go/kube/cluster"
 	"etcd-witness/tests/go/kube/controlplane"
 )
 
 var cp *controlplane.ControlPlane
 
 func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "kube-on-etcd-node-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	cp, err = controlplane.Start(dir)
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "starting the control plane: %v (logs in %s)\n", err, dir)
-		os.Exit(1)
-	}
-	code := m.Run()
-	cp.Stop()
-	if code == 0 {
-		os.RemoveAll(dir)
-	} else {
-		fmt.Fprintf(os.Stderr, "the control plane's and etcd-node's logs are in %s\n", dir)
-	}
-	os.Exit(code)
+	cluster.Main(m, "kube-on-etcd-node", func(dir string) (func(), error) {
+		var err error
+		cp, err = controlplane.Start(dir)
+		if err != nil {
+			return nil, err
+		}
+		return cp.Stop, nil
+	})
 }

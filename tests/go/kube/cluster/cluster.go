@@ -8,6 +8,7 @@ import (
 	"context"
 	"crypto/tls"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/url"
@@ -16,6 +17,7 @@ import (
 	"path/filepath"
 	"strings"
 	"syscall"
+	"testing"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -87,6 +89,29 @@ type Cluster struct {
 	initial string
 }
 
+// Main runs m's tests around what start brings up in a fresh temporary directory (named after
+// what), stops it afterwards, and keeps the directory, saying where, when a test failed.
+func Main(m *testing.M, what string, start func(dir string) (stop func(), err error)) {
+	dir, err := os.MkdirTemp("", what+"-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	stop, err := start(dir)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "starting %s: %v (logs in %s)\n", what, err, dir)
+		os.Exit(1)
+	}
+	code := m.Run()
+	stop()
+	if code == 0 {
+		os.RemoveAll(dir)
+	} else {
+		fmt.Fprintf(os.Stderr, "the logs of %s are in %s\n", what, dir)
+	}
+	os.Exit(code)
+}
+
 // Options of a cluster.
 type Options struct {
 	// TLS: https client and peer URLs with client certificates (PKI made in Dir/pki).
@@ -95,7 +120,8 @@ type Options struct {
 	Flags []string
 }
 
-func freePort() (int, error) {
+// FreePort is a TCP port nothing listens on now, on 127.0.0.1.
+func FreePort() (int, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return 0, err
@@ -132,7 +158,7 @@ func Start(dir string, o Options) (*Cluster, error) {
 	for i := 0; i < 2; i++ {
 		m := &Member{Name: fmt.Sprintf("m%d", i)}
 		for _, p := range []*int{&m.ClientPort, &m.PeerPort, &m.MetricsPort} {
-			if *p, err = freePort(); err != nil {
+			if *p, err = FreePort(); err != nil {
 				return nil, err
 			}
 		}
@@ -312,20 +338,17 @@ func (c *Cluster) isLeader(i int) (bool, error) {
 
 // Probe GETs path on member i's metrics URL: the status code and the body.
 func (c *Cluster) Probe(i int, path string) (int, string, error) {
-	cl := http.Client{Timeout: 20 * time.Second}
-	r, err := cl.Get(fmt.Sprintf("http://127.0.0.1:%d%s", c.Members[i].MetricsPort, path))
+	cl := &http.Client{Timeout: 20 * time.Second}
+	return Get(cl, fmt.Sprintf("http://127.0.0.1:%d%s", c.Members[i].MetricsPort, path))
+}
+
+// Get GETs url with cl: the status code and the body.
+func Get(cl *http.Client, url string) (int, string, error) {
+	r, err := cl.Get(url)
 	if err != nil {
 		return 0, "", err
 	}
 	defer r.Body.Close()
-	var b strings.Builder
-	buf := make([]byte, 4096)
-	for {
-		n, err := r.Body.Read(buf)
-		b.Write(buf[:n])
-		if err != nil {
-			break
-		}
-	}
-	return r.StatusCode, b.String(), nil
+	body, err := io.ReadAll(r.Body)
+	return r.StatusCode, string(body), err
 }

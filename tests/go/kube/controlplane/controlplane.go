@@ -11,7 +11,6 @@ import (
 	"crypto/x509"
 	"encoding/pem"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -87,15 +86,6 @@ type ControlPlane struct {
 	Scheduler   *Process
 }
 
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
-}
-
 func start(dir, name string, args ...string) (*Process, error) {
 	bin, err := Bin(strings.TrimRight(name, "-0123456789"))
 	if err != nil {
@@ -144,7 +134,7 @@ func (cp *ControlPlane) start() error {
 		return err
 	}
 	var err error
-	if cp.Port, err = freePort(); err != nil {
+	if cp.Port, err = cluster.FreePort(); err != nil {
 		return err
 	}
 	cp.Kubeconfig = filepath.Join(cp.Dir, "admin.conf")
@@ -184,17 +174,7 @@ func (cp *ControlPlane) start() error {
 		return err
 	}
 	for i := 0; i < 2; i++ {
-		port, err := freePort()
-		if err != nil {
-			return err
-		}
-		p, err := start(cp.Dir, fmt.Sprintf("kube-controller-manager-%d", i),
-			"--kubeconfig="+cp.Kubeconfig,
-			"--authentication-kubeconfig="+cp.Kubeconfig,
-			"--authorization-kubeconfig="+cp.Kubeconfig,
-			"--leader-elect=true",
-			"--bind-address=127.0.0.1",
-			fmt.Sprintf("--secure-port=%d", port),
+		p, err := cp.component(fmt.Sprintf("kube-controller-manager-%d", i),
 			"--service-account-private-key-file="+saKey,
 			"--root-ca-file="+pki.CA(),
 			"--use-service-account-credentials=true",
@@ -204,19 +184,25 @@ func (cp *ControlPlane) start() error {
 		}
 		cp.Controllers = append(cp.Controllers, p)
 	}
-	port, err := freePort()
+	cp.Scheduler, err = cp.component("kube-scheduler")
+	return err
+}
+
+// component starts a controller manager or scheduler: as the admin, electing a leader, serving
+// on a free loopback port, with extra flags.
+func (cp *ControlPlane) component(name string, extra ...string) (*Process, error) {
+	port, err := cluster.FreePort()
 	if err != nil {
-		return err
+		return nil, err
 	}
-	cp.Scheduler, err = start(cp.Dir, "kube-scheduler",
-		"--kubeconfig="+cp.Kubeconfig,
-		"--authentication-kubeconfig="+cp.Kubeconfig,
-		"--authorization-kubeconfig="+cp.Kubeconfig,
+	return start(cp.Dir, name, append([]string{
+		"--kubeconfig=" + cp.Kubeconfig,
+		"--authentication-kubeconfig=" + cp.Kubeconfig,
+		"--authorization-kubeconfig=" + cp.Kubeconfig,
 		"--leader-elect=true",
 		"--bind-address=127.0.0.1",
 		fmt.Sprintf("--secure-port=%d", port),
-	)
-	return err
+	}, extra...)...)
 }
 
 const kubeconfig = `apiVersion: v1
@@ -290,22 +276,8 @@ func (cp *ControlPlane) Get(path string) (int, string, error) {
 	if err != nil {
 		return 0, "", err
 	}
-	cl := http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: cfg}}
-	r, err := cl.Get(fmt.Sprintf("https://127.0.0.1:%d%s", cp.Port, path))
-	if err != nil {
-		return 0, "", err
-	}
-	defer r.Body.Close()
-	var b strings.Builder
-	buf := make([]byte, 4096)
-	for {
-		n, err := r.Body.Read(buf)
-		b.Write(buf[:n])
-		if err != nil {
-			break
-		}
-	}
-	return r.StatusCode, b.String(), nil
+	cl := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: cfg}}
+	return cluster.Get(cl, fmt.Sprintf("https://127.0.0.1:%d%s", cp.Port, path))
 }
 
 // WaitReady waits until kube-apiserver's /readyz answers 200.

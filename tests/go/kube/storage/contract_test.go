@@ -1,6 +1,7 @@
 package storage
 
 import (
+	"context"
 	"fmt"
 	"testing"
 
@@ -10,239 +11,191 @@ import (
 	featuregatetesting "k8s.io/component-base/featuregate/testing"
 )
 
-// The contract, in the order and with the arguments etcd's copy (store_test.go and
-// watcher_test.go of k8s.io/apiserver/pkg/storage/etcd3) runs it against an etcd.
-
-func TestCreate(t *testing.T) {
-	ctx, s := newStore(t)
-	storagetesting.RunTestCreate(ctx, t, s, s.stored())
+// contract is one test of the contract, with the arguments etcd's copy (store_test.go and
+// watcher_test.go of k8s.io/apiserver/pkg/storage/etcd3) gives it against an etcd.
+type contract struct {
+	name string
+	run  func(ctx context.Context, t *testing.T, s *testStore)
+	// compacts: on a cluster of its own (newCompactingStore).
+	compacts bool
+	// rangeStream: run with Kubernetes' EtcdRangeStream on (its default since 1.37: lists
+	// try etcd 3.7's RangeStream and fall back to paged ranges on etcd-node) and off.
+	rangeStream bool
 }
 
-func TestCreateWithTTL(t *testing.T) {
-	ctx, s := newStore(t)
-	storagetesting.RunTestCreateWithTTL(ctx, t, s)
-}
-
-func TestCreateWithKeyExist(t *testing.T) {
-	ctx, s := newStore(t)
-	storagetesting.RunTestCreateWithKeyExist(ctx, t, s)
-}
-
-func TestGet(t *testing.T) {
-	ctx, s := newStore(t)
-	storagetesting.RunTestGet(ctx, t, s)
-}
-
-func TestDelete(t *testing.T) {
-	for name, run := range map[string]func(*testing.T, *testStore){
-		"Unconditional": func(t *testing.T, s *testStore) {
-			storagetesting.RunTestUnconditionalDelete(t.Context(), t, s)
-		},
-		"Conditional": func(t *testing.T, s *testStore) {
-			storagetesting.RunTestConditionalDelete(t.Context(), t, s)
-		},
-		"WithSuggestion": func(t *testing.T, s *testStore) {
-			storagetesting.RunTestDeleteWithSuggestion(t.Context(), t, s)
-		},
-		"WithSuggestionAndConflict": func(t *testing.T, s *testStore) {
-			storagetesting.RunTestDeleteWithSuggestionAndConflict(t.Context(), t, s)
-		},
-		"WithSuggestionOfDeletedObject": func(t *testing.T, s *testStore) {
-			storagetesting.RunTestDeleteWithSuggestionOfDeletedObject(t.Context(), t, s)
-		},
-		"ValidateDeletionWithSuggestion": func(t *testing.T, s *testStore) {
-			storagetesting.RunTestValidateDeletionWithSuggestion(t.Context(), t, s)
-		},
-		"ValidateDeletionWithOnlySuggestionValid": func(t *testing.T, s *testStore) {
-			storagetesting.RunTestValidateDeletionWithOnlySuggestionValid(t.Context(), t, s)
-		},
-		"WithConflict": func(t *testing.T, s *testStore) {
-			storagetesting.RunTestDeleteWithConflict(t.Context(), t, s)
-		},
-		"PreconditionalWithSuggestion": func(t *testing.T, s *testStore) {
-			storagetesting.RunTestPreconditionalDeleteWithSuggestion(t.Context(), t, s)
-		},
-		"PreconditionalWithOnlySuggestionPass": func(t *testing.T, s *testStore) {
-			storagetesting.RunTestPreconditionalDeleteWithOnlySuggestionPass(t.Context(), t, s)
-		},
-	} {
-		t.Run(name, func(t *testing.T) {
-			_, s := newStore(t)
-			run(t, s)
-		})
-	}
-}
-
-func TestGuaranteedUpdate(t *testing.T) {
-	ctx, s := newStore(t)
-	storagetesting.RunTestGuaranteedUpdate(ctx, t, s, s.stored())
-}
-
-func TestGuaranteedUpdateWithTTL(t *testing.T) {
-	ctx, s := newStore(t)
-	storagetesting.RunTestGuaranteedUpdateWithTTL(ctx, t, s)
-}
-
-func TestGuaranteedUpdateChecksStoredData(t *testing.T) {
-	ctx, s := newStore(t)
-	storagetesting.RunTestGuaranteedUpdateChecksStoredData(ctx, t, s)
-}
-
-func TestGuaranteedUpdateWithConflict(t *testing.T) {
-	ctx, s := newStore(t)
-	storagetesting.RunTestGuaranteedUpdateWithConflict(ctx, t, s)
-}
-
-func TestGuaranteedUpdateWithSuggestionAndConflict(t *testing.T) {
-	ctx, s := newStore(t)
-	storagetesting.RunTestGuaranteedUpdateWithSuggestionAndConflict(ctx, t, s)
-}
-
-func TestTransformationFailure(t *testing.T) {
-	ctx, s := newStore(t)
-	storagetesting.RunTestTransformationFailure(ctx, t, s)
-}
-
-// rangeStream runs test with Kubernetes' EtcdRangeStream on (its default since 1.37: lists
-// try etcd 3.7's RangeStream, and fall back to paginated ranges where it is unimplemented, as
-// on etcd-node) and off.
-func rangeStream(t *testing.T, test func(t *testing.T)) {
-	for _, on := range []bool{true, false} {
-		t.Run(fmt.Sprintf("rangeStream=%v", on), func(t *testing.T) {
-			featuregatetesting.SetFeatureGateDuringTest(t, utilfeature.DefaultFeatureGate, features.EtcdRangeStream, on)
-			test(t)
-		})
-	}
-}
-
-func TestList(t *testing.T) {
-	rangeStream(t, func(t *testing.T) {
-		ctx, s := newCompactingStore(t)
+var contracts = []contract{
+	{name: "Create", run: func(ctx context.Context, t *testing.T, s *testStore) {
+		storagetesting.RunTestCreate(ctx, t, s, s.stored())
+	}},
+	{name: "CreateWithTTL", run: func(ctx context.Context, t *testing.T, s *testStore) {
+		storagetesting.RunTestCreateWithTTL(ctx, t, s)
+	}},
+	{name: "CreateWithKeyExist", run: func(ctx context.Context, t *testing.T, s *testStore) {
+		storagetesting.RunTestCreateWithKeyExist(ctx, t, s)
+	}},
+	{name: "Get", run: func(ctx context.Context, t *testing.T, s *testStore) {
+		storagetesting.RunTestGet(ctx, t, s)
+	}},
+	{name: "UnconditionalDelete", run: func(ctx context.Context, t *testing.T, s *testStore) {
+		storagetesting.RunTestUnconditionalDelete(ctx, t, s)
+	}},
+	{name: "ConditionalDelete", run: func(ctx context.Context, t *testing.T, s *testStore) {
+		storagetesting.RunTestConditionalDelete(ctx, t, s)
+	}},
+	{name: "DeleteWithSuggestion", run: func(ctx context.Context, t *testing.T, s *testStore) {
+		storagetesting.RunTestDeleteWithSuggestion(ctx, t, s)
+	}},
+	{name: "DeleteWithSuggestionAndConflict", run: func(ctx context.Context, t *testing.T, s *testStore) {
+		storagetesting.RunTestDeleteWithSuggestionAndConflict(ctx, t, s)
+	}},
+	{name: "DeleteWithSuggestionOfDeletedObject", run: func(ctx context.Context, t *testing.T, s *testStore) {
+		storagetesting.RunTestDeleteWithSuggestionOfDeletedObject(ctx, t, s)
+	}},
+	{name: "ValidateDeletionWithSuggestion", run: func(ctx context.Context, t *testing.T, s *testStore) {
+		storagetesting.RunTestValidateDeletionWithSuggestion(ctx, t, s)
+	}},
+	{name: "ValidateDeletionWithOnlySuggestionValid", run: func(ctx context.Context, t *testing.T, s *testStore) {
+		storagetesting.RunTestValidateDeletionWithOnlySuggestionValid(ctx, t, s)
+	}},
+	{name: "DeleteWithConflict", run: func(ctx context.Context, t *testing.T, s *testStore) {
+		storagetesting.RunTestDeleteWithConflict(ctx, t, s)
+	}},
+	{name: "PreconditionalDeleteWithSuggestion", run: func(ctx context.Context, t *testing.T, s *testStore) {
+		storagetesting.RunTestPreconditionalDeleteWithSuggestion(ctx, t, s)
+	}},
+	{name: "PreconditionalDeleteWithOnlySuggestionPass", run: func(ctx context.Context, t *testing.T, s *testStore) {
+		storagetesting.RunTestPreconditionalDeleteWithOnlySuggestionPass(ctx, t, s)
+	}},
+	{name: "GuaranteedUpdate", run: func(ctx context.Context, t *testing.T, s *testStore) {
+		storagetesting.RunTestGuaranteedUpdate(ctx, t, s, s.stored())
+	}},
+	{name: "GuaranteedUpdateWithTTL", run: func(ctx context.Context, t *testing.T, s *testStore) {
+		storagetesting.RunTestGuaranteedUpdateWithTTL(ctx, t, s)
+	}},
+	{name: "GuaranteedUpdateChecksStoredData", run: func(ctx context.Context, t *testing.T, s *testStore) {
+		storagetesting.RunTestGuaranteedUpdateChecksStoredData(ctx, t, s)
+	}},
+	{name: "GuaranteedUpdateWithConflict", run: func(ctx context.Context, t *testing.T, s *testStore) {
+		storagetesting.RunTestGuaranteedUpdateWithConflict(ctx, t, s)
+	}},
+	{name: "GuaranteedUpdateWithSuggestionAndConflict", run: func(ctx context.Context, t *testing.T, s *testStore) {
+		storagetesting.RunTestGuaranteedUpdateWithSuggestionAndConflict(ctx, t, s)
+	}},
+	{name: "TransformationFailure", run: func(ctx context.Context, t *testing.T, s *testStore) {
+		storagetesting.RunTestTransformationFailure(ctx, t, s)
+	}},
+	{name: "List", compacts: true, rangeStream: true, run: func(ctx context.Context, t *testing.T, s *testStore) {
 		storagetesting.RunTestList(ctx, t, s, s.compaction(), false, s.recorder)
-	})
-}
-
-func TestListPaging(t *testing.T) {
-	ctx, s := newStore(t)
-	storagetesting.RunTestListPaging(ctx, t, s)
-}
-
-func TestGetListNonRecursive(t *testing.T) {
-	ctx, s := newStore(t)
-	storagetesting.RunTestGetListNonRecursive(ctx, t, s.increaseRV(), s)
-}
-
-func TestGetListRecursivePrefix(t *testing.T) {
-	ctx, s := newStore(t)
-	storagetesting.RunTestGetListRecursivePrefix(ctx, t, s)
-}
-
-func TestKeySchema(t *testing.T) {
-	ctx, s := newStore(t)
-	storagetesting.RunTestKeySchema(ctx, t, s)
-}
-
-func TestConsistentList(t *testing.T) {
-	rangeStream(t, func(t *testing.T) {
-		ctx, s := newStore(t)
+	}},
+	{name: "ListPaging", run: func(ctx context.Context, t *testing.T, s *testStore) {
+		storagetesting.RunTestListPaging(ctx, t, s)
+	}},
+	{name: "GetListNonRecursive", run: func(ctx context.Context, t *testing.T, s *testStore) {
+		storagetesting.RunTestGetListNonRecursive(ctx, t, s.increaseRV(), s)
+	}},
+	{name: "GetListRecursivePrefix", run: func(ctx context.Context, t *testing.T, s *testStore) {
+		storagetesting.RunTestGetListRecursivePrefix(ctx, t, s)
+	}},
+	{name: "KeySchema", run: func(ctx context.Context, t *testing.T, s *testStore) {
+		storagetesting.RunTestKeySchema(ctx, t, s)
+	}},
+	{name: "ConsistentList", rangeStream: true, run: func(ctx context.Context, t *testing.T, s *testStore) {
 		storagetesting.RunTestConsistentList(ctx, t, s, s.increaseRV(), false, true, false)
-	})
+	}},
+	{name: "CompactRevision", compacts: true, run: func(ctx context.Context, t *testing.T, s *testStore) {
+		storagetesting.RunTestCompactRevision(ctx, t, s, s.increaseRV(), s.compaction())
+	}},
+	{name: "ListInconsistentContinuation", compacts: true, run: func(ctx context.Context, t *testing.T, s *testStore) {
+		storagetesting.RunTestListInconsistentContinuation(ctx, t, s, s.compaction())
+	}},
+	{name: "ListResourceVersionMatch", run: func(ctx context.Context, t *testing.T, s *testStore) {
+		storagetesting.RunTestListResourceVersionMatch(ctx, t, s)
+	}},
+	{name: "NamespaceScopedList", run: func(ctx context.Context, t *testing.T, s *testStore) {
+		storagetesting.RunTestNamespaceScopedList(ctx, t, s)
+	}},
+	{name: "Watch", run: func(ctx context.Context, t *testing.T, s *testStore) {
+		storagetesting.RunTestWatch(ctx, t, s)
+	}},
+	{name: "ClusterScopedWatch", run: func(ctx context.Context, t *testing.T, s *testStore) {
+		storagetesting.RunTestClusterScopedWatch(ctx, t, s)
+	}},
+	{name: "NamespaceScopedWatch", run: func(ctx context.Context, t *testing.T, s *testStore) {
+		storagetesting.RunTestNamespaceScopedWatch(ctx, t, s)
+	}},
+	{name: "DeleteTriggerWatch", run: func(ctx context.Context, t *testing.T, s *testStore) {
+		storagetesting.RunTestDeleteTriggerWatch(ctx, t, s)
+	}},
+	{name: "WatchFromZero", compacts: true, run: func(ctx context.Context, t *testing.T, s *testStore) {
+		storagetesting.RunTestWatchFromZero(ctx, t, s, s.compaction())
+	}},
+	{name: "WatchFromNonZero", run: func(ctx context.Context, t *testing.T, s *testStore) {
+		storagetesting.RunTestWatchFromNonZero(ctx, t, s)
+	}},
+	{name: "DelayedWatchDelivery", run: func(ctx context.Context, t *testing.T, s *testStore) {
+		storagetesting.RunTestDelayedWatchDelivery(ctx, t, s)
+	}},
+	{name: "WatchError", run: func(ctx context.Context, t *testing.T, s *testStore) {
+		storagetesting.RunTestWatchError(ctx, t, s)
+	}},
+	{name: "WatchContextCancel", run: func(ctx context.Context, t *testing.T, s *testStore) {
+		storagetesting.RunTestWatchContextCancel(ctx, t, s)
+	}},
+	{name: "WatcherTimeout", run: func(ctx context.Context, t *testing.T, s *testStore) {
+		storagetesting.RunTestWatcherTimeout(ctx, t, s)
+	}},
+	{name: "WatchDeleteEventObjectHaveLatestRV", run: func(ctx context.Context, t *testing.T, s *testStore) {
+		storagetesting.RunTestWatchDeleteEventObjectHaveLatestRV(ctx, t, s)
+	}},
+	{name: "WatchInitializationSignal", run: func(ctx context.Context, t *testing.T, s *testStore) {
+		storagetesting.RunTestWatchInitializationSignal(ctx, t, s)
+	}},
+	{name: "ProgressNotify", run: func(ctx context.Context, t *testing.T, s *testStore) {
+		storagetesting.RunOptionalTestProgressNotify(ctx, t, s, s.increaseRV())
+	}},
+	{name: "WatchDispatchBookmarkEvents", run: func(ctx context.Context, t *testing.T, s *testStore) {
+		storagetesting.RunTestWatchDispatchBookmarkEvents(ctx, t, s, false)
+	}},
+	{name: "SendInitialEventsBackwardCompatibility", run: func(ctx context.Context, t *testing.T, s *testStore) {
+		storagetesting.RunSendInitialEventsBackwardCompatibility(ctx, t, s)
+	}},
+	{name: "WatchErrorEventIsBlockingFurtherEvent", run: func(ctx context.Context, t *testing.T, s *testStore) {
+		storagetesting.RunWatchErrorIsBlockingFurtherEvents(ctx, t, s)
+	}},
+	{name: "WatchSemantics", rangeStream: true, run: func(ctx context.Context, t *testing.T, s *testStore) {
+		storagetesting.RunWatchSemantics(ctx, t, s)
+	}},
+	{name: "WatchSemanticInitialEventsExtended", rangeStream: true, run: func(ctx context.Context, t *testing.T, s *testStore) {
+		storagetesting.RunWatchSemanticInitialEventsExtended(ctx, t, s)
+	}},
+	{name: "WatchListMatchSingle", rangeStream: true, run: func(ctx context.Context, t *testing.T, s *testStore) {
+		storagetesting.RunWatchListMatchSingle(ctx, t, s)
+	}},
 }
 
-func TestCompactRevision(t *testing.T) {
-	// (the store follows the compaction through its watch of the compaction key, which only
-	// ListFromCacheSnapshot turns on; etcd's copy sets it the same way)
-	featuregatetesting.SetFeatureGateDuringTest(t, utilfeature.DefaultFeatureGate, features.ListFromCacheSnapshot, true)
-	ctx, s := newCompactingStore(t)
-	storagetesting.RunTestCompactRevision(ctx, t, s, s.increaseRV(), s.compaction())
-}
-
-func TestListInconsistentContinuation(t *testing.T) {
-	ctx, s := newCompactingStore(t)
-	storagetesting.RunTestListInconsistentContinuation(ctx, t, s, s.compaction())
-}
-
-func TestListResourceVersionMatch(t *testing.T) {
-	ctx, s := newStore(t)
-	storagetesting.RunTestListResourceVersionMatch(ctx, t, s)
-}
-
-func TestNamespaceScopedList(t *testing.T) {
-	ctx, s := newStore(t)
-	storagetesting.RunTestNamespaceScopedList(ctx, t, s)
-}
-
-func TestWatch(t *testing.T) {
-	for name, run := range map[string]func(*testing.T, *testStore){
-		"Watch": func(t *testing.T, s *testStore) { storagetesting.RunTestWatch(t.Context(), t, s) },
-		"ClusterScopedWatch": func(t *testing.T, s *testStore) {
-			storagetesting.RunTestClusterScopedWatch(t.Context(), t, s)
-		},
-		"NamespaceScopedWatch": func(t *testing.T, s *testStore) {
-			storagetesting.RunTestNamespaceScopedWatch(t.Context(), t, s)
-		},
-		"DeleteTriggerWatch": func(t *testing.T, s *testStore) {
-			storagetesting.RunTestDeleteTriggerWatch(t.Context(), t, s)
-		},
-		"WatchFromNonZero": func(t *testing.T, s *testStore) {
-			storagetesting.RunTestWatchFromNonZero(t.Context(), t, s)
-		},
-		"DelayedWatchDelivery": func(t *testing.T, s *testStore) {
-			storagetesting.RunTestDelayedWatchDelivery(t.Context(), t, s)
-		},
-		"WatchError": func(t *testing.T, s *testStore) {
-			storagetesting.RunTestWatchError(t.Context(), t, s)
-		},
-		"WatchContextCancel": func(t *testing.T, s *testStore) {
-			storagetesting.RunTestWatchContextCancel(t.Context(), t, s)
-		},
-		"WatcherTimeout": func(t *testing.T, s *testStore) {
-			storagetesting.RunTestWatcherTimeout(t.Context(), t, s)
-		},
-		"WatchDeleteEventObjectHaveLatestRV": func(t *testing.T, s *testStore) {
-			storagetesting.RunTestWatchDeleteEventObjectHaveLatestRV(t.Context(), t, s)
-		},
-		"WatchInitializationSignal": func(t *testing.T, s *testStore) {
-			storagetesting.RunTestWatchInitializationSignal(t.Context(), t, s)
-		},
-		"ProgressNotify": func(t *testing.T, s *testStore) {
-			storagetesting.RunOptionalTestProgressNotify(t.Context(), t, s, s.increaseRV())
-		},
-		"WatchDispatchBookmarkEvents": func(t *testing.T, s *testStore) {
-			storagetesting.RunTestWatchDispatchBookmarkEvents(t.Context(), t, s, false)
-		},
-		"SendInitialEventsBackwardCompatibility": func(t *testing.T, s *testStore) {
-			storagetesting.RunSendInitialEventsBackwardCompatibility(t.Context(), t, s)
-		},
-		"WatchErrorEventIsBlockingFurtherEvent": func(t *testing.T, s *testStore) {
-			storagetesting.RunWatchErrorIsBlockingFurtherEvents(t.Context(), t, s)
-		},
-	} {
-		t.Run(name, func(t *testing.T) {
-			_, s := newStore(t)
-			run(t, s)
+func TestContract(t *testing.T) {
+	for _, c := range contracts {
+		t.Run(c.name, func(t *testing.T) {
+			// (the store follows compactions through its watch of the compaction key, which only
+			// ListFromCacheSnapshot turns on; etcd's copy turns it on for CompactRevision)
+			if c.name == "CompactRevision" {
+				featuregatetesting.SetFeatureGateDuringTest(t, utilfeature.DefaultFeatureGate, features.ListFromCacheSnapshot, true)
+			}
+			variants := []bool{false}
+			if c.rangeStream {
+				variants = []bool{true, false}
+			}
+			for _, on := range variants {
+				t.Run(fmt.Sprintf("rangeStream=%v", on), func(t *testing.T) {
+					featuregatetesting.SetFeatureGateDuringTest(t, utilfeature.DefaultFeatureGate, features.EtcdRangeStream, on)
+					store := newStore
+					if c.compacts {
+						store = newCompactingStore
+					}
+					ctx, s := store(t)
+					c.run(ctx, t, s)
+				})
+			}
 		})
 	}
-	t.Run("WatchFromZero", func(t *testing.T) {
-		ctx, s := newCompactingStore(t)
-		storagetesting.RunTestWatchFromZero(ctx, t, s, s.compaction())
-	})
-	rangeStream(t, func(t *testing.T) {
-		for name, run := range map[string]func(*testing.T, *testStore){
-			"WatchSemantics": func(t *testing.T, s *testStore) {
-				storagetesting.RunWatchSemantics(t.Context(), t, s)
-			},
-			"WatchSemanticInitialEventsExtended": func(t *testing.T, s *testStore) {
-				storagetesting.RunWatchSemanticInitialEventsExtended(t.Context(), t, s)
-			},
-			"WatchListMatchSingle": func(t *testing.T, s *testStore) {
-				storagetesting.RunWatchListMatchSingle(t.Context(), t, s)
-			},
-		} {
-			t.Run(name, func(t *testing.T) {
-				_, s := newStore(t)
-				run(t, s)
-			})
-		}
-	})
 }

@@ -12,7 +12,6 @@ package storage
 import (
 	"context"
 	"fmt"
-	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -59,27 +58,17 @@ func init() {
 }
 
 func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "storage-contract-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	// Bookmarks every second for the progress-notify tests (etcd's copy sets the same).
-	nodes, err = cluster.Start(dir, cluster.Options{
-		Flags: []string{"--experimental-watch-progress-notify-interval", "1s"},
+	cluster.Main(m, "storage-contract", func(dir string) (func(), error) {
+		var err error
+		// Bookmarks every second for the progress-notify tests (etcd's copy sets the same).
+		nodes, err = cluster.Start(dir, cluster.Options{
+			Flags: []string{"--experimental-watch-progress-notify-interval", "1s"},
+		})
+		if err != nil {
+			return nil, err
+		}
+		return nodes.Stop, nil
 	})
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "starting etcd-node:", err)
-		os.Exit(1)
-	}
-	code := m.Run()
-	nodes.Stop()
-	if code == 0 {
-		os.RemoveAll(dir)
-	} else {
-		fmt.Fprintf(os.Stderr, "etcd-node's logs are in %s\n", dir)
-	}
-	os.Exit(code)
 }
 
 // swappable is the store's transformer: a PrefixTransformer that a test may replace for a
