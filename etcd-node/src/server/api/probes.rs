@@ -20,13 +20,10 @@ use axum::extract::Request;
 use axum::http::{HeaderValue, Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::any;
+use etcd_client::AlarmType;
 use etcd_client::proto::PbRangeRequest;
 
 use super::handle::{Api, WITNESS_ERROR_WINDOW};
-
-/// etcd's alarm types (etcdserverpb.AlarmType).
-const NOSPACE: i32 = 1;
-const CORRUPT: i32 = 2;
 
 /// One check of `/livez` or `/readyz`, by etcd's name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -133,10 +130,12 @@ impl Api {
 
     async fn run(&self, check: Check) -> Result<(), String> {
         match check {
-            Check::DataCorruption => match self.active_alarms()?.contains(&CORRUPT) {
-                true => Err("alarm activated: CORRUPT".into()),
-                false => Ok(()),
-            },
+            Check::DataCorruption => {
+                match self.active_alarms()?.contains(&(AlarmType::Corrupt as i32)) {
+                    true => Err("alarm activated: CORRUPT".into()),
+                    false => Ok(()),
+                }
+            }
             Check::SerializableRead => self.local_read(),
             Check::LinearizableRead => {
                 self.barrier().await.map_err(|s| s.message().to_string())?;
@@ -181,11 +180,8 @@ impl Api {
         match self.active_alarms() {
             Err(e) => return (false, e),
             Ok(alarms) => {
-                let named = |a: i32| match a {
-                    NOSPACE => "NOSPACE",
-                    CORRUPT => "CORRUPT",
-                    _ => "UNKNOWN",
-                };
+                // (etcd's names, as Status lists them)
+                let named = |a: i32| AlarmType::try_from(a).map_or("UNKNOWN", |t| t.as_str_name());
                 let raised = alarms
                     .into_iter()
                     .map(named)
