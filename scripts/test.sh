@@ -58,8 +58,9 @@ mkdir -p target
 echo "==> building Kubernetes from its Go module in the background (log: target/go-build.log)"
 nice -n 19 bash scripts/build-go.sh kube > target/go-build.log 2>&1 &
 kube_build=$!
-# (a failing step ends the script: the build goes with it)
-trap 'pkill -P "$kube_build" 2>/dev/null; kill "$kube_build" 2>/dev/null || true' EXIT
+# (a failing step ends the script: the build goes with it. Under `set -e` a failing command in
+# the trap itself would turn a passing run into exit 1, so the whole trap is guarded.)
+trap '{ pkill -P "$kube_build"; kill "$kube_build"; } 2>/dev/null || true' EXIT
 
 echo "==> building the previous release (the rolling-upgrade test starts from it)"
 bash scripts/build-previous.sh
