@@ -138,9 +138,12 @@ pub fn caller_of<T>(request: &tonic::Request<T>) -> Option<Caller> {
     Some(Caller::Certificate(cn.to_string()))
 }
 
+/// The token a request carries: `token` metadata (etcd's clients), else `authorization` (the
+/// JSON gateway's `Authorization` header, which etcd accepts as well).
 fn token_of(metadata: &MetadataMap) -> Option<String> {
     metadata
         .get("token")
+        .or_else(|| metadata.get("authorization"))
         .and_then(|v| v.to_str().ok())
         .map(str::to_string)
 }

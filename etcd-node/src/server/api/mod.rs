@@ -1,6 +1,7 @@
 //! The etcd v3 client API (gRPC, etcd-client's server types), one struct per service over the
 //! shared handle [`Api`]: [`kv::Kv`], [`cluster::Cluster`], [`maintenance::Maintenance`],
-//! [`lease::Lease`], [`watch::Watch`] and [`auth::Auth`]; plus `/metrics` and the health
+//! [`lease::Lease`], [`watch::Watch`], [`auth::Auth`], and etcd's [`lock::Lock`] and
+//! [`election::Election`] built on them ([`concurrency`]); plus `/metrics` and the health
 //! endpoints ([`probes`]: `/health`, `/livez`, `/readyz`). The
 //! handle talks to the Raft loop only through `server::contract` (inputs in, status out).
 //! Writes go through Raft; linearizable reads wait for a ReadIndex round, serializable ones read
@@ -10,10 +11,13 @@ pub mod auth;
 pub mod cluster;
 pub mod cluster_params;
 pub mod compactor;
+pub mod concurrency;
 pub mod corruption;
+pub mod election;
 pub mod handle;
 pub mod kv;
 pub mod lease;
+pub mod lock;
 pub mod maintenance;
 pub mod probes;
 pub mod watch;
@@ -63,6 +67,16 @@ pub fn routes(api: &Api) -> Routes {
     ))
     .add_service(InterceptedService::new(
         auth::pb::auth_server::AuthServer::new(Auth { api: api() })
+            .max_decoding_message_size(limit),
+        check(),
+    ))
+    .add_service(InterceptedService::new(
+        lock::pb::lock_server::LockServer::new(lock::Lock { api: api() })
+            .max_decoding_message_size(limit),
+        check(),
+    ))
+    .add_service(InterceptedService::new(
+        election::pb::election_server::ElectionServer::new(election::Election { api: api() })
             .max_decoding_message_size(limit),
         check(),
     ))
