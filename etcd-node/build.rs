@@ -163,6 +163,8 @@ fn gateway(protos: &std::path::Path) {
         .register_descriptors(&set)
         .expect("etcd's descriptors")
         .preserve_proto_field_names()
+        // (etcd's gateway ignores fields it does not know, 3.4 and 3.6 alike)
+        .ignore_unknown_fields()
         .build(&[".etcdserverpb", ".mvccpb", ".authpb", ".v3lockpb", ".v3electionpb"])
         .expect("pbjson for etcd's messages");
     let mut table = String::from(

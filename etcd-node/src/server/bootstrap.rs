@@ -647,7 +647,9 @@ pub async fn run(
                 api.metrics.clone(),
                 super::metrics::grpc_layer,
             ));
-        with_http(router, &api)
+        // (JSON is larger than the protobuf it carries: the gRPC call enforces the real limit)
+        let gateway_limit = 2 * (api.max_request_bytes + api::GRPC_OVERHEAD_BYTES);
+        with_http(api::gateway::add(router, gateway_limit), &api)
     };
     let client_tls = |secure: bool| secure.then(|| tls.client.clone()).flatten();
     for (l, secure) in client_listeners {

@@ -14,6 +14,7 @@ pub mod compactor;
 pub mod concurrency;
 pub mod corruption;
 pub mod election;
+pub mod gateway;
 pub mod handle;
 pub mod kv;
 pub mod lease;
@@ -37,7 +38,7 @@ use watch::Watch;
 
 /// What gRPC adds to a request around its message: a request up to `--max-request-bytes`
 /// must still be received (etcd's grpcOverheadBytes).
-const GRPC_OVERHEAD_BYTES: usize = 512 * 1024;
+pub const GRPC_OVERHEAD_BYTES: usize = 512 * 1024;
 
 /// The client API's gRPC services, each behind etcd's require-leader check, each receiving
 /// messages up to `--max-request-bytes` plus gRPC's overhead (as etcd).

@@ -247,20 +247,27 @@ impl Stream {
                     .api
                     .authorize(self.token.as_ref(), &[Need::Read(&c.key, &c.range_end)])
                     .err();
+                // (an empty range end: one key; "\0": every key from `key` on)
+                let empty = !c.range_end.is_empty()
+                    && c.range_end != [0]
+                    && c.key.as_slice() >= c.range_end.as_slice();
                 let refusal = if let Some(status) = denied {
                     Some(status.message().to_string())
+                } else if empty {
+                    Some("mvcc: watcher range is empty".into())
                 } else if taken {
-                    Some("etcdserver: mvcc: duplicate watch ID provided on the WatchStream".into())
+                    Some("mvcc: duplicate watch ID provided on the WatchStream".into())
                 } else if c.watch_id < 0 {
                     Some("etcdserver: mvcc: watch ID must not be negative".into())
                 } else {
                     None
                 };
                 if let Some(cancel_reason) = refusal {
+                    // (etcd's: a refused watcher has no id, -1)
                     return self
                         .send(PbWatchResponse {
                             header: self.header(self.revision),
-                            watch_id: c.watch_id,
+                            watch_id: -1,
                             created: true,
                             canceled: true,
                             cancel_reason,
@@ -361,11 +368,15 @@ impl Stream {
         progress.tick().await; // (the first tick is immediate)
         let mut leader_check = tokio::time::interval(self.api.election_timeout);
         let mut leaderless = 0;
+        // A client that closes its side keeps its watchers (as etcd: a gateway client sends
+        // its create requests as one body and reads the events as they come).
+        let mut open = true;
         loop {
             tokio::select! {
-                r = requests.message() => match r {
+                r = requests.message(), if open => match r {
                     Ok(Some(r)) => self.request(r, &mut hub).await?,
-                    Ok(None) | Err(_) => return Err(End::Gone),
+                    Ok(None) => open = false,
+                    Err(_) => return Err(End::Gone),
                 },
                 b = hub.recv() => match b {
                     Ok(batch) => self.deliver(&batch).await?,
