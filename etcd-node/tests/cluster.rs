@@ -3046,6 +3046,61 @@ fn a_python_etcd3_client_works_against_the_cluster() {
     }
 }
 
+/// etcd's JSON gateway, judged by etcd 3.6: `tests/python/gateway_check.py transcript` runs
+/// etcd's documented curl examples and the error cases against a member and against a fresh
+/// etcd 3.6, and the two transcripts (ids, terms and tokens normalised) must be equal. Then
+/// OpenStack's etcd3gw works against each member.
+#[test]
+fn the_json_gateway_answers_as_etcd_3_6_does_and_etcd3gw_works() {
+    let python = e2e_tests::python::python_with_client();
+    let c = cluster();
+    let dir = tempfile::tempdir().unwrap();
+    let mut etcd =
+        e2e_tests::etcd::Etcd::new(&e2e_tests::etcd::Release::v3_6(), dir.path(), "judge");
+    etcd.start();
+    c.wait_leader(LEADER_WAIT);
+    let script = e2e_tests::workspace_root().join("tests/python/gateway_check.py");
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new(&python)
+            .arg(&script)
+            .args(args)
+            .output()
+            .expect("run gateway_check.py");
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success(),
+            "gateway_check.py {args:?}: {stdout}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        stdout
+    };
+    let ours = run(&["transcript", &c.members[0].url()]);
+    let theirs = run(&["transcript", &format!("http://{}", etcd.endpoint())]);
+    if ours != theirs {
+        let at = ours
+            .lines()
+            .zip(theirs.lines())
+            .position(|(a, b)| a != b)
+            .unwrap_or(0);
+        let around = |t: &str| {
+            t.lines()
+                .skip(at.saturating_sub(15))
+                .take(30)
+                .collect::<Vec<_>>()
+                .join("\n")
+        };
+        panic!(
+            "the gateway's transcript differs from etcd 3.6's at line {at}:\n--- etcd-node\n{}\n--- etcd 3.6\n{}",
+            around(&ours),
+            around(&theirs)
+        );
+    }
+    for m in &c.members {
+        let out = run(&["etcd3gw", &m.url()]);
+        assert!(out.contains(" 0 failed"), "{out}");
+    }
+}
+
 /// Fault-campaign finding 5.1: while a member is paused (SIGSTOP), clients cancel requests on
 /// their deadlines; when it resumes, those cancellations arrive at once. They must not make the
 /// server tear the connection down (GOAWAY ENHANCE_YOUR_CALM "too_many_resets"): requests

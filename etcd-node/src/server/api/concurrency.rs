@@ -84,7 +84,11 @@ pub fn by_creation(prefix: &[u8], max_create: Option<i64>) -> PbRangeRequest {
         range_end: prefix_end(prefix),
         limit: 1,
         sort_target: SORT_BY_CREATE,
-        sort_order: if max_create.is_some() { DESCEND } else { ASCEND },
+        sort_order: if max_create.is_some() {
+            DESCEND
+        } else {
+            ASCEND
+        },
         max_create_revision: max_create.unwrap_or(0),
         ..Default::default()
     }
@@ -150,7 +154,11 @@ impl Client {
             key,
             ..Default::default()
         };
-        Ok(self.kv.delete_range(self.request(delete)).await?.into_inner())
+        Ok(self
+            .kv
+            .delete_range(self.request(delete))
+            .await?
+            .into_inner())
     }
 
     /// A range, linearizable or from this member's key space (`serializable`).
@@ -180,7 +188,12 @@ impl Client {
             ttl: SESSION_TTL,
             id: 0,
         };
-        Ok(self.lease.lease_grant(self.request(grant)).await?.into_inner().id)
+        Ok(self
+            .lease
+            .lease_grant(self.request(grant))
+            .await?
+            .into_inner()
+            .id)
     }
 
     /// Creates `key` with `value` on `lease` unless it exists: the transaction's answer, its
@@ -241,7 +254,9 @@ impl Client {
         let mut changes = self.api().watches.subscribe();
         loop {
             // (subscribed before reading: no change between the read and the wait is missed)
-            let ahead = self.range(by_creation(prefix, Some(max_create)), true).await?;
+            let ahead = self
+                .range(by_creation(prefix, Some(max_create)), true)
+                .await?;
             if ahead.kvs.is_empty() {
                 return Ok(());
             }
@@ -259,10 +274,10 @@ pub async fn wait_under(
     loop {
         match changes.recv().await {
             Ok(batch) => {
-                let touched = batch.events.iter().any(|e| {
-                    e.kv.as_ref()
-                        .is_some_and(|kv| kv.key.starts_with(prefix))
-                });
+                let touched = batch
+                    .events
+                    .iter()
+                    .any(|e| e.kv.as_ref().is_some_and(|kv| kv.key.starts_with(prefix)));
                 if touched || batch.reset {
                     return Ok(());
                 }

@@ -12,9 +12,7 @@ use etcd_client::proto::PbKeyValue;
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 
-use super::concurrency::{
-    Client, Withdraw, by_creation, range_result, session_key, wait_under,
-};
+use super::concurrency::{Client, Withdraw, by_creation, range_result, session_key, wait_under};
 use super::handle::Api;
 
 /// The service's messages and server, generated from etcd's v3election.proto (build.rs).
@@ -24,8 +22,8 @@ pub mod pb {
 }
 
 use pb::{
-    CampaignRequest, CampaignResponse, LeaderKey, LeaderRequest, LeaderResponse,
-    ProclaimRequest, ProclaimResponse, ResignRequest, ResignResponse,
+    CampaignRequest, CampaignResponse, LeaderKey, LeaderRequest, LeaderResponse, ProclaimRequest,
+    ProclaimResponse, ResignRequest, ResignResponse,
 };
 
 /// Election, over the shared API handle.
@@ -79,7 +77,8 @@ impl pb::election_server::Election for Election {
                 .ok_or_else(not_leader)?;
             rev = kv.create_revision;
             withdraw.revision = rev;
-            if kv.value != req.value && !client.put_if(&key, rev, &req.value, lease).await?.succeeded
+            if kv.value != req.value
+                && !client.put_if(&key, rev, &req.value, lease).await?.succeeded
             {
                 return Err(not_leader());
             }
@@ -151,7 +150,7 @@ impl pb::election_server::Election for Election {
                 {
                     sent = Some(kv.clone());
                     let out = LeaderResponse {
-                        header: now.header.clone(),
+                        header: now.header,
                         kv: Some(kv.clone()),
                     };
                     if tx.send(Ok(out)).await.is_err() {
@@ -190,7 +189,9 @@ impl pb::election_server::Election for Election {
 
 /// A stream fed by `body` through a small channel; it ends when `body` returns or the receiver
 /// is dropped (the client went away).
-fn async_stream<F, Fut>(body: F) -> Pin<Box<dyn Stream<Item = Result<LeaderResponse, Status>> + Send>>
+fn async_stream<F, Fut>(
+    body: F,
+) -> Pin<Box<dyn Stream<Item = Result<LeaderResponse, Status>> + Send>>
 where
     F: FnOnce(tokio::sync::mpsc::Sender<Result<LeaderResponse, Status>>) -> Fut,
     Fut: std::future::Future<Output = ()> + Send + 'static,

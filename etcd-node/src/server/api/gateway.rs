@@ -1,6 +1,6 @@
 //! etcd's HTTP/JSON gateway on the client port: `POST /v3/<service>/<call>` with a JSON body
 //! is the gRPC call the protos' `google.api.http` options name (the table build.rs generates;
-//! `/v3beta/` and `/v3alpha/` are the same paths for older clients). The JSON is the proto3
+//! `/v3beta/` the same paths for older clients). The JSON is the proto3
 //! mapping etcd's gateway uses: the protos' own field names, 64-bit integers as strings, bytes
 //! as base64, enums by name, fields at their default left out (pbjson, generated from etcd's
 //! protos).
@@ -79,12 +79,15 @@ fn proto_to_json<T: prost::Message + Default + serde::Serialize>(
     serde_json::to_string(&message).map_err(|e| e.to_string())
 }
 
-/// The prefixes under which etcd's gateway serves the same paths.
-const PREFIXES: [&str; 3] = ["/v3/", "/v3beta/", "/v3alpha/"];
+/// The prefixes under which etcd's gateway serves the same paths (3.4 and 3.6 alike: not
+/// `/v3alpha/`, which they answer 404).
+const PREFIXES: [&str; 2] = ["/v3/", "/v3beta/"];
 
 fn method_of(path: &str) -> Option<&'static Method> {
     let rest = PREFIXES.iter().find_map(|p| path.strip_prefix(p))?;
-    METHODS.iter().find(|m| m.path.strip_prefix("/v3/") == Some(rest))
+    METHODS
+        .iter()
+        .find(|m| m.path.strip_prefix("/v3/") == Some(rest))
 }
 
 /// `router` (the gRPC services and their layers) with the gateway's paths added; a body larger
@@ -169,7 +172,11 @@ fn stream_error(status: &tonic::Status) -> String {
 fn frame(message: &[u8]) -> Bytes {
     let mut out = BytesMut::with_capacity(5 + message.len());
     out.extend_from_slice(&[0]);
-    out.extend_from_slice(&u32::try_from(message.len()).unwrap_or(u32::MAX).to_be_bytes());
+    out.extend_from_slice(
+        &u32::try_from(message.len())
+            .unwrap_or(u32::MAX)
+            .to_be_bytes(),
+    );
     out.extend_from_slice(message);
     out.freeze()
 }
@@ -228,9 +235,8 @@ async fn serve(grpc: axum::Router, request: Request<Body>, max_body: usize) -> R
         return json_response(StatusCode::OK, Body::empty());
     }
     if request.method() != HttpMethod::POST {
-        let mut r = error(&tonic::Status::unimplemented("Method Not Allowed"));
-        *r.status_mut() = StatusCode::METHOD_NOT_ALLOWED;
-        return r;
+        // (etcd 3.6's answer; 3.4 and 3.5 said 405 in plain text)
+        return error(&tonic::Status::unimplemented("Method Not Allowed"));
     }
     let (parts, body) = request.into_parts();
     let head = Request::from_parts(parts, Body::empty());
@@ -286,8 +292,8 @@ fn stream_requests(method: &'static Method, body: Body, max_body: usize) -> Body
         while let Some(Ok(chunk)) = tokio_stream::StreamExt::next(&mut body).await {
             buf.extend_from_slice(&chunk);
             loop {
-                let mut values = serde_json::Deserializer::from_slice(&buf)
-                    .into_iter::<serde::de::IgnoredAny>();
+                let mut values =
+                    serde_json::Deserializer::from_slice(&buf).into_iter::<serde::de::IgnoredAny>();
                 let end = match values.next() {
                     Some(Ok(_)) => values.byte_offset(),
                     Some(Err(e)) if e.is_eof() => break,
