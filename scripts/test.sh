@@ -78,6 +78,7 @@ cat target/go-build.log
 
 echo "==> go vet (tests/go)"
 (cd tests/go/kube && go vet ./...)
+(cd tests/go/etcd36 && go vet ./...)
 
 echo "==> the Kubernetes tier (tests/go/kube: the storage contract, then kube-apiserver)"
 (

@@ -3101,6 +3101,36 @@ fn the_json_gateway_answers_as_etcd_3_6_does_and_etcd3gw_works() {
     }
 }
 
+/// etcd's Lock and Election services, judged by etcd 3.6's own Go clients
+/// (`tests/go/etcd36/lockelection`: the v3lock and v3election clients, and the client-side
+/// Mutex and Election that must exclude the services' holders): the same tests pass against
+/// etcd 3.6 and against both members of a cluster.
+#[test]
+fn etcd_3_6_go_clients_lock_and_elect_as_on_etcd() {
+    let c = cluster();
+    let dir = tempfile::tempdir().unwrap();
+    let mut etcd =
+        e2e_tests::etcd::Etcd::new(&e2e_tests::etcd::Release::v3_6(), dir.path(), "judge");
+    etcd.start();
+    c.wait_leader(LEADER_WAIT);
+    let module = e2e_tests::workspace_root().join("tests/go/etcd36");
+    let judge = format!("http://{}", etcd.endpoint());
+    for endpoints in [judge, c.endpoints().join(",")] {
+        let out = std::process::Command::new("go")
+            .args(["test", "-count=1", "./lockelection/"])
+            .current_dir(&module)
+            .env("ETCD_ENDPOINTS", &endpoints)
+            .output()
+            .expect("run `go test` (Go 1.26 on PATH)");
+        assert!(
+            out.status.success(),
+            "go test ./lockelection/ against {endpoints}:\n{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
 /// Fault-campaign finding 5.1: while a member is paused (SIGSTOP), clients cancel requests on
 /// their deadlines; when it resumes, those cancellations arrive at once. They must not make the
 /// server tear the connection down (GOAWAY ENHANCE_YOUR_CALM "too_many_resets"): requests
