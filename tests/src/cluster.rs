@@ -41,6 +41,10 @@ impl Member {
     pub fn is_running(&self) -> bool {
         self.child.is_some()
     }
+    /// The running process's id (for a test that kills it from another program).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
     pub fn peer_url(&self) -> String {
         format!("{}://127.0.0.1:{}", self.scheme, self.peer_port)
     }
