@@ -67,12 +67,14 @@ class Transcript:
         return r.status_code, answer
 
     def stream(self, path, body, what, during, seconds=1.5):
-        """A streaming call read for `seconds` while `during()` runs."""
+        """A streaming call read for `seconds` while `during()` runs (`body`: a request, or the
+        body's text)."""
         lines = []
+        data = body if isinstance(body, str) else json.dumps(body)
 
         def read():
             try:
-                with requests.post(self.endpoint + path, data=json.dumps(body), stream=True,
+                with requests.post(self.endpoint + path, data=data, stream=True,
                                    timeout=(5, seconds)) as r:
                     for line in r.iter_lines():
                         if line:
@@ -120,6 +122,8 @@ def transcript(endpoint):
     t.stream("/v3/watch", {"create_request": {"key": b64("watched")}}, "watch", changes)
     t.stream("/v3/watch", {"create_request": {"key": b64("b"), "range_end": b64("a")}},
              "watch of an empty range", lambda: None, seconds=1)
+    t.stream("/v3/watch", '{"create_request": {"key": "%s"}} {"create_request": {"key": 5}}' % b64("w"),
+             "watch, then a malformed request in the stream", lambda: None, seconds=1)
 
     lease = t.grant(60)
     t.call("/v3/kv/put", {"key": b64("leased"), "value": b64("v"), "lease": str(lease)}, "put on a lease")

@@ -282,8 +282,8 @@ async fn one_request(
 }
 
 /// The requests of a client-streaming call: JSON values one after another in the body, each
-/// sent as a message when it is whole. A malformed one ends the requests (the call then sees
-/// its side closed); the error is logged.
+/// sent as a message when it is whole. A malformed one ends the requests and the call goes on
+/// (as etcd's gateway: its watchers keep streaming); the error is logged.
 fn stream_requests(method: &'static Method, body: Body, max_body: usize) -> Body {
     let (tx, rx) = mpsc::channel::<Result<Bytes, Infallible>>(16);
     tokio::spawn(async move {
@@ -298,26 +298,32 @@ fn stream_requests(method: &'static Method, body: Body, max_body: usize) -> Body
                     Some(Ok(_)) => values.byte_offset(),
                     Some(Err(e)) if e.is_eof() => break,
                     None => break,
-                    Some(Err(e)) => {
-                        tracing::debug!(error = %e, "gateway: a malformed streamed request");
-                        return;
-                    }
+                    Some(Err(e)) => return malformed(method, &e.to_string()),
                 };
                 let value = buf.split_to(end);
-                let Ok(message) = (method.request)(&value) else {
-                    return;
+                let message = match (method.request)(&value) {
+                    Ok(message) => message,
+                    Err(e) => return malformed(method, &e),
                 };
                 if tx.send(Ok(frame(&message))).await.is_err() {
                     return;
                 }
             }
             if buf.len() > max_body {
-                return;
+                return malformed(method, &too_large(max_body).message().to_string());
             }
         }
         // (the client closed its side: the call sees its requests end)
     });
     Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx))
+}
+
+fn malformed(method: &Method, error: &str) {
+    tracing::warn!(
+        call = method.path,
+        error,
+        "the gateway stopped reading a stream's requests: one is not valid JSON for the call"
+    );
 }
 
 async fn one_response(method: &Method, response: Response<Body>) -> Response<Body> {
