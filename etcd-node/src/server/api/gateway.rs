@@ -310,7 +310,7 @@ fn stream_requests(method: &'static Method, body: Body, max_body: usize) -> Body
                 }
             }
             if buf.len() > max_body {
-                return malformed(method, &too_large(max_body).message().to_string());
+                return malformed(method, too_large(max_body).message());
             }
         }
         // (the client closed its side: the call sees its requests end)
