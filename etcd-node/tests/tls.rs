@@ -180,6 +180,45 @@ fn etcdctl_works_over_tls_with_client_certificates() {
     let mut alice_as_root = alice.clone();
     alice_as_root.push("--user=root:rootpw".into());
     ok(run(&c, &alice_as_root, &["put", "k", "by-root-password"]));
+
+    // The JSON gateway on the same TLS port: the certificate's name is the user there too.
+    // (base64: "YS8y" is a/2, "aw==" k, "eA==" x)
+    let put_a2 = r#"{"key":"YS8y","value":"eA=="}"#;
+    let (code, body) = gateway(&c, &pki, "alice", "/v3/kv/put", put_a2);
+    assert_eq!(code, 200, "{body}");
+    let (code, body) = gateway(
+        &c,
+        &pki,
+        "alice",
+        "/v3/kv/put",
+        r#"{"key":"aw==","value":"eA=="}"#,
+    );
+    assert_eq!(code, 403, "{body}");
+    assert!(body.contains("etcdserver: permission denied"), "{body}");
+    let (code, body) = gateway(&c, &pki, "root", "/v3/kv/range", r#"{"key":"YS8y"}"#);
+    assert!(
+        code == 200 && body.contains(r#""value":"eA==""#),
+        "{code} {body}"
+    );
+}
+
+/// curl's POST of `body` to the gateway's `call` on member 0, with `user`'s certificate: the
+/// HTTP status and the body.
+fn gateway(c: &Cluster, pki: &Path, user: &str, call: &str, body: &str) -> (u16, String) {
+    let out = std::process::Command::new("curl")
+        .args(["-s", "-w", "\n%{http_code}", "--cacert"])
+        .arg(pki.join("ca.crt"))
+        .arg("--cert")
+        .arg(pki.join(format!("{user}.crt")))
+        .arg("--key")
+        .arg(pki.join(format!("{user}.key")))
+        .args(["-X", "POST", "-d", body])
+        .arg(format!("{}{call}", c.members[0].url()))
+        .output()
+        .expect("run curl");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (body, code) = text.rsplit_once('\n').unwrap_or(("", &text));
+    (code.trim().parse().unwrap_or(0), body.to_string())
 }
 
 /// The member id (hex) of a member that is not the leader, from `endpoint status -w json`.
