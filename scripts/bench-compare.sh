@@ -11,6 +11,9 @@
 #   SUITE=put bash scripts/bench-compare.sh  # only the puts (1, 16, 64 clients)
 #   SUITE=tls bash scripts/bench-compare.sh  # the cost of TLS: both systems with plain and
 #                                            # TLS URLs (client certificates required)
+#   SUITE=gateway bash scripts/bench-compare.sh  # the cost of the JSON gateway: after 100000
+#       writes, puts and linearizable ranges at 16 clients over gRPC, then the same through
+#       etcd's HTTP/JSON gateway (an HTTP/1.1 connection per client), on both systems
 #   SUITE=sustained bash scripts/bench-compare.sh  # after WARMUP writes (default 100000): puts,
 #                                            # ranges, then memory and disk per member, the
 #                                            # Raft loop's longest turn, and a leader killed
@@ -377,6 +380,30 @@ if [ "${SUITE:-all}" = sustained ]; then
     tag_round "$round"
   done
   echo; echo "==> all results"; cat "$work/results"; summarize_rounds; exit 0
+fi
+# The cost of the JSON gateway beside gRPC, on the same members after 100k writes.
+run_gateway_points() { # label eps pids...
+  local label=$1 eps=$2; shift 2
+  "$bin/etcd-bench" --endpoints "$eps" --clients 64 --conns 8 \
+    put --total 100000 --key-size 8 --val-size 256 --key-space-size 100000 >/dev/null
+  "$bin/etcd-bench" --endpoints "$eps" put --total 1 --key-size 3 >/dev/null
+  local via
+  for via in grpc gateway; do
+    local flag=(); [ $via = gateway ] && flag=(--gateway)
+    bench "$label" "$eps" "$@" -- "${flag[@]}" --clients 16 --conns 4 put --total 40000 --key-size 8 --val-size 256 --key-space-size 100000
+    bench "$label" "$eps" "$@" -- "${flag[@]}" --clients 16 --conns 4 range 000 --consistency l --total 100000
+  done
+}
+if [ "${SUITE:-all}" = gateway ]; then
+  echo "==> etcd-node: two members + witness"
+  start_ours; for p in 26379 27379; do wait_healthy $p; done; sleep 1
+  run_gateway_points etcd-node "$ours_eps" "${ours[@]}"
+  kill -9 "${ours[@]}" 2>/dev/null || true
+  echo "==> etcd $etcd_version: three members"
+  start_etcd; for p in 28379 29379 30379; do wait_healthy $p; done; sleep 1
+  run_gateway_points "$etcd_label" "$theirs_eps" "${theirs[@]}"
+  kill -9 "${theirs[@]}" 2>/dev/null || true
+  echo; echo "==> all results"; cat "$work/results"; exit 0
 fi
 if [ "${SUITE:-all}" = tls ]; then
   command -v openssl >/dev/null || { echo "needs openssl"; exit 1; }

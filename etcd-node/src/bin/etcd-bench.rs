@@ -10,6 +10,7 @@
 //! etcd-bench --conns 10 watch-fanout --watchers 1000 --puts 200
 //! etcd-bench --clients 16 lease-churn --total 5000
 //! etcd-bench failover --duration 20
+//! etcd-bench --gateway --clients 16 put --total 10000 --val-size 256
 //! ```
 
 use std::process::ExitCode;
@@ -46,6 +47,10 @@ struct Cli {
     /// The client certificate's key (etcdctl's --key).
     #[arg(long)]
     key: Option<std::path::PathBuf>,
+    /// `put` and `range` through etcd's JSON gateway (plain http:// endpoints; each client its
+    /// own connection, spread over the endpoints).
+    #[arg(long)]
+    gateway: bool,
     #[command(subcommand)]
     op: Op,
 }
@@ -203,6 +208,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Op::LeaseChurn { total, ttl } => return lease_churn(&cli, *total, *ttl).await,
     };
+    if cli.gateway {
+        return over_gateway(cli, total, name).await;
+    }
     let mut conns = Vec::new();
     for _ in 0..cli.conns {
         conns.push(connect(&cli, Duration::from_secs(10)).await?);
@@ -275,6 +283,145 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         &cli.endpoints,
         cli.clients,
         cli.conns,
+        started.elapsed(),
+        &hist,
+        errors.load(Ordering::Relaxed),
+    );
+    Ok(())
+}
+
+/// One HTTP/1.1 keep-alive connection to etcd's JSON gateway.
+struct Gateway {
+    io: tokio::io::BufReader<tokio::net::TcpStream>,
+    host: String,
+}
+
+impl Gateway {
+    async fn connect(endpoint: &str) -> anyhow::Result<Gateway> {
+        if endpoint.starts_with("https://") {
+            anyhow::bail!("--gateway takes plain http:// endpoints (got {endpoint})");
+        }
+        let host = endpoint.trim_start_matches("http://").to_string();
+        let stream = tokio::net::TcpStream::connect(&host).await?;
+        stream.set_nodelay(true)?;
+        Ok(Gateway {
+            io: tokio::io::BufReader::new(stream),
+            host,
+        })
+    }
+
+    /// POSTs `body` to `path`; the answer's body when it is 200 OK.
+    async fn post(&mut self, path: &str, body: &[u8]) -> anyhow::Result<Vec<u8>> {
+        use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
+        let head = format!(
+            "POST {path} HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\n\
+             Content-Length: {}\r\n\r\n",
+            self.host,
+            body.len()
+        );
+        let stream = self.io.get_mut();
+        stream.write_all(head.as_bytes()).await?;
+        stream.write_all(body).await?;
+        let mut line = String::new();
+        self.io.read_line(&mut line).await?;
+        let status = line.split(' ').nth(1).unwrap_or("").to_string();
+        let mut length = None;
+        loop {
+            line.clear();
+            if self.io.read_line(&mut line).await? == 0 {
+                anyhow::bail!("the gateway closed the connection");
+            }
+            let header = line.trim_end();
+            if header.is_empty() {
+                break;
+            }
+            if let Some((name, value)) = header.split_once(':')
+                && name.eq_ignore_ascii_case("content-length")
+            {
+                length = Some(value.trim().parse::<usize>()?);
+            }
+        }
+        let Some(length) = length else {
+            anyhow::bail!("the gateway answered without a Content-Length");
+        };
+        let mut answer = vec![0; length];
+        self.io.read_exact(&mut answer).await?;
+        if status != "200" {
+            anyhow::bail!("{status}: {}", String::from_utf8_lossy(&answer));
+        }
+        Ok(answer)
+    }
+}
+
+/// `put` and `range` through the JSON gateway: each client its own connection.
+async fn over_gateway(cli: Cli, total: u64, name: &str) -> anyhow::Result<()> {
+    use etcd_node::server::api::gateway::pb::etcdserverpb::{PutRequest, RangeRequest};
+    let request: Arc<dyn Fn(u64, &mut StdRng) -> (&'static str, Vec<u8>) + Send + Sync> =
+        match cli.op.clone() {
+            Op::Put { writes } => Arc::new(move |i, rng| {
+                let put = PutRequest {
+                    key: writes.key(writes.key_number(i, rng)),
+                    value: writes.value(),
+                    ..Default::default()
+                };
+                ("/v3/kv/put", serde_json::to_vec(&put).expect("JSON"))
+            }),
+            Op::Range {
+                key,
+                end,
+                consistency,
+                ..
+            } => {
+                let range = RangeRequest {
+                    key: key.into_bytes(),
+                    range_end: end.map(String::into_bytes).unwrap_or_default(),
+                    serializable: consistency == "s",
+                    ..Default::default()
+                };
+                let body = serde_json::to_vec(&range).expect("JSON");
+                Arc::new(move |_, _| ("/v3/kv/range", body.clone()))
+            }
+            _ => anyhow::bail!("--gateway runs put and range only"),
+        };
+    let next = Arc::new(AtomicU64::new(0));
+    let errors = Arc::new(AtomicU64::new(0));
+    let started = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    for c in 0..cli.clients {
+        let endpoint = cli.endpoints[c % cli.endpoints.len()].clone();
+        let (request, next, errors) = (request.clone(), next.clone(), errors.clone());
+        tasks.spawn(async move {
+            let mut hist = Histogram::<u64>::new(3).expect("histogram");
+            let mut rng = StdRng::seed_from_u64(c as u64);
+            let mut conn = Gateway::connect(&endpoint).await?;
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= total {
+                    return Ok::<_, anyhow::Error>(hist);
+                }
+                let (path, body) = request(i, &mut rng);
+                let t = Instant::now();
+                match conn.post(path, &body).await {
+                    Ok(_) => {
+                        let _ = hist.record(t.elapsed().as_micros() as u64);
+                    }
+                    Err(_) => {
+                        errors.fetch_add(1, Ordering::Relaxed);
+                        conn = Gateway::connect(&endpoint).await?;
+                    }
+                }
+            }
+        });
+    }
+    let mut hist = Histogram::<u64>::new(3)?;
+    while let Some(h) = tasks.join_next().await {
+        hist.add(h??)?;
+    }
+    report(
+        &format!("{name}-gateway"),
+        &cli.endpoints,
+        cli.clients,
+        cli.clients,
         started.elapsed(),
         &hist,
         errors.load(Ordering::Relaxed),
