@@ -3046,6 +3046,19 @@ fn a_python_etcd3_client_works_against_the_cluster() {
     }
 }
 
+/// A cluster with a leader, and beside it a fresh one-member etcd 3.6 to judge it (kept running
+/// while the returned value lives; its data in a directory of its own) with its client URL.
+fn cluster_and_a_judge() -> (Cluster, (tempfile::TempDir, e2e_tests::etcd::Etcd), String) {
+    let c = cluster();
+    let dir = tempfile::tempdir().unwrap();
+    let mut etcd =
+        e2e_tests::etcd::Etcd::new(&e2e_tests::etcd::Release::v3_6(), dir.path(), "judge");
+    etcd.start();
+    c.wait_leader(LEADER_WAIT);
+    let url = format!("http://{}", etcd.endpoint());
+    (c, (dir, etcd), url)
+}
+
 /// etcd's JSON gateway, judged by etcd 3.6: `tests/python/gateway_check.py transcript` runs
 /// etcd's documented curl examples and the error cases against a member and against a fresh
 /// etcd 3.6, and the two transcripts (ids, terms and tokens normalised) must be equal. Then
@@ -3053,12 +3066,7 @@ fn a_python_etcd3_client_works_against_the_cluster() {
 #[test]
 fn the_json_gateway_answers_as_etcd_3_6_does_and_etcd3gw_works() {
     let python = e2e_tests::python::python_with_client();
-    let c = cluster();
-    let dir = tempfile::tempdir().unwrap();
-    let mut etcd =
-        e2e_tests::etcd::Etcd::new(&e2e_tests::etcd::Release::v3_6(), dir.path(), "judge");
-    etcd.start();
-    c.wait_leader(LEADER_WAIT);
+    let (c, _etcd, judge) = cluster_and_a_judge();
     let script = e2e_tests::workspace_root().join("tests/python/gateway_check.py");
     let run = |args: &[&str]| {
         let out = std::process::Command::new(&python)
@@ -3075,7 +3083,7 @@ fn the_json_gateway_answers_as_etcd_3_6_does_and_etcd3gw_works() {
         stdout
     };
     let ours = run(&["transcript", &c.members[0].url()]);
-    let theirs = run(&["transcript", &format!("http://{}", etcd.endpoint())]);
+    let theirs = run(&["transcript", &judge]);
     if ours != theirs {
         let at = ours
             .lines()
@@ -3107,14 +3115,8 @@ fn the_json_gateway_answers_as_etcd_3_6_does_and_etcd3gw_works() {
 /// etcd 3.6 and against both members of a cluster.
 #[test]
 fn etcd_3_6_go_clients_lock_and_elect_as_on_etcd() {
-    let c = cluster();
-    let dir = tempfile::tempdir().unwrap();
-    let mut etcd =
-        e2e_tests::etcd::Etcd::new(&e2e_tests::etcd::Release::v3_6(), dir.path(), "judge");
-    etcd.start();
-    c.wait_leader(LEADER_WAIT);
+    let (c, _etcd, judge) = cluster_and_a_judge();
     let module = e2e_tests::workspace_root().join("tests/go/etcd36");
-    let judge = format!("http://{}", etcd.endpoint());
     for endpoints in [judge, c.endpoints().join(",")] {
         let out = std::process::Command::new("go")
             .args(["test", "-count=1", "./lockelection/"])

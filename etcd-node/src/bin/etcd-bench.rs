@@ -353,36 +353,38 @@ impl Gateway {
     }
 }
 
+/// The gateway path and JSON body of request `i`.
+type RequestOf = dyn Fn(u64, &mut StdRng) -> (&'static str, Vec<u8>) + Send + Sync;
+
 /// `put` and `range` through the JSON gateway: each client its own connection.
 async fn over_gateway(cli: Cli, total: u64, name: &str) -> anyhow::Result<()> {
     use etcd_node::server::api::gateway::pb::etcdserverpb::{PutRequest, RangeRequest};
-    let request: Arc<dyn Fn(u64, &mut StdRng) -> (&'static str, Vec<u8>) + Send + Sync> =
-        match cli.op.clone() {
-            Op::Put { writes } => Arc::new(move |i, rng| {
-                let put = PutRequest {
-                    key: writes.key(writes.key_number(i, rng)),
-                    value: writes.value(),
-                    ..Default::default()
-                };
-                ("/v3/kv/put", serde_json::to_vec(&put).expect("JSON"))
-            }),
-            Op::Range {
-                key,
-                end,
-                consistency,
-                ..
-            } => {
-                let range = RangeRequest {
-                    key: key.into_bytes(),
-                    range_end: end.map(String::into_bytes).unwrap_or_default(),
-                    serializable: consistency == "s",
-                    ..Default::default()
-                };
-                let body = serde_json::to_vec(&range).expect("JSON");
-                Arc::new(move |_, _| ("/v3/kv/range", body.clone()))
-            }
-            _ => anyhow::bail!("--gateway runs put and range only"),
-        };
+    let request: Arc<RequestOf> = match cli.op.clone() {
+        Op::Put { writes } => Arc::new(move |i, rng| {
+            let put = PutRequest {
+                key: writes.key(writes.key_number(i, rng)),
+                value: writes.value(),
+                ..Default::default()
+            };
+            ("/v3/kv/put", serde_json::to_vec(&put).expect("JSON"))
+        }),
+        Op::Range {
+            key,
+            end,
+            consistency,
+            ..
+        } => {
+            let range = RangeRequest {
+                key: key.into_bytes(),
+                range_end: end.map(String::into_bytes).unwrap_or_default(),
+                serializable: consistency == "s",
+                ..Default::default()
+            };
+            let body = serde_json::to_vec(&range).expect("JSON");
+            Arc::new(move |_, _| ("/v3/kv/range", body.clone()))
+        }
+        _ => anyhow::bail!("--gateway runs put and range only"),
+    };
     let next = Arc::new(AtomicU64::new(0));
     let errors = Arc::new(AtomicU64::new(0));
     let started = Instant::now();

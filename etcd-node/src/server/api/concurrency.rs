@@ -49,6 +49,13 @@ pub fn prefix_end(prefix: &[u8]) -> Vec<u8> {
     vec![0]
 }
 
+/// The prefix of the keys under a lock's or an election's name (etcd's `<name>/`).
+pub fn prefix_of(name: &[u8]) -> Vec<u8> {
+    let mut prefix = name.to_vec();
+    prefix.push(b'/');
+    prefix
+}
+
 /// The key a session on `lease` holds under `prefix` (etcd's `<prefix><lease in hex>`).
 pub fn session_key(prefix: &[u8], lease: i64) -> Vec<u8> {
     let mut key = prefix.to_vec();
@@ -313,5 +320,38 @@ impl Drop for Withdraw {
                 );
             }
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prefix_ranges_and_session_keys_are_etcds() {
+        assert_eq!(prefix_of(b"lock"), b"lock/");
+        assert_eq!(prefix_end(b"lock/"), b"lock0");
+        assert_eq!(prefix_end(b"a\xff"), b"b");
+        assert_eq!(prefix_end(b"\xff\xff"), b"\0");
+        // (etcd's client formats the lease id with %x)
+        assert_eq!(
+            session_key(b"lock/", 0x694d_7a1b_3c00_0f2a),
+            b"lock/694d7a1b3c000f2a"
+        );
+    }
+
+    #[test]
+    fn the_oldest_and_the_newest_older_key_are_sorted_by_creation() {
+        let first = by_creation(b"n/", None);
+        assert_eq!((first.sort_order, first.max_create_revision), (ASCEND, 0));
+        let older = by_creation(b"n/", Some(41));
+        assert_eq!((older.sort_order, older.max_create_revision), (DESCEND, 41));
+        for r in [first, older] {
+            assert_eq!(
+                (r.key.as_slice(), r.range_end.as_slice()),
+                (&b"n/"[..], &b"n0"[..])
+            );
+            assert_eq!((r.limit, r.sort_target), (1, SORT_BY_CREATE));
+        }
     }
 }

@@ -12,7 +12,9 @@ use etcd_client::proto::PbKeyValue;
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 
-use super::concurrency::{Client, Withdraw, by_creation, range_result, session_key, wait_under};
+use super::concurrency::{
+    Client, Withdraw, by_creation, prefix_of, range_result, session_key, wait_under,
+};
 use super::handle::Api;
 
 /// The service's messages and server, generated from etcd's v3election.proto (build.rs).
@@ -42,12 +44,6 @@ fn no_leader() -> Status {
 
 fn missing_leader_key() -> Status {
     Status::unknown("\"leader\" field must be provided")
-}
-
-fn prefix_of(name: &[u8]) -> Vec<u8> {
-    let mut prefix = name.to_vec();
-    prefix.push(b'/');
-    prefix
 }
 
 #[tonic::async_trait]

@@ -28,26 +28,30 @@ use tower::ServiceExt;
 /// etcd's messages with serde, generated from its protos (build.rs).
 #[allow(clippy::all, missing_debug_implementations)]
 pub mod pb {
-    pub mod etcdserverpb {
-        include!(concat!(env!("OUT_DIR"), "/gateway/etcdserverpb.rs"));
-        include!(concat!(env!("OUT_DIR"), "/gateway/etcdserverpb.serde.rs"));
+    /// One package's messages and their serde (`OUT_DIR/gateway/<package>{,.serde}.rs`).
+    macro_rules! package {
+        ($name:ident) => {
+            pub mod $name {
+                include!(concat!(
+                    env!("OUT_DIR"),
+                    "/gateway/",
+                    stringify!($name),
+                    ".rs"
+                ));
+                include!(concat!(
+                    env!("OUT_DIR"),
+                    "/gateway/",
+                    stringify!($name),
+                    ".serde.rs"
+                ));
+            }
+        };
     }
-    pub mod mvccpb {
-        include!(concat!(env!("OUT_DIR"), "/gateway/mvccpb.rs"));
-        include!(concat!(env!("OUT_DIR"), "/gateway/mvccpb.serde.rs"));
-    }
-    pub mod authpb {
-        include!(concat!(env!("OUT_DIR"), "/gateway/authpb.rs"));
-        include!(concat!(env!("OUT_DIR"), "/gateway/authpb.serde.rs"));
-    }
-    pub mod v3lockpb {
-        include!(concat!(env!("OUT_DIR"), "/gateway/v3lockpb.rs"));
-        include!(concat!(env!("OUT_DIR"), "/gateway/v3lockpb.serde.rs"));
-    }
-    pub mod v3electionpb {
-        include!(concat!(env!("OUT_DIR"), "/gateway/v3electionpb.rs"));
-        include!(concat!(env!("OUT_DIR"), "/gateway/v3electionpb.serde.rs"));
-    }
+    package!(etcdserverpb);
+    package!(mvccpb);
+    package!(authpb);
+    package!(v3lockpb);
+    package!(v3electionpb);
 }
 
 /// One gateway path: the gRPC call it is, and its messages' JSON codecs.
@@ -382,4 +386,81 @@ fn stream_responses(method: &'static Method, response: Response<Body>) -> Respon
     });
     let body = Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx));
     json_response(StatusCode::OK, body)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_under_v3_and_v3beta_name_the_calls_of_etcds_protos() {
+        let range = method_of("/v3/kv/range").expect("/v3/kv/range");
+        assert_eq!(range.grpc, "/etcdserverpb.KV/Range");
+        assert!(!range.client_streaming && !range.server_streaming);
+        assert_eq!(
+            method_of("/v3beta/kv/range").map(|m| m.grpc),
+            Some(range.grpc)
+        );
+        assert!(method_of("/v3alpha/kv/range").is_none());
+        assert!(method_of("/v3/kv/nothing").is_none());
+        // (an additional binding of the protos)
+        assert_eq!(
+            method_of("/v3/kv/lease/revoke").map(|m| m.grpc),
+            Some("/etcdserverpb.Lease/LeaseRevoke")
+        );
+        let watch = method_of("/v3/watch").expect("/v3/watch");
+        assert!(watch.client_streaming && watch.server_streaming);
+        let observe = method_of("/v3/election/observe").expect("observe");
+        assert!(!observe.client_streaming && observe.server_streaming);
+        assert_eq!(
+            method_of("/v3/lock/lock").map(|m| m.grpc),
+            Some("/v3lockpb.Lock/Lock")
+        );
+    }
+
+    #[test]
+    fn json_is_etcds_mapping_both_ways() {
+        let range = method_of("/v3/kv/range").unwrap();
+        let bytes = (range.request)(br#"{"key":"Zm9v","rangeEnd":"Zm9w","limit":"5"}"#).unwrap();
+        let back = (|| -> Result<String, String> {
+            let m = <pb::etcdserverpb::RangeRequest as prost::Message>::decode(&bytes[..])
+                .map_err(|e| e.to_string())?;
+            serde_json::to_string(&m).map_err(|e| e.to_string())
+        })()
+        .unwrap();
+        assert_eq!(back, r#"{"key":"Zm9v","range_end":"Zm9w","limit":"5"}"#);
+        assert!((range.request)(br#"{"key":1}"#).is_err());
+        assert!((range.request)(br#"{"key":"Zm9v","unknown":1}"#).is_ok());
+    }
+
+    #[test]
+    fn frames_split_where_grpc_puts_them() {
+        let mut buf = BytesMut::new();
+        buf.extend_from_slice(&frame(b"one"));
+        buf.extend_from_slice(&frame(b""));
+        let two = frame(b"two");
+        buf.extend_from_slice(&two[..4]);
+        assert_eq!(deframe(&mut buf).as_deref(), Some(&b"one"[..]));
+        assert_eq!(deframe(&mut buf).as_deref(), Some(&b""[..]));
+        assert_eq!(deframe(&mut buf), None);
+        buf.extend_from_slice(&two[4..]);
+        assert_eq!(deframe(&mut buf).as_deref(), Some(&b"two"[..]));
+    }
+
+    #[test]
+    fn grpc_codes_get_grpc_gateways_http_statuses() {
+        for (code, status) in [
+            (Code::InvalidArgument, 400),
+            (Code::Unauthenticated, 401),
+            (Code::PermissionDenied, 403),
+            (Code::NotFound, 404),
+            (Code::ResourceExhausted, 429),
+            (Code::Unknown, 500),
+            (Code::Unimplemented, 501),
+            (Code::Unavailable, 503),
+            (Code::DeadlineExceeded, 504),
+        ] {
+            assert_eq!(http_status(code).as_u16(), status, "{code:?}");
+        }
+    }
 }

@@ -7,7 +7,7 @@
 
 use tonic::{Request, Response, Status};
 
-use super::concurrency::{Client, Withdraw, range_result, session_key};
+use super::concurrency::{Client, Withdraw, prefix_of, range_result, session_key};
 use super::handle::Api;
 
 /// The service's messages and server, generated from etcd's v3lock.proto (build.rs).
@@ -35,8 +35,7 @@ impl pb::lock_server::Lock for Lock {
         let client = Client::of(&self.api, &request);
         let req = request.into_inner();
         let lease = client.session(req.lease).await?;
-        let mut prefix = req.name;
-        prefix.push(b'/');
+        let prefix = prefix_of(&req.name);
         let key = session_key(&prefix, lease);
         let txn = client.join(&prefix, &key, b"", lease).await?;
         let header = txn.header;
