@@ -390,8 +390,8 @@ run_gateway_points() { # label eps pids...
   local via
   for via in grpc gateway; do
     local flag=(); [ $via = gateway ] && flag=(--gateway)
-    bench "$label" "$eps" "$@" -- "${flag[@]}" --clients 16 --conns 4 put --total 40000 --key-size 8 --val-size 256 --key-space-size 100000
-    bench "$label" "$eps" "$@" -- "${flag[@]}" --clients 16 --conns 4 range 000 --consistency l --total 100000
+    bench "$label" "$eps" "$@" -- "${flag[@]}" --clients 16 --conns 4 put --total 80000 --key-size 8 --val-size 256 --key-space-size 100000
+    bench "$label" "$eps" "$@" -- "${flag[@]}" --clients 16 --conns 4 range 000 --consistency l --total 200000
   done
 }
 if [ "${SUITE:-all}" = gateway ]; then
