@@ -49,7 +49,7 @@ class Transcript:
                 value = value.replace("%x" % lease, "<lease>").replace(str(lease), "<lease>")
         return value
 
-    def call(self, path, body, what, json_error=False, method="POST", raw=None):
+    def call(self, path, body, what, own_words=False, method="POST", raw=None):
         headers = {"Authorization": self.token} if self.token else {}
         data = raw if raw is not None else json.dumps(body)
         r = requests.request(method, self.endpoint + path, data=data, headers=headers, timeout=30)
@@ -59,10 +59,11 @@ class Transcript:
             answer = {"text": r.text.strip()}
         if r.status_code != 200:
             # etcd 3.4/3.5 answer {"error","code","message"}, 3.6 {"code","message"}: the code
-            # and message are what both carry. A JSON parser's own words differ by language.
+            # and message are what both carry. A JSON parser's or a size limit's own words
+            # differ by implementation.
             answer = {"code": answer.get("code"), "message": answer.get("message")}
-            if json_error:
-                answer["message"] = "<the JSON parser's message>"
+            if own_words:
+                answer["message"] = "<the implementation's words>"
         self.entries.append({"what": what, "status": r.status_code, "answer": self.normalise(answer)})
         return r.status_code, answer
 
@@ -153,15 +154,17 @@ def transcript(endpoint):
     t.call("/v3/election/resign", {}, "resign without a leader key")
 
     # Errors.
-    t.call("/v3/kv/range", None, "malformed JSON", json_error=True, raw='{"key": "Zm9v"')
-    t.call("/v3/kv/range", None, "a number for bytes", json_error=True, raw='{"key": 1}')
-    t.call("/v3/kv/range", None, "a word for an integer", json_error=True,
+    t.call("/v3/kv/range", None, "malformed JSON", own_words=True, raw='{"key": "Zm9v"')
+    t.call("/v3/kv/range", None, "a number for bytes", own_words=True, raw='{"key": 1}')
+    t.call("/v3/kv/range", None, "a word for an integer", own_words=True,
            raw='{"key": "Zm9v", "limit": "abc"}')
     t.call("/v3/kv/range", {"key": b64("foo"), "no_such_field": 1}, "an unknown field")
     t.call("/v3/kv/range", None, "an empty body", raw="")
     t.call("/v3/kv/put", {"key": "", "value": b64("v")}, "an empty key")
     t.call("/v3/kv/put", {"key": b64("big"), "value": base64.b64encode(b"x" * (1600 * 1024)).decode()},
            "a value over --max-request-bytes")
+    t.call("/v3/kv/put", {"key": b64("huge"), "value": base64.b64encode(b"x" * (5 << 20)).decode()},
+           "a body over the gRPC message limit", own_words=True)
     t.call("/v3/kv/range", {"key": b64("foo"), "revision": "1000"}, "a future revision")
     t.call("/v3/no/such/call", {}, "an unknown path")
 

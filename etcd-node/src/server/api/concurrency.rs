@@ -310,8 +310,12 @@ impl Drop for Withdraw {
         if !self.armed {
             return;
         }
+        // (no runtime: the process is stopping, and the lease removes the key when it ends)
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
         let (client, key, revision) = (self.client.clone(), self.key.clone(), self.revision);
-        tokio::spawn(async move {
+        runtime.spawn(async move {
             if let Err(e) = client.delete_if(&key, revision).await {
                 tracing::warn!(
                     key = %String::from_utf8_lossy(&key),
