@@ -8,14 +8,17 @@
 
 use std::pin::Pin;
 
-use etcd_client::proto::PbKeyValue;
+use etcd_client::proto::{PbKeyValue, PbResponseHeader};
+use tokio::sync::broadcast::error::RecvError;
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 
-use super::concurrency::{
-    Client, Withdraw, by_creation, prefix_of, range_result, session_key, wait_under,
-};
+use super::concurrency::{Client, Withdraw, by_creation, prefix_of, range_result, session_key};
 use super::handle::Api;
+use crate::server::watch_hub::Batch;
+
+/// etcd's DELETE event type.
+const DELETE: i32 = 1;
 
 /// The service's messages and server, generated from etcd's v3election.proto (build.rs).
 #[allow(clippy::all, missing_debug_implementations)]
@@ -125,8 +128,9 @@ impl pb::election_server::Election for Election {
 
     type ObserveStream = Pin<Box<dyn Stream<Item = Result<LeaderResponse, Status>> + Send>>;
 
-    /// Each leader, and each value a leader proclaims, from the one at the call on (a change
-    /// superseded before this member's stream sent it may be skipped; the newest is sent).
+    /// The leader at the call, then each value its key is put with, each new leader when it
+    /// resigns or its lease ends, as etcd's Observe (changes that reach this member in one
+    /// applied batch, or while the stream is behind, are read as their end result).
     async fn observe(
         &self,
         request: Request<LeaderRequest>,
@@ -135,38 +139,37 @@ impl pb::election_server::Election for Election {
         let prefix = prefix_of(&request.into_inner().name);
         let mut changes = client.api().watches.subscribe();
         // (linearizable first: the stream starts at least where the call found the leader)
-        let mut now = client.first_created(&prefix).await?;
+        let first = client.first_created(&prefix).await?;
         let stream = async_stream(move |tx| async move {
-            let mut sent: Option<PbKeyValue> = None;
+            let mut observer = Observer {
+                client,
+                prefix,
+                tx,
+                sent: None,
+            };
+            if let Some(kv) = first.kvs.into_iter().next()
+                && !observer.send(first.header, kv).await
+            {
+                return;
+            }
             loop {
-                if let Some(kv) = now.kvs.first()
-                    && sent.as_ref().is_none_or(|s| {
-                        (s.key.as_slice(), s.mod_revision) != (kv.key.as_slice(), kv.mod_revision)
-                    })
-                {
-                    sent = Some(kv.clone());
-                    let out = LeaderResponse {
-                        header: now.header,
-                        kv: Some(kv.clone()),
-                    };
-                    if tx.send(Ok(out)).await.is_err() {
-                        return;
-                    }
-                }
-                tokio::select! {
-                    waited = wait_under(&mut changes, &prefix) => if let Err(e) = waited {
-                        let _ = tx.send(Err(e)).await;
-                        return;
-                    },
-                    () = tx.closed() => return,
-                }
-                now = match client.range(by_creation(&prefix, None), true).await {
-                    Ok(r) => r,
-                    Err(e) => {
-                        let _ = tx.send(Err(e)).await;
-                        return;
-                    }
+                let next = tokio::select! {
+                    next = changes.recv() => next,
+                    () = observer.tx.closed() => return,
                 };
+                let went_on = match next {
+                    Ok(batch) if !batch.reset => observer.batch(&batch).await,
+                    Ok(_) | Err(RecvError::Lagged(_)) => observer.read_again().await,
+                    Err(RecvError::Closed) => Err(super::handle::stopped()),
+                };
+                match went_on {
+                    Ok(true) => {}
+                    Ok(false) => return,
+                    Err(e) => {
+                        let _ = observer.tx.send(Err(e)).await;
+                        return;
+                    }
+                }
             }
         });
         Ok(Response::new(stream))
@@ -180,6 +183,72 @@ impl pb::election_server::Election for Election {
         let leader = request.into_inner().leader.ok_or_else(missing_leader_key)?;
         let txn = client.delete_if(&leader.key, leader.rev).await?;
         Ok(Response::new(ResignResponse { header: txn.header }))
+    }
+}
+
+/// An Observe stream: where it sends, and the leader's key-value it sent last.
+struct Observer {
+    client: Client,
+    prefix: Vec<u8>,
+    tx: tokio::sync::mpsc::Sender<Result<LeaderResponse, Status>>,
+    sent: Option<PbKeyValue>,
+}
+
+impl Observer {
+    /// Sends `kv` unless it is what was sent last; false once the client is gone.
+    async fn send(&mut self, header: Option<PbResponseHeader>, kv: PbKeyValue) -> bool {
+        let same = |s: &PbKeyValue| (&s.key, s.mod_revision) == (&kv.key, kv.mod_revision);
+        if self.sent.as_ref().is_some_and(same) {
+            return true;
+        }
+        self.sent = Some(kv.clone());
+        let out = LeaderResponse {
+            header,
+            kv: Some(kv),
+        };
+        self.tx.send(Ok(out)).await.is_ok()
+    }
+
+    /// Reads the leader from this member's key space (it has applied what it was told of) and
+    /// sends it if it changed.
+    async fn read_again(&mut self) -> Result<bool, Status> {
+        let now = self
+            .client
+            .range(by_creation(&self.prefix, None), true)
+            .await?;
+        match now.kvs.into_iter().next() {
+            Some(kv) => Ok(self.send(now.header, kv).await),
+            None => Ok(true),
+        }
+    }
+
+    /// One applied batch: each value the leader's key is put with is sent; the leader's key
+    /// deleted, or a first candidate's put while there is none, reads the leader again.
+    async fn batch(&mut self, batch: &Batch) -> Result<bool, Status> {
+        let mut again = false;
+        for e in &batch.events {
+            let Some(kv) = e.kv.as_ref().filter(|kv| kv.key.starts_with(&self.prefix)) else {
+                continue;
+            };
+            match &self.sent {
+                Some(leader) if leader.key == kv.key => {
+                    if e.r#type == DELETE {
+                        again = true;
+                    } else if !again {
+                        let header = self.client.api().header(kv.mod_revision);
+                        if !self.send(header, kv.clone()).await {
+                            return Ok(false);
+                        }
+                    }
+                }
+                Some(_) => {}
+                None => again = true,
+            }
+        }
+        if again {
+            return self.read_again().await;
+        }
+        Ok(true)
     }
 }
 

@@ -310,3 +310,41 @@ func TestTheClientSideElectionSeesTheServiceLeader(t *testing.T) {
 		t.Fatal("the client-side candidate led while the service's leads")
 	}
 }
+
+func TestObserveSeesEveryProclaimInOrder(t *testing.T) {
+	c := client(t)
+	e := v3electionpb.NewElectionClient(c.ActiveConnection())
+	name := unique(t)
+	ctx, stop := context.WithCancel(context.Background())
+	defer stop()
+	leader, err := e.Campaign(ctx, &v3electionpb.CampaignRequest{Name: name, Lease: int64(grant(t, c, 60)), Value: []byte("v0")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	observed, err := e.Observe(ctx, &v3electionpb.LeaderRequest{Name: name})
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, err := observed.Recv()
+	if err != nil || string(first.Kv.Value) != "v0" {
+		t.Fatalf("first observed: %+v %v", first, err)
+	}
+	const n = 20
+	for i := 1; i <= n; i++ {
+		if _, err := e.Proclaim(ctx, &v3electionpb.ProclaimRequest{Leader: leader.Leader, Value: []byte(fmt.Sprintf("v%d", i))}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := 1; i <= n; i++ {
+		r, err := observed.Recv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := fmt.Sprintf("v%d", i); string(r.Kv.Value) != want {
+			t.Fatalf("observed %q, want %q (every proclaim, in order)", r.Kv.Value, want)
+		}
+		if r.Header.Revision < r.Kv.ModRevision {
+			t.Fatalf("header revision %d before the value's %d", r.Header.Revision, r.Kv.ModRevision)
+		}
+	}
+}
