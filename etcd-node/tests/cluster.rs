@@ -1498,15 +1498,21 @@ fn kubelet_probes_as_etcd_serves_them() {
     );
     // (while a gRPC call of a service not served still gets gRPC's UNIMPLEMENTED)
     let ep = c.members[leader].url();
-    let lock = tokio::runtime::Runtime::new().unwrap().block_on(async {
-        let mut client = Client::connect([ep.as_str()], None).await.expect("connect");
-        client.lock("l", None).await
+    let unknown = tokio::runtime::Runtime::new().unwrap().block_on(async {
+        let channel = tonic::transport::Endpoint::from_shared(ep)
+            .expect("endpoint")
+            .connect()
+            .await
+            .expect("connect");
+        let mut grpc = tonic::client::Grpc::new(channel);
+        grpc.ready().await.expect("ready");
+        let path = tonic::codegen::http::uri::PathAndQuery::from_static("/no.such.Service/Call");
+        let codec = tonic_prost::ProstCodec::<(), ()>::default();
+        grpc.unary(tonic::Request::new(()), path, codec).await
     });
-    match lock {
-        Err(etcd_client::Error::GRpcStatus(s)) => {
-            assert_eq!(s.code(), tonic::Code::Unimplemented, "{s:?}")
-        }
-        other => panic!("Lock is not served yet: {other:?}"),
+    match unknown {
+        Err(s) => assert_eq!(s.code(), tonic::Code::Unimplemented, "{s:?}"),
+        Ok(r) => panic!("an unknown gRPC service answered {r:?}"),
     }
     assert_eq!(
         c.http_post(leader, "/readyz"),
