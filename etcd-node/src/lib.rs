@@ -1,8 +1,21 @@
 //! etcd-node: an etcd-compatible node whose Raft is extended with a witness on shared storage.
 //!
-//! Today this crate holds the witness tooling: [`witness::open_store`] maps a `witness:` URL to
-//! its backend, and [`witness::init`] / [`witness::status`] are the library functions behind
-//! `etcdutl witness init` and `etcdutl witness status`.
+//! A tour, from the inside out:
+//! - [`raft`]: the extended Raft core, pure and deterministic (input by `step`/`tick`, output
+//!   what to persist, send and apply); [`sim`]: the simulator that runs it under faults.
+//! - [`storage`]: the WAL and snapshot files; [`mvcc`]: the key space (revisions, history,
+//!   leases, auth) on redb.
+//! - [`witness`]: the witness steps against the storage a `witness:` URL names
+//!   ([`witness::open_store`]), and the library behind `etcdutl witness init|status|add`.
+//! - [`server`]: a member: bootstrap, the Raft loop and its driver, the peer transport, and
+//!   etcd's client API in `server::api` (gRPC, the HTTP/JSON gateway, Lock and Election, the
+//!   probes, `/metrics`).
+//! - [`config`]: etcd's flags, `ETCD_*` variables and config files, validated once; [`tls`];
+//!   [`version`]: releases, peer protocols and feature gates; [`reconcile`]: the plan of
+//!   `etcdutl cluster reconcile`.
+//!
+//! The example initialises a witness in a directory and reads it back, as `etcdutl witness
+//! init` and `etcdutl witness status` do:
 //!
 //! ```
 //! use etcd_node::witness::{InitOptions, init, status};
