@@ -25,15 +25,20 @@ git archive "$commit" | tar -x -C "$src"
 # vendor/h2 has not changed since that commit: point its patch at this tree's copy, so that the
 # patched h2 and everything built on it is the same package as this tree's and is built once.
 sed -i "s|^h2 = { path = \"vendor/h2\" }|h2 = { path = \"$PWD/vendor/h2\" }|" "$src/Cargo.toml"
+# The previous release's binaries get names of their own (etcd-node-previous, ...): they are
+# built into this tree's target directory, and under their own names they never take the place
+# of this tree's target/debug/etcd-node and etcdutl, which tests running meanwhile start.
+sed -i '/^\[\[bin\]\]$/,/^path/ s/^name = "\(.*\)"$/name = "\1-previous"/' "$src/etcd-node/Cargo.toml"
 echo "build-previous: building etcd-node at ${commit:0:12}" >&2
 # The target directory is this tree's, with its profile: the crates both releases use (all of
 # them but the workspace's own, at the pinned Cargo.lock) are built once and shared with
-# `cargo test`. The previous binaries briefly take target/debug/etcd-node and etcdutl; they are
-# copied out at once, and cargo re-links this tree's binaries on its next build, fresh or not.
+# `cargo test`.
 target=${CARGO_TARGET_DIR:-$PWD/target}
-cargo build --locked --quiet --manifest-path "$src/Cargo.toml" -p etcd-node --bins \
+cargo build --locked --quiet --manifest-path "$src/Cargo.toml" -p etcd-node \
+  --bin etcd-node-previous --bin etcdutl-previous \
   --config "profile.dev.package.etcd-node.opt-level=0" --config "profile.dev.package.etcd-node.debug=0" \
   --target-dir "$target" >&2
-cp "$target/debug/etcd-node" "$target/debug/etcdutl" "$out/"
+cp "$target/debug/etcd-node-previous" "$out/etcd-node"
+cp "$target/debug/etcdutl-previous" "$out/etcdutl"
 rm -rf "$src"
 echo "$out"
