@@ -5,7 +5,8 @@
 //!   the leader killed, the follower started alone: it must refuse the witness and lose nothing;
 //! - the probe: a missing, unreadable or re-initialised witness shows in `/health`, Status and
 //!   the metrics while both members are up;
-//! - a start that fails on the witness writes nothing: the corrected flag is then used.
+//! - a start that fails on the witness writes nothing: the corrected flag is then used;
+//! - a witness share that stops answering costs a bounded number of threads (issue 40).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -460,4 +461,67 @@ fn a_member_behind_is_refused_and_named_and_force_new_cluster_keeps_every_write(
     wait(&c, l, LEADER_WAIT, "the forced member restarts", || {
         rt.block_on(put(&lep, "again", "v"))
     });
+}
+
+/// Threads of process `pid` (from /proc).
+fn threads(pid: u32) -> usize {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Threads:"))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// A witness share that stops answering (packets dropped, not refused) leaves each operation on
+/// it blocked for good (failpoint `witness-io-hang` blocks every use). With the other member
+/// down, the member left keeps probing every second and asking the witness for its vote: it
+/// must hold at most `WITNESS_IO_LIMIT` blocked operations, fail the others at once saying why,
+/// and stop on SIGTERM (before: a blocked thread more every second, and no stop).
+#[test]
+fn a_hung_witness_share_costs_a_bounded_number_of_threads_and_sigterm_stops_the_member() {
+    let (node, etcdutl) = bins();
+    let mut c = Cluster::start(node, etcdutl, &["--witness-probe-interval", "1s"]);
+    c.wait_leader(LEADER_WAIT);
+    assert!(c.stop_within(0, Duration::from_secs(10)), "{}", c.log(0));
+    c.kill(1);
+    c.start_member_with(0, &[], &[("FAILPOINTS", "witness-io-hang=sleep(600000)")]);
+    let pid = c.members[0].pid().expect("member 0 runs");
+    let ep = c.members[0].url();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    // A writer that keeps trying (each put needs the witness: the other member is down).
+    let writes = |seconds: u64| {
+        rt.block_on(async {
+            let started = Instant::now();
+            while started.elapsed() < Duration::from_secs(seconds) {
+                if let Some(mut cl) = client(&ep).await {
+                    let _ = cl.put("hung", "v", None).await;
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        })
+    };
+    writes(10);
+    let settled = threads(pid);
+    writes(20);
+    let after = threads(pid);
+    println!("threads: {settled} after 10 s of a hung witness, {after} 20 s later");
+    let limit = etcd_node::server::witness_slot::WITNESS_IO_LIMIT;
+    assert!(
+        after <= settled + 2,
+        "threads grew from {settled} to {after} in 20 s with the witness hung\n{}",
+        c.log(0)
+    );
+    let log = c.log(0);
+    assert!(
+        log.contains(&format!(
+            "{limit} operations on the witness storage have not returned"
+        )),
+        "{log}"
+    );
+    assert!(
+        c.stop_within(0, Duration::from_secs(10)),
+        "SIGTERM did not stop the member within 10 s\n{}",
+        c.log(0)
+    );
 }

@@ -586,7 +586,17 @@ impl Effects {
         let metrics = self.metrics.clone();
         let seen = request.caller().seen;
         let others = self.others_named(raft);
+        let io = match slot.begin_io() {
+            Ok(permit) => permit,
+            Err(why) => {
+                metrics.witness_unavailable(why);
+                let _ = feedback.send(Input::Witness(WitnessResponse::Failed { request }));
+                return;
+            }
+        };
         self.runtime.spawn(async move {
+            // (held until the step returns, however long a hung share takes)
+            let _io = io;
             // (opening the storage may block: a stat of the mount, the SAS file)
             let got = tokio::task::spawn_blocking(move || slot.get()).await.ok().flatten();
             let witness = match got {

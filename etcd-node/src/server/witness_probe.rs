@@ -37,41 +37,66 @@ pub async fn run(
         let Some(caller) = status.borrow().witness else {
             continue;
         };
-        let slot = witness.clone();
         let limit = every.max(Duration::from_secs(1));
-        // (opening the storage may block: a stat of a hung mount)
-        let got =
-            tokio::time::timeout(limit, tokio::task::spawn_blocking(move || slot.get())).await;
         let id = caller.witness_id;
-        let (location, result) = match got {
+        let io = match witness.begin_io() {
+            Ok(permit) => permit,
+            Err(why) => {
+                report(&metrics, &mut warned, format!("{id:x}"), Err(why));
+                continue;
+            }
+        };
+        // The probe runs as a task of its own holding its permit: one that a hung share holds
+        // past `limit` is reported, and goes on holding the permit until it returns.
+        let slot = witness.clone();
+        let probing = tokio::spawn(async move {
+            let _io = io;
+            // (opening the storage may block: a stat of a hung mount)
+            match tokio::task::spawn_blocking(move || slot.get()).await {
+                Ok(Some((w, Ok(client)))) if w == id => Some((
+                    client.store().location(),
+                    probe(client.store(), caller, every).await,
+                )),
+                Ok(Some((w, Err(why)))) if w == id => Some((format!("{id:x}"), Err(why))),
+                // The slot and the applied configuration disagree for a moment during a change.
+                _ => None,
+            }
+        });
+        let (location, result) = match tokio::time::timeout(limit, probing).await {
             Err(_) => (
                 format!("{id:x}"),
                 Err(format!(
-                    "the witness storage did not open within {limit:?} (a hung mount?)"
+                    "the witness storage did not answer within {limit:?} (a hung mount?)"
                 )),
             ),
-            Ok(Ok(Some((w, Ok(client))))) if w == id => (
-                client.store().location(),
-                probe(client.store(), caller, every).await,
-            ),
-            Ok(Ok(Some((w, Err(why))))) if w == id => (format!("{id:x}"), Err(why)),
-            // The slot and the applied configuration disagree for a moment during a change.
-            _ => continue,
+            Ok(Ok(Some(found))) => found,
+            Ok(_) => continue,
         };
-        let before = metrics.witness_probed(result.clone());
-        match (result, before) {
-            (Ok(()), Some(_)) => {
-                warned = None;
-                tracing::info!(witness = %location, "the witness is well again");
-            }
-            (Ok(()), None) => {}
-            (Err(why), before) => {
-                let again = before.as_deref() != Some(why.as_str())
-                    || warned.is_none_or(|at| at.elapsed() >= REPEAT_WARNING);
-                if again {
-                    warned = Some(Instant::now());
-                    tracing::warn!("witness probe failed: {why}");
-                }
+        report(&metrics, &mut warned, location, result);
+    }
+}
+
+/// Publishes a probe's finding and logs it (a WARN when a failure starts or changes, and once
+/// a minute while it lasts; an INFO when it clears).
+fn report(
+    metrics: &Metrics,
+    warned: &mut Option<Instant>,
+    location: String,
+    result: Result<(), String>,
+) {
+    let before = metrics.witness_probed(result.clone());
+    match (result, before) {
+        (Ok(()), Some(_)) => {
+            *warned = None;
+            tracing::info!(witness = %location, "the witness is well again");
+        }
+        (Ok(()), None) => {}
+        (Err(why), before) => {
+            let again = before.as_deref() != Some(why.as_str())
+                || warned.is_none_or(|at| at.elapsed() >= REPEAT_WARNING);
+            if again {
+                *warned = Some(Instant::now());
+                tracing::warn!("witness probe failed: {why}");
             }
         }
     }

@@ -15,11 +15,21 @@
 //! I/O (it runs on the Raft thread), `get` opens the storage on a blocking thread, tries a
 //! failed open again after a second, and keeps an open client while the token file cannot be
 //! read; the resolved URL (which holds the secret) is kept only as a digest.
+//!
+//! A share that stops answering (packets dropped, not refused) leaves each operation on it
+//! blocked in the kernel, a thread each, for as long as the share stays away. Every operation a
+//! member makes on its witness (steps and probes) therefore first takes one of
+//! [`WITNESS_IO_LIMIT`] permits ([`WitnessSlot::begin_io`]) and holds it until the operation
+//! really returns; with none free, the operation fails at once, saying so. A hung share costs a
+//! bounded number of threads, and the member goes on answering (a failed step is an unreachable
+//! witness to the Raft loop).
 
 use std::hash::{Hash, Hasher};
+
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use etcd_client::proto::PbMember;
 use witness_core::url::BlobSasUri;
@@ -96,7 +106,13 @@ pub struct WitnessSlot {
     current: Mutex<Option<Current>>,
     credentials: Credentials,
     metrics: Arc<Metrics>,
+    /// The permits of the witness operations in flight.
+    io: Arc<Semaphore>,
 }
+
+/// How many operations on the witness's storage may be in flight at once (each may hold a
+/// blocking thread while the storage does not answer).
+pub const WITNESS_IO_LIMIT: usize = 8;
 
 /// How often opening a witness's storage that failed is tried again.
 const REOPEN_AFTER: Duration = Duration::from_secs(1);
@@ -130,7 +146,20 @@ impl WitnessSlot {
             current: Mutex::new(None),
             credentials,
             metrics,
+            io: Arc::new(Semaphore::new(WITNESS_IO_LIMIT)),
         }
+    }
+
+    /// The permit of one operation on the witness's storage, to hold until it returns; an
+    /// error when [`WITNESS_IO_LIMIT`] of them have not returned yet (a share that hangs).
+    pub fn begin_io(&self) -> Result<OwnedSemaphorePermit, String> {
+        self.io.clone().try_acquire_owned().map_err(|_| {
+            format!(
+                "{WITNESS_IO_LIMIT} operations on the witness storage have not returned: the \
+                 share (or blob endpoint) hangs; check the mount on this machine (`stat` of the \
+                 witness directory should answer at once) and its network"
+            )
+        })
     }
 
     /// Follows `members`: notes the witness it names, or forgets the witness that left. No I/O
@@ -179,6 +208,8 @@ impl WitnessSlot {
     /// a changed one reopens the client; a token that cannot be read keeps the open client.
     /// A failed open is tried again after [`REOPEN_AFTER`].
     pub fn get(&self) -> Option<(NodeId, Result<SharedWitness, String>)> {
+        // (a share that stops answering: tests arm this with a sleep, and every use blocks)
+        fail::fail_point!("witness-io-hang");
         let (id, url, opened, client, failed) = {
             let current = self.lock();
             let c = current.as_ref()?;
