@@ -198,6 +198,12 @@ fn deframe(buf: &mut BytesMut) -> Option<Bytes> {
     Some(buf.split_to(len).freeze())
 }
 
+/// Headers that gRPC itself sets (a `Grpc-Metadata-` header does not replace them, as gRPC's
+/// own clients refuse to send them as metadata).
+fn reserved(name: &str) -> bool {
+    matches!(name, "content-type" | "te" | "user-agent") || name.starts_with("grpc-")
+}
+
 /// The gRPC request for `method`, with the HTTP request's identity and metadata.
 fn grpc_request(method: &Method, http: &Request<Body>, body: Body) -> Request<Body> {
     let mut out = Request::new(body);
@@ -211,6 +217,7 @@ fn grpc_request(method: &Method, http: &Request<Body>, body: Body) -> Request<Bo
         if name == "authorization" {
             headers.insert("authorization", value.clone());
         } else if let Some(meta) = name.strip_prefix("grpc-metadata-")
+            && !reserved(meta)
             && let Ok(meta) = axum::http::HeaderName::from_bytes(meta.as_bytes())
         {
             headers.insert(meta, value.clone());
@@ -473,6 +480,26 @@ mod tests {
                 let _ = (m.request)(&valid[..rng.random_range(0..valid.len())]);
             }
         }
+    }
+
+    #[test]
+    fn grpc_metadata_headers_become_metadata_but_never_grpcs_own() {
+        let range = method_of("/v3/kv/range").unwrap();
+        let http = Request::builder()
+            .header("authorization", "tok")
+            .header("grpc-metadata-hasleader", "true")
+            .header("grpc-metadata-content-type", "text/plain")
+            .header("grpc-metadata-grpc-timeout", "1n")
+            .header("x-other", "no")
+            .body(Body::empty())
+            .unwrap();
+        let out = grpc_request(range, &http, Body::empty());
+        let h = out.headers();
+        assert_eq!(out.uri().path(), "/etcdserverpb.KV/Range");
+        assert_eq!(h["content-type"], "application/grpc");
+        assert_eq!(h["authorization"], "tok");
+        assert_eq!(h["hasleader"], "true");
+        assert!(h.get("grpc-timeout").is_none() && h.get("x-other").is_none());
     }
 
     #[test]
