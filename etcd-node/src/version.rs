@@ -19,6 +19,24 @@ use std::fmt;
 /// This binary's version.
 pub const BINARY: &str = env!("CARGO_PKG_VERSION");
 
+/// The etcd version whose API a member serves, as Status reports it (a macro, so that
+/// `etcd-node --version` can print it in etcd's own words: see [`LONG_VERSION`]).
+#[macro_export]
+macro_rules! etcd_api_version {
+    () => {
+        "3.5.17"
+    };
+}
+
+/// What `etcd-node --version` prints after its name: this binary's version, then the etcd
+/// version it answers as, in etcd's own line (`etcd Version: X`), which scripts and etcd's test
+/// framework read to pick the flags they pass.
+pub const LONG_VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    "\netcd Version: ",
+    etcd_api_version!()
+);
+
 /// The peer protocol this binary speaks: 1 was every release before protocols were announced
 /// (their frames carry 0); 2 adds the announcements and compressed snapshot chunks.
 pub const PROTOCOL: u32 = 2;

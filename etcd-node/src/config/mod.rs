@@ -28,8 +28,11 @@ pub use ids::{cluster_id, member_id};
 #[derive(Parser, Debug, Clone, Deserialize)]
 #[command(
     name = "etcd-node",
-    version,
-    about = "An etcd-compatible node whose Raft is extended with a witness on shared storage"
+    version = crate::version::LONG_VERSION,
+    about = "An etcd-compatible node whose Raft is extended with a witness on shared storage",
+    // A flag given twice takes its last value, as Go's flag package (etcd's) does; etcd's own
+    // test framework passes --snapshot-count and --initial-cluster-token twice.
+    args_override_self = true
 )]
 #[serde(rename_all = "kebab-case", default, deny_unknown_fields)]
 pub struct Flags {
@@ -820,6 +823,13 @@ mod tests {
         "--initial-cluster-state",
         "new",
     ];
+
+    #[test]
+    fn a_flag_given_twice_takes_its_last_value_as_in_etcd() {
+        let mut args = SEED.to_vec();
+        args.extend(["--snapshot-count=50", "--snapshot-count=1000"]);
+        assert_eq!(parse(&args).unwrap().snapshot_count, 1000);
+    }
 
     #[test]
     fn the_seed_command_parses_with_a_witness_member() {

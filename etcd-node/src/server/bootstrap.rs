@@ -354,6 +354,19 @@ pub(crate) async fn read_witness_at_bootstrap(
     }))
 }
 
+/// Logs etcd's "ready to serve client requests" once this member can serve a write: a leader
+/// is known and everything committed is applied. etcd logs it at the same point (after its
+/// member attributes are committed through Raft); scripts and etcd's own test framework wait
+/// for that line before they send requests.
+async fn announce_ready(mut status: tokio::sync::watch::Receiver<crate::server::contract::Status>) {
+    let ready = status
+        .wait_for(|s| s.leader != crate::raft::NONE && s.commit > 0 && s.applied >= s.commit)
+        .await;
+    if ready.is_ok() {
+        tracing::info!("ready to serve client requests");
+    }
+}
+
 /// Where this member finds its witness's SAS token (never in the replicated member list).
 pub(crate) fn credentials(cfg: &ServerConfig) -> Credentials {
     Credentials {
@@ -677,6 +690,7 @@ pub async fn run(
         cluster = format!("{:x}", ids.cluster),
         "serving"
     );
+    tokio::spawn(announce_ready(api.status.clone()));
     if let Some(every) = cfg.witness_probe {
         tokio::spawn(witness_probe::run(
             witness,

@@ -18,6 +18,7 @@ pub mod reads;
 pub mod removal;
 pub mod restore;
 pub mod snapshot_file;
+pub mod wal_dump;
 pub mod watch_hub;
 pub mod wire;
 pub mod witness_probe;

@@ -26,7 +26,7 @@
 //! segment named with first index F holds no entry below F written after it was opened.
 
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, Read, Seek, SeekFrom, Write};
+use std::io::{self, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
 use super::codec::{PbEntry, PbHardState, decode, encode};
@@ -182,74 +182,31 @@ impl Wal {
     /// Opens (creating if needed) the WAL in `dir` and recovers its contents.
     pub fn open(dir: &Path, segment_bytes: u64) -> Result<(Wal, Recovered), WalError> {
         fs::create_dir_all(dir).map_err(io_err(dir))?;
-        let mut segments: Vec<(u64, u64, PathBuf)> = fs::read_dir(dir)
-            .map_err(io_err(dir))?
-            .filter_map(|e| e.ok())
-            .filter_map(|e| {
-                let name = e.file_name().into_string().ok()?;
-                let (seq, first) = parse_segment_name(&name)?;
-                Some((seq, first, e.path()))
-            })
-            .collect();
-        segments.sort();
-        let mut rec = Recovered::default();
-        let mut tail: Option<(File, PathBuf, u64)> = None;
-        let count = segments.len();
-        for (i, (_, _, path)) in segments.iter().enumerate() {
-            let mut file = OpenOptions::new()
-                .read(true)
-                .write(true)
-                .open(path)
-                .map_err(io_err(path))?;
-            let mut data = Vec::new();
-            file.read_to_end(&mut data).map_err(io_err(path))?;
-            let mut at = 0;
-            loop {
-                match read_record(&data, at) {
-                    Ok(Some((kind, _, _))) if !KNOWN_KINDS.contains(&kind) => {
-                        return Err(WalError::Newer {
-                            path: path.clone(),
-                            offset: at as u64,
-                            kind,
-                        });
-                    }
-                    Ok(Some((kind, payload, next))) => {
-                        apply(&mut rec, kind, payload).map_err(|what| WalError::Corrupt {
-                            path: path.clone(),
-                            offset: at as u64,
-                            what,
-                        })?;
-                        at = next;
-                    }
-                    Ok(None) => break,
-                    Err(what) => {
-                        let last = i + 1 == count;
-                        if !last || valid_record_after(&data, at) {
-                            return Err(WalError::Corrupt {
-                                path: path.clone(),
-                                offset: at as u64,
-                                what,
-                            });
-                        }
-                        // A torn write: zero it (up to the last byte written; the
-                        // preallocated rest is zeros already).
-                        let torn = data[at..]
-                            .iter()
-                            .rposition(|&b| b != 0)
-                            .map_or(0, |l| l + 1);
-                        rec.torn_bytes = torn as u64;
-                        file.seek(SeekFrom::Start(at as u64))
-                            .map_err(io_err(path))?;
-                        file.write_all(&vec![0; torn]).map_err(io_err(path))?;
-                        file.sync_all().map_err(io_err(path))?;
-                        break;
-                    }
+        let Scan {
+            mut segments,
+            rec,
+            tail,
+            ..
+        } = scan(dir, false)?;
+        let tail = match (tail, segments.last()) {
+            (Some((offset, torn)), Some((_, _, path))) => {
+                let mut file = OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .open(path)
+                    .map_err(io_err(path))?;
+                if torn > 0 {
+                    // A torn write: zero it (up to the last byte written; the preallocated
+                    // rest is zeros already).
+                    file.seek(SeekFrom::Start(offset)).map_err(io_err(path))?;
+                    file.write_all(&vec![0; torn as usize])
+                        .map_err(io_err(path))?;
+                    file.sync_all().map_err(io_err(path))?;
                 }
+                Some((file, path.clone(), offset))
             }
-            if i + 1 == count {
-                tail = Some((file, path.clone(), at as u64));
-            }
-        }
+            _ => None,
+        };
         let next_index = rec
             .entries
             .last()
@@ -382,6 +339,126 @@ impl Wal {
     }
 }
 
+/// What reading every segment found, before anything is changed.
+struct Scan {
+    /// (seq, first index, path) of every segment, oldest first.
+    segments: Vec<(u64, u64, PathBuf)>,
+    rec: Recovered,
+    /// In the last segment: the offset after its last valid record, and how many bytes after
+    /// that are a torn write.
+    tail: Option<(u64, u64)>,
+    /// The first record of the first segment ever written (sequence 0), when it is a snapshot
+    /// marker: the snapshot the member began from.
+    first_marker: Option<(u64, u64)>,
+}
+
+/// Reads every record of every segment in `dir` (see the module notes for the rules), changing
+/// nothing. `keep_covered`: keep the entries a snapshot marker covers (while their segment
+/// exists), and restart the list at a gap (entries a snapshot replaced).
+fn scan(dir: &Path, keep_covered: bool) -> Result<Scan, WalError> {
+    let mut segments: Vec<(u64, u64, PathBuf)> = fs::read_dir(dir)
+        .map_err(io_err(dir))?
+        .filter_map(|e| e.ok())
+        .filter_map(|e| {
+            let name = e.file_name().into_string().ok()?;
+            let (seq, first) = parse_segment_name(&name)?;
+            Some((seq, first, e.path()))
+        })
+        .collect();
+    segments.sort();
+    let mut rec = Recovered::default();
+    let mut tail = None;
+    let mut first_marker = None;
+    let count = segments.len();
+    for (i, (seq, _, path)) in segments.iter().enumerate() {
+        let data = fs::read(path).map_err(io_err(path))?;
+        if *seq == 0
+            && let Ok(Some((KIND_SNAPSHOT, payload, _))) = read_record(&data, 0)
+            && let Ok(marker) = parse_snapshot_marker(payload)
+        {
+            first_marker = Some(marker);
+        }
+        let last = i + 1 == count;
+        let mut at = 0;
+        let mut torn = 0;
+        loop {
+            match read_record(&data, at) {
+                Ok(Some((kind, _, _))) if !KNOWN_KINDS.contains(&kind) => {
+                    return Err(WalError::Newer {
+                        path: path.clone(),
+                        offset: at as u64,
+                        kind,
+                    });
+                }
+                Ok(Some((kind, payload, next))) => {
+                    apply(&mut rec, kind, payload, keep_covered).map_err(|what| {
+                        WalError::Corrupt {
+                            path: path.clone(),
+                            offset: at as u64,
+                            what,
+                        }
+                    })?;
+                    at = next;
+                }
+                Ok(None) => break,
+                Err(what) => {
+                    if !last || valid_record_after(&data, at) {
+                        return Err(WalError::Corrupt {
+                            path: path.clone(),
+                            offset: at as u64,
+                            what,
+                        });
+                    }
+                    torn = data[at..]
+                        .iter()
+                        .rposition(|&b| b != 0)
+                        .map_or(0, |l| l + 1);
+                    rec.torn_bytes = torn as u64;
+                    break;
+                }
+            }
+        }
+        if last {
+            tail = Some((at as u64, torn as u64));
+        }
+    }
+    Ok(Scan {
+        segments,
+        rec,
+        tail,
+        first_marker,
+    })
+}
+
+/// Everything the WAL in `dir` still holds, changing nothing (for `etcdutl wal dump`, safe on
+/// a running member's directory): the last hard state, the entries in index order (each index
+/// as last written, entries a snapshot covers included while their segment exists, starting
+/// after the last gap a snapshot left), and the length of a torn tail (not read; a running
+/// member may be writing it).
+pub fn read_only(dir: &Path) -> Result<LogContents, WalError> {
+    let scan = scan(dir, true)?;
+    let from_first_snapshot = scan.first_marker.filter(|(index, _)| {
+        scan.rec
+            .entries
+            .first()
+            .is_none_or(|e| e.index == index + 1)
+    });
+    Ok(LogContents {
+        rec: scan.rec,
+        from_first_snapshot,
+    })
+}
+
+/// What [`read_only`] found.
+#[derive(Debug)]
+pub struct LogContents {
+    pub rec: Recovered,
+    /// The snapshot the member began from (index, term: a new cluster's starting position, a
+    /// restored snapshot, or the first snapshot a joining member received), when the entries
+    /// run on from it unbroken (nothing released or replaced by a later snapshot since).
+    pub from_first_snapshot: Option<(u64, u64)>,
+}
+
 fn frame_snapshot(buf: &mut Vec<u8>, (index, term): (u64, u64)) {
     let mut payload = Vec::with_capacity(16);
     payload.extend_from_slice(&index.to_le_bytes());
@@ -415,15 +492,25 @@ fn create_segment(
     Ok((file, path))
 }
 
+/// A snapshot marker's (index, term).
+fn parse_snapshot_marker(payload: &[u8]) -> Result<(u64, u64), String> {
+    if payload.len() != 16 {
+        return Err("snapshot marker of the wrong size".into());
+    }
+    let index = u64::from_le_bytes(payload[..8].try_into().expect("8 bytes"));
+    let term = u64::from_le_bytes(payload[8..].try_into().expect("8 bytes"));
+    Ok((index, term))
+}
+
 /// Applies one recovered record.
-fn apply(rec: &mut Recovered, kind: u8, payload: &[u8]) -> Result<(), String> {
+fn apply(rec: &mut Recovered, kind: u8, payload: &[u8], keep_covered: bool) -> Result<(), String> {
     match kind {
         KIND_ENTRY => {
             let e: Entry = decode::<PbEntry>("entry", payload)
                 .map_err(|e| e.to_string())?
                 .try_into()
                 .map_err(|e: super::codec::Invalid| e.to_string())?;
-            if e.index <= rec.snapshot.0 {
+            if e.index <= rec.snapshot.0 && !keep_covered {
                 return Ok(()); // covered by the snapshot
             }
             let Some(first) = rec.entries.first().map(|f| f.index) else {
@@ -432,6 +519,11 @@ fn apply(rec: &mut Recovered, kind: u8, payload: &[u8]) -> Result<(), String> {
                 return Ok(());
             };
             let next = rec.entries.last().map_or(first, |l| l.index + 1);
+            if e.index > next && keep_covered {
+                rec.entries.clear(); // a snapshot replaced the entries between
+                rec.entries.push(e);
+                return Ok(());
+            }
             if e.index > next {
                 return Err(format!("entry {} leaves a gap after {}", e.index, next - 1));
             }
@@ -447,12 +539,10 @@ fn apply(rec: &mut Recovered, kind: u8, payload: &[u8]) -> Result<(), String> {
                 .into();
         }
         KIND_SNAPSHOT => {
-            if payload.len() != 16 {
-                return Err("snapshot marker of the wrong size".into());
+            let (index, term) = parse_snapshot_marker(payload)?;
+            if !keep_covered {
+                rec.entries.retain(|e| e.index > index);
             }
-            let index = u64::from_le_bytes(payload[..8].try_into().expect("8 bytes"));
-            let term = u64::from_le_bytes(payload[8..].try_into().expect("8 bytes"));
-            rec.entries.retain(|e| e.index > index);
             rec.snapshot = rec.snapshot.max((index, term));
         }
         k => return Err(format!("unknown record kind {k}")),

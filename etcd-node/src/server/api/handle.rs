@@ -21,7 +21,7 @@ use crate::server::watch_hub::WatchHub;
 /// How long Status reports a failed witness step (unless a later step succeeds).
 pub(super) const WITNESS_ERROR_WINDOW: Duration = Duration::from_secs(30);
 /// The version reported by Status: etcd clients check it (this API matches etcd 3.5's).
-pub const VERSION: &str = "3.5.17";
+pub const VERSION: &str = crate::etcd_api_version!();
 /// The etcd cluster version `/version` and `etcd_cluster_version` report: the etcd API every
 /// member serves (etcd reports major.minor.0 there).
 pub const CLUSTER_VERSION: &str = "3.5.0";

@@ -1,7 +1,7 @@
 //! The etcd v3 client API (gRPC, etcd-client's server types), one struct per service over the
 //! shared handle [`Api`]: [`kv::Kv`], [`cluster::Cluster`], [`maintenance::Maintenance`],
 //! [`lease::Lease`], [`watch::Watch`], [`auth::Auth`], and etcd's [`lock::Lock`] and
-//! [`election::Election`] built on them ([`concurrency`]); plus `/metrics` and the health
+//! [`election::Election`] built on them ([`concurrency`]), gRPC's health service; plus `/metrics` and the health
 //! endpoints ([`probes`]: `/health`, `/livez`, `/readyz`). The
 //! handle talks to the Raft loop only through `server::contract` (inputs in, status out).
 //! Writes go through Raft; linearizable reads wait for a ReadIndex round, serializable ones read
@@ -81,4 +81,7 @@ pub fn routes(api: &Api) -> Routes {
             .max_decoding_message_size(limit),
         check(),
     ))
+    // gRPC's health service, SERVING for "" (every service) as etcd's: etcd's robustness
+    // suite checks it between faults, and gRPC load balancers and `grpc_health_probe` use it.
+    .add_service(tonic_health::server::health_reporter().1)
 }
