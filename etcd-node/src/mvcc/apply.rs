@@ -42,10 +42,21 @@ pub(super) struct Writer<'t> {
     pub events: Vec<PbEvent>,
 }
 
-/// The revision a write request writes at, and whether it changed anything.
+/// The revision a write request writes at, whether it changed anything, and the sub-revision
+/// of its next change (its changes count up from 0 in the order they are made).
 struct Step {
     rev: u64,
     changed: bool,
+    sub: u64,
+}
+
+impl Step {
+    /// (revision, sub-revision) of the next change.
+    fn next_change(&mut self) -> (u64, Option<u64>) {
+        self.changed = true;
+        self.sub += 1;
+        (self.rev, Some(self.sub - 1))
+    }
 }
 
 fn header(revision: u64) -> Option<PbResponseHeader> {
@@ -118,6 +129,7 @@ impl<'t> Writer<'t> {
         let mut step = Step {
             rev: self.revision + 1,
             changed: false,
+            sub: 0,
         };
         let out = match op {
             Op::Alarm(r) => Ok(Response::Alarm(self.alarm(r)?)),
@@ -329,10 +341,9 @@ impl<'t> Writer<'t> {
                 _ => r.lease,
             },
         };
-        self.rows.put(&r.key, s.rev, &kv)?;
+        self.rows.put(&r.key, s.next_change(), &kv)?;
         self.attach(&r.key, prev.as_ref().map_or(0, |p| p.lease), kv.lease)?;
         self.events.push(event(&r.key, &kv, None));
-        s.changed = true;
         Ok(PbPutResponse {
             header: header(s.rev),
             prev_kv: prev.filter(|_| r.prev_kv),
@@ -364,11 +375,10 @@ impl<'t> Writer<'t> {
             ..Default::default()
         };
         for kv in &doomed {
-            self.rows.put(&kv.key, s.rev, &tombstone)?;
+            self.rows.put(&kv.key, s.next_change(), &tombstone)?;
             self.attach(&kv.key, kv.lease, 0)?;
             self.events.push(event(&kv.key, &tombstone, None));
         }
-        s.changed |= !doomed.is_empty();
         Ok(PbDeleteResponse {
             header: header(s.rev),
             deleted: doomed.len() as i64,

@@ -23,6 +23,9 @@ pub(super) struct PbDumpEntry {
     pub revision: u64,
     #[prost(bytes = "vec", tag = "3")]
     pub record: Vec<u8>,
+    /// The change's sub-revision, when the row knows it (see `record`).
+    #[prost(uint64, optional, tag = "4")]
+    pub sub: Option<u64>,
 }
 
 /// The whole key space: the state-machine part of a Raft snapshot.
@@ -418,6 +421,7 @@ mod tests {
             key: key.into(),
             revision,
             record: kv(version),
+            sub: None,
         }
     }
 

@@ -335,6 +335,9 @@ pub fn import(
                 key: key.to_vec(),
                 revision,
                 record: v.value().to_vec(),
+                // (etcd's sub-revisions are not carried over: rows of one revision replay in
+                // key order)
+                sub: None,
             };
             emit(out, &Part::History(entry))?;
         }
@@ -560,6 +563,7 @@ mod tests {
             key: key.into(),
             revision,
             record,
+            sub: None,
         }
     }
 

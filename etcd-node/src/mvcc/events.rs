@@ -34,8 +34,10 @@ pub(super) fn event(key: &[u8], kv: &PbKeyValue, prev: Option<&PbKeyValue>) -> P
     }
 }
 
-/// The events of revisions `from..=to` on the keys of `[start, end)`, in revision order (key
-/// order within a revision), each with the key's previous value when the history still has it.
+/// The events of revisions `from..=to` on the keys of `[start, end)`, in revision order and
+/// within a revision in the order the changes were made (as etcd; key order for rows that do
+/// not know their sub-revision: `record`), each with the key's previous value when the history
+/// still has it.
 /// The caller makes sure `from` is above the compacted revision.
 pub(super) fn replay(
     (history, values): (&impl HistoryTable, &impl ValuesTable),
@@ -46,7 +48,7 @@ pub(super) fn replay(
 ) -> Result<Vec<PbEvent>, redb::Error> {
     let mut out = Vec::new();
     let Some(rows) = history_rows(history, start, end, to)? else {
-        return Ok(out);
+        return Ok(Vec::new());
     };
     // The row before, without its value (read only if an event needs it) and its value's row.
     let mut prev: Option<(PbKeyValue, u64)> = None;
@@ -63,10 +65,12 @@ pub(super) fn replay(
                 _ => None,
             };
             record::fill_value(values, &mut kv, number)?;
-            out.push(event(key, &kv, before.as_ref()));
+            let sub = record::sub_revision(v.value()).unwrap_or(0);
+            out.push(((rev, sub), event(key, &kv, before.as_ref())));
         }
         prev = Some((kv, number));
     }
-    out.sort_by_key(|e| e.kv.as_ref().map_or(0, |kv| kv.mod_revision));
-    Ok(out)
+    // (stable: rows without a sub-revision stay in key order)
+    out.sort_by_key(|(at, _)| *at);
+    Ok(out.into_iter().map(|(_, e)| e).collect())
 }

@@ -817,6 +817,7 @@ impl View<'_> {
                 key: key.to_vec(),
                 revision,
                 record: record::logical(&values, key, v.value()).map_err(|e| m.fail(e))?,
+                sub: record::sub_revision(v.value()),
             };
             write_part(out, &Part::History(entry)).map_err(failed)?;
         }
@@ -896,7 +897,7 @@ impl Mvcc {
                     }
                     Part::History(e) => {
                         let kv = decode_kv(&e.key, &e.record).map_err(|e| self.fail(e))?;
-                        rows.put(&e.key, e.revision, &kv)
+                        rows.put(&e.key, (e.revision, e.sub), &kv)
                             .map_err(|e| self.fail(e))?;
                     }
                 }
@@ -1027,7 +1028,7 @@ fn values_aside(db: &Database, path: &str) -> Result<(), redb::Error> {
                 let kv = decode_kv(key, old)?;
                 // (removed first: `put` would read the old row as format 3)
                 rows.history.remove((key.as_slice(), *rev))?;
-                rows.put(key, *rev, &kv)?;
+                rows.put(key, (*rev, record::sub_revision(old)), &kv)?;
             }
             moved += chunk.len() as u64;
             meta.insert("values", rows.last)?;

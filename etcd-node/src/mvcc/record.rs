@@ -9,6 +9,13 @@
 //! file was 1.7-2.4x etcd's, docs/benchmarks.md). A row with no value (a tombstone, an empty
 //! value) has number 0 and no `values` row.
 //!
+//! A row written by this release also holds its change's place within its revision (the
+//! sub-revision: a transaction's changes count up from 0 in the order it made them, a
+//! delete-range's keys in key order), as field 100 after the `KeyValue`'s own fields: watch
+//! events replayed from the history come in that order, as etcd's (which keys its history by
+//! main and sub revision). A release before it skips the field (an unknown protobuf field);
+//! rows without it (written by such a release) replay in key order within their revision.
+//!
 //! The logical record, `KeyValue` without its key and with its value, is what HashKV hashes
 //! and what snapshot dumps carry, as formats 1 and 2 stored it: members of different formats
 //! answer the same hash and read each other's snapshots.
@@ -28,18 +35,40 @@ fn corrupted(what: String) -> redb::Error {
     redb::StorageError::Corrupted(what).into()
 }
 
-/// The stored form of `kv` (its key and value left out) whose value is row `number`.
-fn encode(number: u64, kv: &PbKeyValue) -> Vec<u8> {
+/// The protobuf field that holds a row's sub-revision, after the `KeyValue`'s (1-6).
+const SUB_FIELD: u32 = 100;
+
+/// The stored form of `kv` (its key and value left out) whose value is row `number`, with its
+/// sub-revision when known.
+fn encode(number: u64, kv: &PbKeyValue, sub: Option<u64>) -> Vec<u8> {
     let rest = PbKeyValue {
         key: Vec::new(),
         value: Vec::new(),
         ..*kv
     };
-    let mut out = Vec::with_capacity(10 + rest.encoded_len());
+    let mut out = Vec::with_capacity(20 + rest.encoded_len());
     encode_varint(number, &mut out);
     rest.encode(&mut out)
         .expect("a Vec grows to take what is encoded");
+    if let Some(sub) = sub {
+        prost::encoding::uint64::encode(SUB_FIELD, &sub, &mut out);
+    }
     out
+}
+
+/// The sub-revision a stored row holds (None: written by a release before them, or restored
+/// from a source without them).
+pub(super) fn sub_revision(stored: &[u8]) -> Option<u64> {
+    let mut bytes = stored;
+    decode_varint(&mut bytes).ok()?;
+    while !bytes.is_empty() {
+        let (tag, wire_type) = prost::encoding::decode_key(&mut bytes).ok()?;
+        if tag == SUB_FIELD && wire_type == prost::encoding::WireType::Varint {
+            return decode_varint(&mut bytes).ok();
+        }
+        prost::encoding::skip_field(wire_type, tag, &mut bytes, Default::default()).ok()?;
+    }
+    None
 }
 
 /// A stored row back into its `KeyValue` without the value (set to `key`), and the number of
@@ -107,9 +136,15 @@ pub(super) struct Rows<'t> {
 }
 
 impl Rows<'_> {
-    /// Stores `kv` (its key field ignored) as the row of `key` at `rev`, its value appended to
-    /// `values`. A row already there is replaced and its value removed.
-    pub fn put(&mut self, key: &[u8], rev: u64, kv: &PbKeyValue) -> Result<(), redb::Error> {
+    /// Stores `kv` (its key field ignored) as the row of `key` at `rev` (sub-revision `sub`
+    /// when known), its value appended to `values`. A row already there is replaced and its
+    /// value removed.
+    pub fn put(
+        &mut self,
+        key: &[u8],
+        (rev, sub): (u64, Option<u64>),
+        kv: &PbKeyValue,
+    ) -> Result<(), redb::Error> {
         let number = if kv.value.is_empty() {
             0
         } else {
@@ -119,7 +154,7 @@ impl Rows<'_> {
         };
         let replaced = self
             .history
-            .insert((key, rev), encode(number, kv).as_slice())?
+            .insert((key, rev), encode(number, kv, sub).as_slice())?
             .map(|old| old.value().to_vec());
         if let Some(old) = replaced {
             self.forget_value(key, &old)?;
@@ -162,16 +197,19 @@ mod tests {
             value: b"v".to_vec(),
             lease: 77,
         };
-        let stored = encode(300, &kv);
-        let (back, number) = decode_meta(b"k", &stored).unwrap();
-        assert_eq!(number, 300);
-        assert_eq!(
-            back,
-            PbKeyValue {
-                value: Vec::new(),
-                ..kv
-            }
-        );
+        for sub in [None, Some(0), Some(5)] {
+            let stored = encode(300, &kv, sub);
+            let (back, number) = decode_meta(b"k", &stored).unwrap();
+            assert_eq!(number, 300);
+            assert_eq!(
+                back,
+                PbKeyValue {
+                    value: Vec::new(),
+                    ..kv.clone()
+                }
+            );
+            assert_eq!(sub_revision(&stored), sub);
+        }
     }
 
     #[test]

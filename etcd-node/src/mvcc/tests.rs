@@ -458,7 +458,8 @@ fn applied_writes_yield_the_events_the_history_replays() {
                 entry(
                     3,
                     Op::Txn(PbTxnRequest {
-                        success: vec![op(put("a", "2")), op(put("c", "1"))],
+                        // (not in key order: events come in the order of the changes)
+                        success: vec![op(put("c", "1")), op(put("a", "2"))],
                         ..Default::default()
                     }),
                 ), // 4
@@ -495,17 +496,22 @@ fn applied_writes_yield_the_events_the_history_replays() {
         [
             (PUT, "a".into(), 2, None),
             (PUT, "b".into(), 3, None),
-            (PUT, "a".into(), 4, s("1")),
             (PUT, "c".into(), 4, None),
+            (PUT, "a".into(), 4, s("1")),
             (DELETE, "a".into(), 5, s("2")),
             (DELETE, "b".into(), 5, s("1")),
         ]
     );
-    // The history replays exactly the same events, from any revision.
+    // The history replays exactly the same events, from any revision; so does a member that
+    // restored it from a snapshot (the dump carries each change's place in its revision).
     let (all, revision) = m.events(b"\0", b"\0", 1).unwrap().unwrap();
     assert_eq!((all, revision), (live.clone(), 5));
+    let other_dir = tempfile::tempdir().unwrap();
+    let other = Mvcc::open(&other_dir.path().join("kv.redb")).unwrap();
+    other.restore(m.dump().unwrap().as_slice(), 5).unwrap();
+    assert_eq!(other.events(b"\0", b"\0", 1).unwrap().unwrap().0, live);
     let (tail, _) = m.events(b"a", b"", 4).unwrap().unwrap();
-    assert_eq!(tail, [live[2].clone(), live[4].clone()]);
+    assert_eq!(tail, [live[3].clone(), live[4].clone()]);
     // Compacted: the events below the compacted revision are gone.
     let compact = Op::Compaction(PbCompactionRequest {
         revision: 4,
@@ -521,8 +527,8 @@ fn applied_writes_yield_the_events_the_history_replays() {
     assert_eq!(
         prev_values(&late)[2..],
         [
-            (PUT, "a".into(), 4, None),
             (PUT, "c".into(), 4, None),
+            (PUT, "a".into(), 4, None),
             (DELETE, "a".into(), 5, s("2")),
             (DELETE, "b".into(), 5, s("1")),
         ]
