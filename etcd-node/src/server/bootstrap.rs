@@ -354,13 +354,17 @@ pub(crate) async fn read_witness_at_bootstrap(
     }))
 }
 
-/// Logs etcd's "ready to serve client requests" once this member can serve a write: a leader
-/// is known and everything committed is applied. etcd logs it at the same point (after its
-/// member attributes are committed through Raft); scripts and etcd's own test framework wait
-/// for that line before they send requests.
+/// Logs etcd's "ready to serve client requests" once this member has caught up with the
+/// cluster: a leader is known, an entry of its term is committed (so everything committed
+/// before, every acknowledged write among it, is known committed here) and applied. etcd logs it
+/// at the same point (after its member attributes are committed through Raft); scripts and
+/// etcd's own test framework wait for that line before they send requests. (A member restarted
+/// after a crash may have recovered a commit index older than what it had acknowledged: the
+/// commit index is written without an fsync; before this point its Status could report a
+/// revision older than one a client already saw.)
 async fn announce_ready(mut status: tokio::sync::watch::Receiver<crate::server::contract::Status>) {
     let ready = status
-        .wait_for(|s| s.leader != crate::raft::NONE && s.commit > 0 && s.applied >= s.commit)
+        .wait_for(|s| s.leader != crate::raft::NONE && s.commit_in_term && s.applied >= s.commit)
         .await;
     if ready.is_ok() {
         tracing::info!("ready to serve client requests");

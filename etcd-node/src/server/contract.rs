@@ -95,6 +95,9 @@ pub struct Status {
     /// The last entry applied to the key space (by the applier: readers wait for it).
     pub applied: u64,
     pub is_leader: bool,
+    /// The commit index is at an entry of the current term: everything committed before this
+    /// term is committed here too (a leader's first commit in its term; Raft's safety point).
+    pub commit_in_term: bool,
     /// This member is a learner (it serves only what etcd's learners serve).
     pub is_learner: bool,
     /// How this member asks its witness, with what it saw of it (None: no witness).

@@ -215,6 +215,7 @@ impl RaftLoop {
             // (the applier's to publish)
             applied: self.status.borrow().applied,
             is_leader: raft.role() == Role::Leader,
+            commit_in_term: raft.log().term(raft.commit()) == Some(raft.term()),
             is_learner: raft.membership().learners.contains(&raft.id()),
             witness: raft.witness_caller(),
         };
