@@ -362,13 +362,18 @@ pub(crate) async fn read_witness_at_bootstrap(
 /// after a crash may have recovered a commit index older than what it had acknowledged: the
 /// commit index is written without an fsync; before this point its Status could report a
 /// revision older than one a client already saw.)
-async fn announce_ready(mut status: tokio::sync::watch::Receiver<crate::server::contract::Status>) {
-    let ready = status
-        .wait_for(|s| s.leader != crate::raft::NONE && s.commit_in_term && s.applied >= s.commit)
-        .await;
-    if ready.is_ok() {
+async fn announce_ready(mut status: watch::Receiver<Status>) {
+    if until_ready(&mut status).await {
         tracing::info!("ready to serve client requests");
     }
+}
+
+/// Waits until this member is ready (see [`announce_ready`]); false if it stopped first.
+async fn until_ready(status: &mut watch::Receiver<Status>) -> bool {
+    status
+        .wait_for(|s| s.leader != raft::NONE && s.commit_in_term && s.applied >= s.commit)
+        .await
+        .is_ok()
 }
 
 /// Where this member finds its witness's SAS token (never in the replicated member list).
@@ -669,14 +674,22 @@ pub async fn run(
         with_http(api::gateway::add(router, gateway_limit), &api)
     };
     let client_tls = |secure: bool| secure.then(|| tls.client.clone()).flatten();
+    // The client URLs serve once this member is ready, as etcd's: until then a connection
+    // waits in the listener's backlog (a client's dial times out and it tries another
+    // member), so nothing reads a key space still catching up after a restart. The metrics
+    // URLs serve at once (their /livez, /readyz and /health say why a member is not ready).
     for (l, secure) in client_listeners {
-        servers.spawn(serve(
-            l,
-            client_routes(),
-            stopped(),
-            client_tls(secure),
-            true,
-        ));
+        let (routes, tls, mut status) = (client_routes(), client_tls(secure), api.status.clone());
+        let (stop, stop_waiting) = (stopped(), stopped());
+        servers.spawn(async move {
+            tokio::select! {
+                () = stop_waiting => return Ok(()),
+                ready = until_ready(&mut status) => if !ready {
+                    return Ok(());
+                },
+            }
+            serve(l, routes, stop, tls, true).await
+        });
     }
     let metrics_routes = || with_http(axum::Router::new(), &api);
     for (l, secure) in metrics_listeners {
