@@ -57,6 +57,10 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 # suite leaves idle (its end-to-end tests mostly wait on processes), not the other way round.
 echo "==> building etcd 3.6 from its Go module (cached in target/go)"
 bash scripts/build-go.sh etcd
+# (etcd's robustness suite runs inside `cargo test`, etcd-node/tests/cluster.rs; compiled here
+# first so that its test does not spend its time compiling etcd's packages)
+echo "==> compiling etcd's robustness suite (tests/go/robustness)"
+(cd tests/go/robustness && go test -c -o /dev/null .)
 mkdir -p target
 echo "==> building Kubernetes from its Go module in the background (log: target/go-build.log)"
 nice -n 19 bash scripts/build-go.sh kube > target/go-build.log 2>&1 &
@@ -82,6 +86,7 @@ cat target/go-build.log
 echo "==> go vet (tests/go)"
 (cd tests/go/kube && go vet ./...)
 (cd tests/go/etcd36 && go vet ./...)
+(cd tests/go/robustness && go vet ./...)
 
 echo "==> the Kubernetes tier (tests/go/kube: the storage contract, then kube-apiserver)"
 (

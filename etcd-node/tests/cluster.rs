@@ -3139,6 +3139,39 @@ fn etcd_3_6_go_clients_lock_and_elect_as_on_etcd() {
     }
 }
 
+/// etcd's robustness suite (go.etcd.io/etcd/tests/v3 3.6.16) judges etcd-node: its traffic
+/// (etcd's and Kubernetes' shapes), its faults (kill, the peer network blackholed, delayed and
+/// dropped) and two of ours (a paused member; the witness gone while a member is killed), its
+/// linearizability and watch validation. `tests/go/robustness` is only the launcher (two
+/// members and a witness where the suite asks for three). `ROBUSTNESS_RUNS` (default 6: one per
+/// traffic profile and cluster shape, then round robin) and `ROBUSTNESS_SEED` pass through; the
+/// seed is printed. A failed run leaves the suite's report (the members' data, every client's
+/// history, a visualisation) under `$RESULTS_DIR` (default /tmp).
+#[test]
+fn etcds_robustness_suite_finds_no_violation() {
+    let module = e2e_tests::workspace_root().join("tests/go/robustness");
+    let out = std::process::Command::new("go")
+        .args(["test", "-count=1", "-v", "-run", "TestRobustness", "."])
+        .current_dir(&module)
+        .env("ETCD_NODE_BIN", env!("CARGO_BIN_EXE_etcd-node"))
+        .env("ETCD_NODE_ETCDUTL", env!("CARGO_BIN_EXE_etcdutl"))
+        .env("ETCDCTL_BIN", e2e_tests::etcd::Release::v3_6().etcdctl)
+        .output()
+        .expect("run `go test` (Go 1.26 on PATH)");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    // (the suite's logger is verbose: keep the seed, the runs and the verdicts)
+    for line in stdout.lines().filter(|l| {
+        l.contains("ROBUSTNESS_SEED=") || l.contains("--- ") || l.contains("validated ")
+    }) {
+        println!("{line}");
+    }
+    assert!(
+        out.status.success(),
+        "etcd's robustness suite failed:\n{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// Patroni (Debian's 3.0.2) managing two PostgreSQL 15 servers on the two members, as on two
 /// machines: `tests/python/patroni_check.py` bootstraps, switches over, then kills -9 the
 /// primary's whole machine (Patroni, PostgreSQL and its etcd-node member); the other

@@ -354,26 +354,23 @@ pub(crate) async fn read_witness_at_bootstrap(
     }))
 }
 
-/// Logs etcd's "ready to serve client requests" once this member has caught up with the
-/// cluster: a leader is known, an entry of its term is committed (so everything committed
-/// before, every acknowledged write among it, is known committed here) and applied. etcd logs it
-/// at the same point (after its member attributes are committed through Raft); scripts and
-/// etcd's own test framework wait for that line before they send requests. (A member restarted
-/// after a crash may have recovered a commit index older than what it had acknowledged: the
-/// commit index is written without an fsync; before this point its Status could report a
-/// revision older than one a client already saw.)
-async fn announce_ready(mut status: watch::Receiver<Status>) {
-    if until_ready(&mut status).await {
+/// Opens the client API (`ready`) and logs etcd's "ready to serve client requests" once this
+/// member has caught up with the cluster: a leader is known, an entry of its term is committed
+/// (so everything committed before, every acknowledged write among it, is known committed
+/// here) and applied. etcd serves its client API from the same point (after its member
+/// attributes are committed through Raft); scripts and etcd's own test framework wait for that
+/// line. Before it, a member restarted after a crash is still replaying its log into a key
+/// space that went back to its last durable commit, and its recovered commit index may be older
+/// than what it had acknowledged (the commit index is written without an fsync): its Status
+/// and serializable reads would show a revision older than one a client already saw.
+async fn announce_ready(mut status: watch::Receiver<Status>, ready: watch::Sender<bool>) {
+    let caught_up = status
+        .wait_for(|s| s.leader != raft::NONE && s.commit_in_term && s.applied >= s.commit)
+        .await;
+    if caught_up.is_ok() {
+        ready.send_replace(true);
         tracing::info!("ready to serve client requests");
     }
-}
-
-/// Waits until this member is ready (see [`announce_ready`]); false if it stopped first.
-async fn until_ready(status: &mut watch::Receiver<Status>) -> bool {
-    status
-        .wait_for(|s| s.leader != raft::NONE && s.commit_in_term && s.applied >= s.commit)
-        .await
-        .is_ok()
 }
 
 /// Where this member finds its witness's SAS token (never in the replicated member list).
@@ -656,6 +653,9 @@ pub async fn run(
             false,
         ));
     }
+    // etcd serves no client request before it is ready; see `announce_ready`.
+    let (ready_tx, ready_rx) = watch::channel(false);
+    tokio::spawn(announce_ready(api.status.clone(), ready_tx));
     let client_routes = || {
         let grpc = api::routes(&api);
         let router = grpc
@@ -671,25 +671,22 @@ pub async fn run(
             ));
         // (JSON is larger than the protobuf it carries: the gRPC call enforces the real limit)
         let gateway_limit = 2 * (api.max_request_bytes + api::GRPC_OVERHEAD_BYTES);
-        with_http(api::gateway::add(router, gateway_limit), &api)
+        // The client API waits until this member is ready; the health endpoints (added by
+        // `with_http`) answer at once and say why it is not.
+        let gated = api::gateway::add(router, gateway_limit).layer(
+            axum::middleware::from_fn_with_state(ready_rx.clone(), api::ready_gate),
+        );
+        with_http(gated, &api)
     };
     let client_tls = |secure: bool| secure.then(|| tls.client.clone()).flatten();
-    // The client URLs serve once this member is ready, as etcd's: until then a connection
-    // waits in the listener's backlog (a client's dial times out and it tries another
-    // member), so nothing reads a key space still catching up after a restart. The metrics
-    // URLs serve at once (their /livez, /readyz and /health say why a member is not ready).
     for (l, secure) in client_listeners {
-        let (routes, tls, mut status) = (client_routes(), client_tls(secure), api.status.clone());
-        let (stop, stop_waiting) = (stopped(), stopped());
-        servers.spawn(async move {
-            tokio::select! {
-                () = stop_waiting => return Ok(()),
-                ready = until_ready(&mut status) => if !ready {
-                    return Ok(());
-                },
-            }
-            serve(l, routes, stop, tls, true).await
-        });
+        servers.spawn(serve(
+            l,
+            client_routes(),
+            stopped(),
+            client_tls(secure),
+            true,
+        ));
     }
     let metrics_routes = || with_http(axum::Router::new(), &api);
     for (l, secure) in metrics_listeners {
@@ -707,7 +704,6 @@ pub async fn run(
         cluster = format!("{:x}", ids.cluster),
         "serving"
     );
-    tokio::spawn(announce_ready(api.status.clone()));
     if let Some(every) = cfg.witness_probe {
         tokio::spawn(witness_probe::run(
             witness,

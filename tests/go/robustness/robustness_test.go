@@ -23,7 +23,9 @@
 // scenarios' random options, the failpoints and the members they hit; the timing of a real
 // cluster is not replayed), ROBUSTNESS_RUNS (how many scenarios, default 6; each is a traffic
 // profile, a cluster shape and a fault), ROBUSTNESS_FAILPOINTS (a comma-separated subset of
-// failpoint names).
+// failpoint names), ROBUSTNESS_THREE_MEMBERS=1 (three regular members instead of two and a
+// witness). TestRobustness runs the exploratory scenarios, TestRobustnessRegression the
+// regression ones that need no gofail failpoint.
 package robustness
 
 import (
@@ -38,6 +40,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -177,7 +180,10 @@ func TestRobustness(t *testing.T) {
 	offered := failpoints(t)
 	for i := 0; i < runs; i++ {
 		s := all[i%len(all)]
-		name := strings.ReplaceAll(s.Name, "ClusterOfSize3", "TwoMembersAndWitness")
+		name := s.Name
+		if os.Getenv("ROBUSTNESS_THREE_MEMBERS") != "1" {
+			name = strings.ReplaceAll(name, "ClusterOfSize3", "TwoMembersAndWitness")
+		}
 		t.Run(fmt.Sprintf("%d/%s", i, name), func(t *testing.T) {
 			lg := zaptest.NewLogger(t)
 			s.Cluster.Logger = lg
@@ -202,12 +208,38 @@ func TestRobustness(t *testing.T) {
 	}
 }
 
+// TestRobustnessRegression runs the suite's regression scenarios (each a fault that once
+// found a bug in etcd) whose fault needs nothing compiled into the binary; the others are
+// skipped, saying why.
+func TestRobustnessRegression(t *testing.T) {
+	seed(t)
+	offered := failpoints(t)
+	for _, s := range scenarios.Regression(t) {
+		t.Run(s.Name, func(t *testing.T) {
+			if !slices.ContainsFunc(offered, func(f failpoint.Failpoint) bool { return f.Name() == s.Failpoint.Name() }) {
+				t.Skipf("its fault %s needs etcd's gofail failpoints compiled in", s.Failpoint.Name())
+			}
+			lg := zaptest.NewLogger(t)
+			s.Cluster.Logger = lg
+			ctx := context.Background()
+			c, err := startCluster(ctx, t, s.Cluster)
+			require.NoError(t, err)
+			defer forceStop(c)
+			if err := failpoint.Validate(c, s.Failpoint, s.Profile); err != nil {
+				t.Skipf("its fault does not apply: %v", err)
+			}
+			testRobustness(ctx, t, lg, s, c)
+		})
+	}
+}
+
 // startCluster starts the scenario's cluster from etcd-node processes through etcd's e2e
-// framework. Three members become two and a witness.
+// framework. Three members become two and a witness (ROBUSTNESS_THREE_MEMBERS=1: three
+// regular members, etcd-node's plain Raft).
 func startCluster(ctx context.Context, t *testing.T, cfg e2e.EtcdProcessClusterConfig) (*e2e.EtcdProcessCluster, error) {
 	// (etcd-node has failpoints of its own, not gofail's: the gofail faults are not offered)
 	cfg.GoFailEnabled = false
-	withWitness := cfg.ClusterSize == 3
+	withWitness := cfg.ClusterSize == 3 && os.Getenv("ROBUSTNESS_THREE_MEMBERS") != "1"
 	if withWitness {
 		cfg.ClusterSize = 2
 	}

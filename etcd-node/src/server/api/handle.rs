@@ -100,6 +100,20 @@ pub async fn learner_gate(
     next.run(request).await
 }
 
+/// Holds a client API call until this member is ready (`bootstrap::announce_ready`: caught up
+/// with the cluster after it starts), as etcd serves none before; a client that gives up
+/// first (its deadline) cancels it. The health endpoints are not behind it.
+pub async fn ready_gate(
+    axum::extract::State(mut ready): axum::extract::State<status_watch::Receiver<bool>>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    if !*ready.borrow() && ready.wait_for(|r| *r).await.is_err() {
+        return stopped().into_http();
+    }
+    next.run(request).await
+}
+
 pub(super) fn internal(e: impl std::fmt::Display) -> Status {
     Status::internal(e.to_string())
 }

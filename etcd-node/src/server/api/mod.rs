@@ -30,7 +30,7 @@ use tonic::service::{Routes, interceptor::InterceptedService};
 
 use auth::Auth;
 use cluster::Cluster;
-pub use handle::{Api, leader_check, learner_gate};
+pub use handle::{Api, leader_check, learner_gate, ready_gate};
 use kv::Kv;
 use lease::Lease;
 use maintenance::Maintenance;
