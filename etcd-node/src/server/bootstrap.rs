@@ -602,7 +602,10 @@ pub async fn run(
         })
         .context("starting the Raft thread")?;
 
+    // etcd serves no client request before it is ready; see `announce_ready`.
+    let (ready_tx, ready_rx) = watch::channel(false);
     let api = Api {
+        ready: ready_rx.clone(),
         inputs: inputs_tx.clone(),
         status: status_rx,
         mvcc: mvcc.clone(),
@@ -653,8 +656,6 @@ pub async fn run(
             false,
         ));
     }
-    // etcd serves no client request before it is ready; see `announce_ready`.
-    let (ready_tx, ready_rx) = watch::channel(false);
     tokio::spawn(announce_ready(api.status.clone(), ready_tx));
     let client_routes = || {
         let grpc = api::routes(&api);

@@ -29,6 +29,8 @@ pub const CLUSTER_VERSION: &str = "3.5.0";
 /// What every API handler shares.
 #[derive(Debug, Clone)]
 pub struct Api {
+    /// This member has caught up since it started (`ready_gate`).
+    pub ready: status_watch::Receiver<bool>,
     pub inputs: Sender<Input>,
     pub status: status_watch::Receiver<NodeStatus>,
     pub mvcc: Arc<Mvcc>,
@@ -102,16 +104,39 @@ pub async fn learner_gate(
 
 /// Holds a client API call until this member is ready (`bootstrap::announce_ready`: caught up
 /// with the cluster after it starts), as etcd serves none before; a client that gives up
-/// first (its deadline) cancels it. The health endpoints are not behind it.
+/// first (its deadline) cancels it. Status passes (it answers why the member is not ready
+/// yet, `not_ready`), and the health endpoints are not behind it.
 pub async fn ready_gate(
     axum::extract::State(mut ready): axum::extract::State<status_watch::Receiver<bool>>,
     request: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> axum::response::Response {
-    if !*ready.borrow() && ready.wait_for(|r| *r).await.is_err() {
+    const DIAGNOSIS: [&str; 3] = [
+        "/etcdserverpb.Maintenance/Status",
+        "/v3/maintenance/status",
+        "/v3beta/maintenance/status",
+    ];
+    if !*ready.borrow()
+        && !DIAGNOSIS.contains(&request.uri().path())
+        && ready.wait_for(|r| *r).await.is_err()
+    {
         return stopped().into_http();
     }
     next.run(request).await
+}
+
+/// Status before this member is ready: no revision it could report is safe to act on (it may
+/// be replaying its log into an older key space), so it answers an error with what Status
+/// would list (no leader, a refusing peer, the witness), for the operator who asks why.
+pub fn not_ready(errors: &[String]) -> Status {
+    let why = if errors.is_empty() {
+        "it is catching up with the leader".to_string()
+    } else {
+        errors.join("; ")
+    };
+    Status::unavailable(format!(
+        "etcdserver: this member is not ready yet (it serves clients once it has caught up with a leader): {why}"
+    ))
 }
 
 pub(super) fn internal(e: impl std::fmt::Display) -> Status {

@@ -137,6 +137,9 @@ impl PbMaintenanceService for Maintenance {
                 etcd_client::AlarmType::try_from(a.alarm).map_or("UNKNOWN", |t| t.as_str_name());
             errors.push(format!("memberID:{} alarm:{name} ", a.member_id));
         }
+        if !*self.api.ready.borrow() {
+            return Err(super::handle::not_ready(&errors));
+        }
         let is_learner = self
             .api
             .mvcc
