@@ -118,8 +118,9 @@ pub const FEATURES: &[Feature] = &[Feature {
 
 /// `--feature-gates`: `Name=true,Other=false` (etcd's and Kubernetes' syntax); the features it
 /// turns on. Every name must be a known feature.
-pub fn parse_gates(flag: &str) -> Result<BTreeSet<String>, String> {
+pub fn parse_gates(flag: &str) -> Result<(BTreeSet<String>, Vec<String>), String> {
     let mut on = BTreeSet::new();
+    let mut etcds = Vec::new();
     for item in flag.split(',').map(str::trim).filter(|s| !s.is_empty()) {
         let known = FEATURES
             .iter()
@@ -132,6 +133,10 @@ pub fn parse_gates(flag: &str) -> Result<BTreeSet<String>, String> {
             ));
         };
         let name = name.trim();
+        if ETCD_GATES.contains(&name) {
+            etcds.push(item.to_string());
+            continue;
+        }
         if !FEATURES.iter().any(|f| f.name == name) {
             return Err(format!(
                 "--feature-gates: unknown feature {name:?} (known: {known})"
@@ -147,8 +152,20 @@ pub fn parse_gates(flag: &str) -> Result<BTreeSet<String>, String> {
             }
         };
     }
-    Ok(on)
+    Ok((on, etcds))
 }
+
+/// etcd 3.6's server feature gates: accepted (kubeadm 1.37 passes `InitialCorruptCheck=true`)
+/// with no effect here, named in the start's WARN line of etcd keys without an effect.
+const ETCD_GATES: &[&str] = &[
+    "CompactHashCheck",
+    "InitialCorruptCheck",
+    "LeaseCheckpoint",
+    "LeaseCheckpointPersist",
+    "SetMemberLocalAddr",
+    "StopGRPCServiceOnDefrag",
+    "TxnModeWriteWithSharedBuffer",
+];
 
 /// A version `major.minor.patch` (a suffix after `-` is ignored when comparing).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -241,14 +258,18 @@ mod tests {
 
     #[test]
     fn gates_parse_as_etcds_and_name_what_is_wrong() {
-        let on = parse_gates("SnapshotCompression=true").unwrap();
-        assert!(on.contains(SNAPSHOT_COMPRESSION));
+        let (on, etcds) = parse_gates("SnapshotCompression=true").unwrap();
+        assert!(on.contains(SNAPSHOT_COMPRESSION) && etcds.is_empty());
         assert!(
             parse_gates("SnapshotCompression=true,SnapshotCompression=false")
                 .unwrap()
+                .0
                 .is_empty()
         );
-        assert!(parse_gates("").unwrap().is_empty());
+        assert!(parse_gates("").unwrap().0.is_empty());
+        // etcd 3.6's own gates (kubeadm's) are taken and named, with no effect
+        let (on, etcds) = parse_gates("InitialCorruptCheck=true").unwrap();
+        assert!(on.is_empty() && etcds == ["InitialCorruptCheck=true"]);
         let err = parse_gates("Nope=true").unwrap_err();
         assert!(err.contains("unknown feature \"Nope\"") && err.contains("SnapshotCompression"));
         assert!(

@@ -63,6 +63,26 @@ const NO_EFFECT: &[(&str, bool)] = &[
     ("experimental-txn-mode-write-with-shared-buffer", false),
     ("experimental-stop-grpc-service-on-defrag", false),
     ("experimental-peer-skip-client-san-verification", false),
+    // etcd 3.6's names of the experimental flags above (kubeadm 1.37 passes them), and its new
+    // flags without an effect here
+    ("bootstrap-defrag-threshold-megabytes", true),
+    ("compact-hash-check-time", true),
+    ("compaction-batch-limit", true),
+    ("compaction-sleep-interval", true),
+    ("distributed-tracing-address", true),
+    ("distributed-tracing-instance-id", true),
+    ("distributed-tracing-sampling-rate", true),
+    ("distributed-tracing-service-name", true),
+    ("downgrade-check-time", true),
+    ("raft-read-timeout", true),
+    ("raft-write-timeout", true),
+    ("snapshot-catchup-entries", true),
+    ("warning-apply-duration", true),
+    ("warning-unary-request-duration", true),
+    ("wait-cluster-ready-timeout", true),
+    ("enable-distributed-tracing", false),
+    ("memory-mlock", false),
+    ("peer-skip-client-san-verification", false),
     ("initial-election-tick-advance", false),
     ("enable-v2", false),
     ("enable-pprof", false),
@@ -91,6 +111,22 @@ const REFUSED: &[(&str, &str)] = &[
         "etcd-node forms a cluster from --initial-cluster only; list the members there",
     ),
     (
+        "discovery-endpoints",
+        "etcd-node forms a cluster from --initial-cluster only; list the members there",
+    ),
+    (
+        "discovery-token",
+        "etcd-node forms a cluster from --initial-cluster only; list the members there",
+    ),
+    (
+        "client-cert-allowed-hostname",
+        "etcd-node does not check a client certificate's hostname: it would accept clients etcd refuses. Give clients certificates from a CA of their own (--trusted-ca-file with --client-cert-auth) and limit them with auth roles",
+    ),
+    (
+        "client-cert-allowed-cn",
+        "etcd-node does not check a client certificate's CommonName against an allowed one: it would accept clients etcd refuses. Give clients certificates from a CA of their own (--trusted-ca-file with --client-cert-auth) and limit them with auth roles",
+    ),
+    (
         "listen-client-http-urls",
         "etcd-node serves HTTP (/health, /metrics) on --listen-client-urls and --listen-metrics-urls; list the URLs there",
     ),
@@ -106,6 +142,8 @@ const DURATION_KEYS: &[&str] = &[
     "backend-batch-interval",
     "experimental-watch-progress-notify-interval",
     "experimental-corrupt-check-time",
+    "watch-progress-notify-interval",
+    "corrupt-check-time",
 ];
 
 fn value_is_set(v: &Value) -> bool {

@@ -110,19 +110,25 @@ pub struct Flags {
     #[arg(long, env = "ETCD_BACKEND_BATCH_INTERVAL", default_value = "0")]
     pub backend_batch_interval: String,
     /// How often a watcher that asked for progress notifications gets one (a Go duration).
+    /// (`--watch-progress-notify-interval` is etcd 3.6's name, which kubeadm passes.)
     #[arg(
         long,
+        alias = "watch-progress-notify-interval",
         env = "ETCD_EXPERIMENTAL_WATCH_PROGRESS_NOTIFY_INTERVAL",
         default_value = "10m"
     )]
+    #[serde(alias = "watch-progress-notify-interval")]
     pub experimental_watch_progress_notify_interval: String,
     /// How often the leader compares its key space's hash with the other members' (a Go
     /// duration; 0s turns the check off; etcd's default is off).
+    /// (`--corrupt-check-time`: etcd 3.6's name.)
     #[arg(
         long,
+        alias = "corrupt-check-time",
         env = "ETCD_EXPERIMENTAL_CORRUPT_CHECK_TIME",
         default_value = "5m"
     )]
+    #[serde(alias = "corrupt-check-time")]
     pub experimental_corrupt_check_time: String,
     /// How often each member reads its witness to check that it is there, readable and the one
     /// the cluster is bound to (a Go duration; 0s turns the probe off). A read, never a write.
@@ -208,8 +214,14 @@ pub struct Flags {
     #[arg(long, env = "ETCD_FEATURE_GATES", default_value = "")]
     pub feature_gates: String,
     /// The most learners the cluster may have at once (`member add --learner` past it is
-    /// refused).
-    #[arg(long, env = "ETCD_EXPERIMENTAL_MAX_LEARNERS", default_value_t = 1)]
+    /// refused). (`--max-learners`: etcd 3.6's name.)
+    #[arg(
+        long,
+        alias = "max-learners",
+        env = "ETCD_EXPERIMENTAL_MAX_LEARNERS",
+        default_value_t = 1
+    )]
+    #[serde(alias = "max-learners")]
     pub experimental_max_learners: usize,
     /// Reject requests larger than this many bytes (etcd's default: 1.5 MiB).
     #[arg(long, env = "ETCD_MAX_REQUEST_BYTES", default_value_t = 1536 * 1024)]
@@ -525,7 +537,7 @@ impl ServerConfig {
     pub fn from_flags(flags: Flags, ignored: Vec<String>) -> Result<Self, String> {
         match &flags.config_file {
             Some(path) => Self::from_file(path),
-            None => Self::validate(flags).map(|c| ServerConfig { ignored, ..c }),
+            None => Self::validate(flags).map(|c| c.also_ignored(ignored)),
         }
     }
 
@@ -536,7 +548,13 @@ impl ServerConfig {
         let (keys, ignored) = etcd_keys::flatten_file(&text).map_err(bad)?;
         let flags: Flags = serde_norway::from_value(serde_norway::Value::Mapping(keys))
             .map_err(|e| bad(e.to_string()))?;
-        Self::validate(flags).map(|c| ServerConfig { ignored, ..c })
+        Self::validate(flags).map(|c| c.also_ignored(ignored))
+    }
+
+    /// Adds etcd's keys without an effect that were found before validation.
+    fn also_ignored(mut self, mut ignored: Vec<String>) -> Self {
+        ignored.append(&mut self.ignored);
+        ServerConfig { ignored, ..self }
     }
 
     /// Checks a set of flags; the error names the flag and the fix.
@@ -740,6 +758,7 @@ impl ServerConfig {
         if ids.windows(2).any(|w| w[0] == w[1]) {
             return Err("--initial-cluster: two members have the same peer URLs".into());
         }
+        let (feature_gates, etcd_gates) = crate::version::parse_gates(&f.feature_gates)?;
         Ok(ServerConfig {
             member_id: me.id,
             cluster_id: cluster_id(&ids),
@@ -778,9 +797,12 @@ impl ServerConfig {
             self_signed_cert_validity: f.self_signed_cert_validity,
             max_request_bytes,
             max_learners: f.experimental_max_learners,
-            feature_gates: crate::version::parse_gates(&f.feature_gates)?,
+            feature_gates,
             auto_compaction,
-            ignored: Vec::new(),
+            ignored: etcd_gates
+                .into_iter()
+                .map(|g| format!("feature-gates {g}"))
+                .collect(),
         })
     }
 
