@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the Go programs the Kubernetes tier and the comparisons run, from the Go modules
 # pinned in tests/go/*/go.mod and go.sum (the Go module proxy; nothing else is fetched):
-#   target/go/bin/   kube-apiserver, kube-controller-manager, kube-scheduler, kubectl
+#   target/go/bin/   kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, kubeadm
 #                    (k8s.io/kubernetes, tests/go/kube)
 #   target/go/etcd36/  etcd, etcdctl, etcdutl of etcd 3.6 (tests/go/etcd36)
 # A build is skipped when its outputs exist and were built from the same go.mod and go.sum
@@ -48,7 +48,8 @@ build tests/go/kube target/go/bin \
   k8s.io/kubernetes/cmd/kube-apiserver \
   k8s.io/kubernetes/cmd/kube-controller-manager \
   k8s.io/kubernetes/cmd/kube-scheduler \
-  k8s.io/kubernetes/cmd/kubectl
+  k8s.io/kubernetes/cmd/kubectl \
+  k8s.io/kubernetes/cmd/kubeadm
 fi
 
 if [ "$what" != kube ]; then

@@ -88,9 +88,9 @@ echo "==> go vet (tests/go)"
 (cd tests/go/etcd36 && go vet ./...)
 (cd tests/go/robustness && go vet ./...)
 
-echo "==> the Kubernetes tier (tests/go/kube: the storage contract, then kube-apiserver)"
+echo "==> the Kubernetes tier (tests/go/kube: the storage contract, kube-apiserver, kubeadm)"
 (
   cd tests/go/kube
   export ETCD_NODE_BIN=$PWD/../../../target/debug/etcd-node ETCDUTL_BIN=$PWD/../../../target/debug/etcdutl
-  go test -count=1 -p 1 -timeout 20m ./storage/ ./apiserver/
+  go test -count=1 -p 1 -timeout 20m ./storage/ ./apiserver/ ./kubeadm/
 )
