@@ -185,12 +185,7 @@ func TestRobustness(t *testing.T) {
 			name = strings.ReplaceAll(name, "ClusterOfSize3", "TwoMembersAndWitness")
 		}
 		t.Run(fmt.Sprintf("%d/%s", i, name), func(t *testing.T) {
-			lg := zaptest.NewLogger(t)
-			s.Cluster.Logger = lg
-			ctx := context.Background()
-			c, err := startCluster(ctx, t, s.Cluster)
-			require.NoError(t, err)
-			defer forceStop(c)
+			ctx, lg, c := launch(t, &s)
 			var available []failpoint.Failpoint
 			for _, f := range offered {
 				if failpoint.Validate(c, f, s.Profile) == nil {
@@ -219,18 +214,24 @@ func TestRobustnessRegression(t *testing.T) {
 			if !slices.ContainsFunc(offered, func(f failpoint.Failpoint) bool { return f.Name() == s.Failpoint.Name() }) {
 				t.Skipf("its fault %s needs etcd's gofail failpoints compiled in", s.Failpoint.Name())
 			}
-			lg := zaptest.NewLogger(t)
-			s.Cluster.Logger = lg
-			ctx := context.Background()
-			c, err := startCluster(ctx, t, s.Cluster)
-			require.NoError(t, err)
-			defer forceStop(c)
+			ctx, lg, c := launch(t, &s)
 			if err := failpoint.Validate(c, s.Failpoint, s.Profile); err != nil {
 				t.Skipf("its fault does not apply: %v", err)
 			}
 			testRobustness(ctx, t, lg, s, c)
 		})
 	}
+}
+
+// launch starts the scenario's cluster, logging to the test; the test's end kills it.
+func launch(t *testing.T, s *scenarios.TestScenario) (context.Context, *zap.Logger, *e2e.EtcdProcessCluster) {
+	lg := zaptest.NewLogger(t)
+	s.Cluster.Logger = lg
+	ctx := context.Background()
+	c, err := startCluster(ctx, t, s.Cluster)
+	require.NoError(t, err)
+	t.Cleanup(func() { forceStop(c) })
+	return ctx, lg, c
 }
 
 // startCluster starts the scenario's cluster from etcd-node processes through etcd's e2e
