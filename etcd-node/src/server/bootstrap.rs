@@ -605,7 +605,7 @@ pub async fn run(
     // etcd serves no client request before it is ready; see `announce_ready`.
     let (ready_tx, ready_rx) = watch::channel(false);
     let api = Api {
-        ready: ready_rx.clone(),
+        ready: ready_rx,
         inputs: inputs_tx.clone(),
         status: status_rx,
         mvcc: mvcc.clone(),
@@ -675,7 +675,7 @@ pub async fn run(
         // The client API waits until this member is ready; the health endpoints (added by
         // `with_http`) answer at once and say why it is not.
         let gated = api::gateway::add(router, gateway_limit).layer(
-            axum::middleware::from_fn_with_state(ready_rx.clone(), api::ready_gate),
+            axum::middleware::from_fn_with_state(api.ready.clone(), api::ready_gate),
         );
         with_http(gated, &api)
     };

@@ -274,7 +274,7 @@ impl Client {
 
 /// Waits for the next applied batch that changed a key under `prefix` (or that the hub could
 /// not deliver: then the caller reads again anyway).
-pub async fn wait_under(
+async fn wait_under(
     changes: &mut tokio::sync::broadcast::Receiver<std::sync::Arc<crate::server::watch_hub::Batch>>,
     prefix: &[u8],
 ) -> Result<(), Status> {

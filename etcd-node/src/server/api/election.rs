@@ -15,10 +15,8 @@ use tonic::{Request, Response, Status};
 
 use super::concurrency::{Client, Withdraw, by_creation, prefix_of, range_result, session_key};
 use super::handle::Api;
+use crate::mvcc::events::DELETE;
 use crate::server::watch_hub::Batch;
-
-/// etcd's DELETE event type.
-const DELETE: i32 = 1;
 
 /// The service's messages and server, generated from etcd's v3election.proto (build.rs).
 #[allow(clippy::all, missing_debug_implementations)]
