@@ -1,14 +1,20 @@
 #!/usr/bin/env bash
 # Builds the previous release of etcd-node, for the rolling-upgrade test
-# (etcd-node/tests/cluster.rs, a_rolling_upgrade_from_the_previous_release_keeps_every_write),
+# (etcd-node/tests/e2e/cluster.rs, a_rolling_upgrade_from_the_previous_release_keeps_every_write),
 # and prints the directory that holds its etcd-node and etcdutl. The release is a pinned commit
 # (PREVIOUS, default below: the last main that landed before peer versions were announced);
 # its source comes from this repository's history (git archive), so a clone without that
 # commit cannot run the test. The binaries are cached in target/previous/<commit>/.
+# `--where` prints that directory without building anything (the test asks it, and fails with
+# this script's command when the binaries are not there: a test never builds them itself).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 commit=${PREVIOUS:-72cd6ef28448e6ec22972b695ca7c80ce9537100}
 out="target/previous/$commit"
+if [ "${1:-}" = --where ]; then
+  echo "$out"
+  exit 0
+fi
 if [ -x "$out/etcd-node" ] && [ -x "$out/etcdutl" ]; then
   echo "$out"
   exit 0

@@ -1,12 +1,37 @@
 #!/usr/bin/env bash
-# The whole test suite, from a fresh machine: installs what the tests need, then runs
-# formatting, lints and every test (end-to-end ones run etcd-node processes against Debian's
-# etcdctl and etcd 3.6's), then the Kubernetes tier (Go: Kubernetes' storage contract through
-# the real etcd3 store, and kube-apiserver, controller managers and a scheduler on etcd-node).
+# The test suite, from a fresh machine: installs what the tests need, then runs the tiers
+# (docs/testing.md):
+#   lint   cargo fmt, gofmt, clippy on every target (the tiers below included), go vet
+#   fast   `cargo test --workspace`: unit tests, the simulator, its scenarios and mutations
+#   e2e    real etcd-node processes against Debian's etcdctl 3.4, etcd 3.6's, other clients,
+#          Azurite (cargo test --test e2e, --test azurite)
+#   root   tmpfs and sshfs mounts, network namespaces, Patroni (cargo test --test root)
+#   go     etcd's robustness suite, Kubernetes' storage contract, kube-apiserver with its
+#          controller managers and scheduler, kubeadm (Go, tests/go)
+# With no argument it runs all of them, in that order, as CI does (.ci/run). Name tiers to run
+# only those: `bash scripts/test.sh fast`, `bash scripts/test.sh e2e root`. The long modes
+# (fault campaign, simulator sweeps, benchmarks) are never run here (docs/testing.md).
 # Tests start and stop their own servers (Azurite, a loopback sshd for sshfs mounts, the
-# control plane). Run as root: some tests mount tmpfs and sshfs file systems.
+# control plane). Run as root: the root and go tiers mount file systems and add addresses.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+started=$SECONDS
+
+tiers=("$@")
+[ ${#tiers[@]} -gt 0 ] || tiers=(lint fast e2e root go)
+for t in "${tiers[@]}"; do
+  case "$t" in lint|fast|e2e|root|go) ;;
+    *) echo "test.sh: no tier '$t': say lint, fast, e2e, root or go (or nothing: all of them)" >&2; exit 2 ;;
+  esac
+done
+runs() { [[ " ${tiers[*]} " == *" $1 "* ]]; }
+# timed <tier> <command...>: runs a tier's command and reports the tier's time.
+timed() {
+  local tier=$1 t0=$SECONDS
+  shift
+  "$@"
+  echo "==> tier $tier passed in $((SECONDS - t0)) s"
+}
 
 need_apt=()
 command -v npm >/dev/null 2>&1 || need_apt+=(nodejs npm)
@@ -44,53 +69,85 @@ fi
 echo "==> installing Azurite (npm ci, pinned in package-lock.json)"
 npm ci --no-audit --no-fund --loglevel=error
 
-echo "==> cargo fmt --check, gofmt"
-cargo fmt --all -- --check
-unformatted=$(gofmt -l tests/go)
-if [ -n "$unformatted" ]; then echo "gofmt would change: $unformatted" >&2; exit 1; fi
-
-echo "==> cargo clippy"
-cargo clippy --workspace --all-targets --locked -- -D warnings
-
-# etcd 3.6 first (the Rust tests run its etcdctl and etcdutl); Kubernetes (about 8 minutes cold
-# on 2 cores) meanwhile in the background at the lowest priority: it takes the CPU the Rust
-# suite leaves idle (its end-to-end tests mostly wait on processes), not the other way round.
-echo "==> building etcd 3.6 from its Go module (cached in target/go)"
-bash scripts/build-go.sh etcd
-# (etcd's robustness suite runs inside `cargo test`, etcd-node/tests/cluster.rs; compiled here
-# first so that its test does not spend its time compiling etcd's packages)
-echo "==> compiling etcd's robustness suite (tests/go/robustness)"
-(cd tests/go/robustness && go test -c -o /dev/null .)
-mkdir -p target
-echo "==> building Kubernetes from its Go module in the background (log: target/go-build.log)"
-nice -n 19 bash scripts/build-go.sh kube > target/go-build.log 2>&1 &
-kube_build=$!
-# (a failing step ends the script: the build goes with it. Under `set -e` a failing command in
-# the trap itself would turn a passing run into exit 1, so the whole trap is guarded.)
-trap '{ pkill -P "$kube_build"; kill "$kube_build"; } 2>/dev/null || true' EXIT
-
-echo "==> building the previous release (the rolling-upgrade test starts from it)"
-bash scripts/build-previous.sh
-
-echo "==> cargo test"
-cargo test --workspace --locked
-
-echo "==> waiting for the Kubernetes build"
-if ! wait "$kube_build"; then
-  cat target/go-build.log >&2
-  echo "!!! building Kubernetes failed (above)" >&2
-  exit 1
+if runs lint; then
+  echo "==> [lint] cargo fmt --check, gofmt"
+  cargo fmt --all -- --check
+  unformatted=$(gofmt -l tests/go)
+  if [ -n "$unformatted" ]; then echo "gofmt would change: $unformatted" >&2; exit 1; fi
+  echo "==> [lint] cargo clippy (every target: --all-targets leaves out the tiers run by name)"
+  cargo clippy --workspace --all-targets --test e2e --test root --test azurite --locked -- -D warnings
 fi
-cat target/go-build.log
 
-echo "==> go vet (tests/go)"
-(cd tests/go/kube && go vet ./...)
-(cd tests/go/etcd36 && go vet ./...)
-(cd tests/go/robustness && go vet ./...)
+# etcd 3.6 first (the e2e tier runs its etcdctl and etcdutl, the go tier its robustness suite);
+# Kubernetes (about 8 minutes cold on 2 cores) meanwhile in the background at the lowest
+# priority: it takes the CPU the Rust tiers leave idle (their end-to-end tests mostly wait on
+# processes), not the other way round.
+if runs e2e || runs go; then
+  echo "==> building etcd 3.6 from its Go module (cached in target/go)"
+  bash scripts/build-go.sh etcd
+fi
+mkdir -p target
+kube_build=
+if runs go; then
+  echo "==> compiling etcd's robustness suite (tests/go/robustness)"
+  (cd tests/go/robustness && go test -c -o /dev/null .)
+  echo "==> building Kubernetes from its Go module in the background (log: target/go-build.log)"
+  nice -n 19 bash scripts/build-go.sh kube > target/go-build.log 2>&1 &
+  kube_build=$!
+  # (a failing step ends the script: the build goes with it. Under `set -e` a failing command
+  # in the trap itself would turn a passing run into exit 1, so the whole trap is guarded.)
+  trap '{ pkill -P "$kube_build"; kill "$kube_build"; } 2>/dev/null || true' EXIT
+fi
 
-echo "==> the Kubernetes tier (tests/go/kube: the storage contract, kube-apiserver, kubeadm)"
-(
-  cd tests/go/kube
-  export ETCD_NODE_BIN=$PWD/../../../target/debug/etcd-node ETCDUTL_BIN=$PWD/../../../target/debug/etcdutl
-  go test -count=1 -p 1 -timeout 20m ./storage/ ./apiserver/ ./kubeadm/
-)
+if runs fast; then
+  echo "==> [fast] cargo test --workspace"
+  timed fast cargo test --workspace --locked
+fi
+
+if runs e2e; then
+  echo "==> building the previous release (the rolling-upgrade test starts from it)"
+  bash scripts/build-previous.sh
+  echo "==> [e2e] cargo test --test e2e, --test azurite"
+  timed e2e cargo test --locked -p etcd-node --test e2e -p witness-azblob --test azurite
+fi
+
+if runs root; then
+  echo "==> [root] cargo test --test root (needs root)"
+  timed root cargo test --locked -p etcd-node -p witness-mount --test root
+fi
+
+if runs go; then
+  echo "==> waiting for the Kubernetes build"
+  if ! wait "$kube_build"; then
+    cat target/go-build.log >&2
+    echo "!!! building Kubernetes failed (above)" >&2
+    exit 1
+  fi
+  cat target/go-build.log
+  echo "==> [go] go vet (tests/go)"
+  (cd tests/go/kube && go vet ./...)
+  (cd tests/go/etcd36 && go vet ./...)
+  (cd tests/go/robustness && go vet ./...)
+  cargo build --locked -p etcd-node --bin etcd-node --bin etcdutl
+  root=$PWD
+  export ETCD_NODE_BIN=$root/target/debug/etcd-node ETCD_NODE_ETCDUTL=$root/target/debug/etcdutl \
+    ETCDUTL_BIN=$root/target/debug/etcdutl ETCDCTL_BIN=$root/target/go/etcd36/etcdctl
+  go_tier() {
+    # etcd's robustness suite judges etcd-node (tests/go/robustness: its traffic, faults and
+    # checks; the launcher only starts two members and a witness). Its log is long: the seed
+    # and the verdicts are printed, the whole log only when it fails.
+    echo "==> [go] etcd's robustness suite (log: target/robustness.log)"
+    if ! (cd tests/go/robustness && go test -count=1 -v -timeout 30m -run TestRobustness .) \
+      > target/robustness.log 2>&1; then
+      cat target/robustness.log >&2
+      echo "!!! etcd's robustness suite failed (above; ROBUSTNESS_SEED replays it)" >&2
+      return 1
+    fi
+    grep -E 'ROBUSTNESS_SEED=|^(--- |ok|PASS)|validated ' target/robustness.log || true
+    echo "==> [go] Kubernetes: the storage contract, kube-apiserver, kubeadm (tests/go/kube)"
+    (cd tests/go/kube && go test -count=1 -p 1 -timeout 20m ./storage/ ./apiserver/ ./kubeadm/)
+  }
+  timed go go_tier
+fi
+
+echo "==> passed: ${tiers[*]} in $((SECONDS - started)) s"

@@ -9,7 +9,7 @@
 //! each fault family took to recover (from the heal to the first acknowledged write).
 //!
 //! `bash scripts/faults.sh [--runs N] [--seed S]` runs it; `cargo test` runs a short slice
-//! (etcd-node/tests/faults.rs).
+//! (etcd-node/tests/root/faults.rs).
 
 use std::collections::BTreeMap;
 use std::path::Path;

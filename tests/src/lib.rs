@@ -19,6 +19,33 @@ pub mod two_sites;
 pub mod watch_check;
 
 use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+/// How often [`within`] and [`eventually`] poll.
+pub const POLL: Duration = Duration::from_millis(200);
+
+/// Polls `cond` every [`POLL`] until it holds (true) or `limit` has passed (false). It is
+/// always asked at least once, and once more at the limit.
+pub fn within(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let started = Instant::now();
+    loop {
+        if cond() {
+            return true;
+        }
+        if started.elapsed() >= limit {
+            return false;
+        }
+        std::thread::sleep(POLL.min(limit.saturating_sub(started.elapsed())));
+    }
+}
+
+/// Polls `cond` until it holds; fails the test with `what` if it does not within `limit`.
+#[track_caller]
+pub fn eventually(limit: Duration, what: impl std::fmt::Display, cond: impl FnMut() -> bool) {
+    if !within(limit, cond) {
+        panic!("{what}: not within {limit:?}");
+    }
+}
 
 /// A free TCP port on 127.0.0.1, never the same one twice in this process (tests run in
 /// parallel threads: a port released by one probe could otherwise be handed to two servers).

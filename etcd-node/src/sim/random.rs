@@ -129,7 +129,7 @@ impl RandomRun {
         #[cfg(feature = "mutations")]
         if let Some(m) = self.mutation {
             return format!(
-                "{command} (with the deliberate bug {m:?}: replay it through etcd-node/tests/mutations.rs)"
+                "{command} (with the deliberate bug {m:?}: replay it through etcd-node/tests/protocol/mutations.rs)"
             );
         }
         command

@@ -2,7 +2,7 @@
 // clients: the generated v3lock and v3election clients, and the concurrency package's Mutex
 // and Election, which build the same recipe from KV, watches and leases on the client side and
 // must exclude the services' holders. The tests run against $ETCD_ENDPOINTS (comma-separated
-// client URLs): etcd-node/tests/cluster.rs runs them against etcd-node and against etcd 3.6,
+// client URLs): etcd-node/tests/e2e/cluster.rs runs them against etcd-node and against etcd 3.6,
 // and both must pass.
 package lockelection
 

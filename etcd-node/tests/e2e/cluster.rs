@@ -6,6 +6,7 @@ use std::path::Path;
 use std::process::Output;
 use std::time::{Duration, Instant};
 
+use crate::{LEADER_WAIT, bins, ok};
 use e2e_tests::azurite::Azurite;
 use e2e_tests::cluster::{
     Cluster, etcdctl, etcdctl_at, etcdctl_at_for, etcdctl_for, snapshot_files, two_hashes_agree,
@@ -15,15 +16,6 @@ use etcd_client::{
     Client, EventType, GetOptions, WatchFilterType, WatchOptions, WatchResponse, WatchStream,
 };
 use witness_core::WitnessUrl;
-
-const LEADER_WAIT: Duration = Duration::from_secs(30);
-
-fn bins() -> (&'static Path, &'static Path) {
-    (
-        Path::new(env!("CARGO_BIN_EXE_etcd-node")),
-        Path::new(env!("CARGO_BIN_EXE_etcdutl")),
-    )
-}
 
 fn cluster() -> Cluster {
     let (node, etcdutl) = bins();
@@ -38,16 +30,6 @@ fn refused_with(out: Output, what: &str) {
         "expected etcdctl to fail with {what:?}: {}{stderr}",
         String::from_utf8_lossy(&out.stdout)
     );
-}
-
-fn ok(out: Output) -> String {
-    assert!(
-        out.status.success(),
-        "etcdctl failed: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).expect("utf-8 output")
 }
 
 /// A member stops on SIGTERM while clients hold streams open (a watch, a lease keep-alive):
@@ -3139,73 +3121,6 @@ fn etcd_3_6_go_clients_lock_and_elect_as_on_etcd() {
     }
 }
 
-/// etcd's robustness suite (go.etcd.io/etcd/tests/v3 3.6.16) judges etcd-node: its traffic
-/// (etcd's and Kubernetes' shapes), its faults (kill, the peer network blackholed, delayed and
-/// dropped) and two of ours (a paused member; the witness gone while a member is killed), its
-/// linearizability and watch validation. `tests/go/robustness` is only the launcher (two
-/// members and a witness where the suite asks for three). `ROBUSTNESS_RUNS` (default 6: one per
-/// traffic profile and cluster shape, then round robin) and `ROBUSTNESS_SEED` pass through; the
-/// seed is printed. A failed run leaves the suite's report (the members' data, every client's
-/// history, a visualisation) under `$RESULTS_DIR` (default /tmp).
-#[test]
-fn etcds_robustness_suite_finds_no_violation() {
-    let module = e2e_tests::workspace_root().join("tests/go/robustness");
-    let out = std::process::Command::new("go")
-        .args(["test", "-count=1", "-v", "-run", "TestRobustness", "."])
-        .current_dir(&module)
-        .env("ETCD_NODE_BIN", env!("CARGO_BIN_EXE_etcd-node"))
-        .env("ETCD_NODE_ETCDUTL", env!("CARGO_BIN_EXE_etcdutl"))
-        .env("ETCDCTL_BIN", e2e_tests::etcd::Release::v3_6().etcdctl)
-        .output()
-        .expect("run `go test` (Go 1.26 on PATH)");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    // (the suite's logger is verbose: keep the seed, the runs and the verdicts)
-    for line in stdout.lines().filter(|l| {
-        l.contains("ROBUSTNESS_SEED=") || l.contains("--- ") || l.contains("validated ")
-    }) {
-        println!("{line}");
-    }
-    assert!(
-        out.status.success(),
-        "etcd's robustness suite failed:\n{stdout}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-/// Patroni (Debian's 3.0.2) managing two PostgreSQL 15 servers on the two members, as on two
-/// machines: `tests/python/patroni_check.py` bootstraps, switches over, then kills -9 the
-/// primary's whole machine (Patroni, PostgreSQL and its etcd-node member); the other
-/// PostgreSQL must be promoted with every synchronously committed row. Prints the timings
-/// (docs/patroni.md). Needs root (PostgreSQL runs as `postgres`) and Debian's `patroni` and
-/// `postgresql-15`, which scripts/test.sh installs.
-#[test]
-fn patroni_fails_over_two_postgresql_servers_and_loses_no_commit() {
-    let c = cluster();
-    c.wait_leader(LEADER_WAIT);
-    let dir = tempfile::tempdir().unwrap();
-    let ports: Vec<String> = (0..4).map(|_| e2e_tests::free_port().to_string()).collect();
-    let script = e2e_tests::workspace_root().join("tests/python/patroni_check.py");
-    let pid = c.members[1].pid().expect("member 1 runs").to_string();
-    let out = std::process::Command::new("/usr/bin/python3")
-        .arg(&script)
-        .arg(dir.path().join("patroni"))
-        .args([c.members[0].url(), c.members[1].url(), pid])
-        .env("PATRONI_PORTS", ports.join(" "))
-        .output()
-        .expect("run patroni_check.py");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    println!("{stdout}");
-    let logs = ["patroni0.log", "patroni1.log"]
-        .map(|f| std::fs::read_to_string(dir.path().join("patroni").join(f)).unwrap_or_default());
-    assert!(
-        out.status.success() && stdout.contains("patroni check passed"),
-        "{stdout}{}\n--- patroni0.log\n{}\n--- patroni1.log\n{}",
-        String::from_utf8_lossy(&out.stderr),
-        logs[0],
-        logs[1]
-    );
-}
-
 /// Fault-campaign finding 5.1: while a member is paused (SIGSTOP), clients cancel requests on
 /// their deadlines; when it resumes, those cancellations arrive at once. They must not make the
 /// server tear the connection down (GOAWAY ENHANCE_YOUR_CALM "too_many_resets"): requests
@@ -3441,22 +3356,30 @@ fn a_new_cluster_with_mixed_peer_protocols_does_not_start() {
     rt.block_on(wait_caught_up(&ep, "k", &want));
 }
 
-/// The previous release's binaries (`scripts/build-previous.sh`, which builds them once from a
-/// pinned commit of this repository and caches them; the test suite builds them first).
+/// The previous release's binaries, which `scripts/build-previous.sh` builds once from a pinned
+/// commit of this repository (scripts/test.sh runs it first). Never built from here: a test
+/// running beside a build could start a half-written binary. Fails with the command to run.
 fn previous_release() -> (std::path::PathBuf, std::path::PathBuf) {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let out = std::process::Command::new("bash")
-        .arg(root.join("scripts/build-previous.sh"))
+        .args(["scripts/build-previous.sh", "--where"])
         .current_dir(&root)
         .output()
-        .expect("run scripts/build-previous.sh");
+        .expect("run scripts/build-previous.sh --where");
     assert!(
         out.status.success(),
-        "scripts/build-previous.sh failed: {}",
+        "scripts/build-previous.sh --where failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
     let dir = root.join(String::from_utf8_lossy(&out.stdout).trim());
-    (dir.join("etcd-node"), dir.join("etcdutl"))
+    let (node, etcdutl) = (dir.join("etcd-node"), dir.join("etcdutl"));
+    assert!(
+        node.is_file() && etcdutl.is_file(),
+        "the previous release is not built ({} is missing): run `bash scripts/build-previous.sh` \
+         (scripts/test.sh does) and run this test again",
+        dir.display()
+    );
+    (node, etcdutl)
 }
 
 /// A rolling upgrade from the previous release, one member at a time, under steady writes:

@@ -12,17 +12,10 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use crate::{LEADER_WAIT, bins, mount_url};
 use e2e_tests::cluster::{Cluster, init_witness, snapshot_files};
+use e2e_tests::{free_port, within};
 use etcd_client::{Client, ConnectOptions, GetOptions};
-
-const LEADER_WAIT: Duration = Duration::from_secs(30);
-
-fn bins() -> (&'static Path, &'static Path) {
-    (
-        Path::new(env!("CARGO_BIN_EXE_etcd-node")),
-        Path::new(env!("CARGO_BIN_EXE_etcdutl")),
-    )
-}
 
 fn witness_dir(c: &Cluster) -> PathBuf {
     c.dir.path().join("witness")
@@ -60,15 +53,10 @@ async fn status_errors(ep: &str) -> Vec<String> {
 }
 
 /// Waits up to `limit` for `cond`, failing with `what` and the member's log.
-fn wait(c: &Cluster, i: usize, limit: Duration, what: &str, mut cond: impl FnMut() -> bool) {
-    let started = Instant::now();
-    while !cond() {
-        assert!(
-            started.elapsed() < limit,
-            "{what}: not within {limit:?}; log:\n{}",
-            c.log(i)
-        );
-        std::thread::sleep(Duration::from_millis(200));
+#[track_caller]
+fn wait(c: &Cluster, i: usize, limit: Duration, what: &str, cond: impl FnMut() -> bool) {
+    if !within(limit, cond) {
+        panic!("{what}: not within {limit:?}; log:\n{}", c.log(i));
     }
 }
 
@@ -276,24 +264,6 @@ fn start_alone(url: &str, data_dir: &Path, secs: u64) -> Option<String> {
     let _ = child.kill();
     let _ = child.wait();
     None
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-fn mount_url(dir: &Path) -> String {
-    format!(
-        "witness:mount?path={}",
-        percent_encoding::utf8_percent_encode(
-            dir.to_str().unwrap(),
-            percent_encoding::NON_ALPHANUMERIC
-        )
-    )
 }
 
 #[test]

@@ -11,6 +11,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
+use crate::ok;
 use e2e_tests::cluster::etcdctl;
 use e2e_tests::free_port;
 
@@ -125,16 +126,6 @@ impl Drop for Job {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-fn ok(out: std::process::Output) -> String {
-    assert!(
-        out.status.success(),
-        "etcdctl failed: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).expect("utf-8 output")
 }
 
 #[test]

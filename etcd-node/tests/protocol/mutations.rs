@@ -146,7 +146,7 @@ fn appending_a_forwarded_write_in_a_later_term_is_caught() {
 #[test]
 fn trusting_a_wiped_witness_is_caught() {
     // Seen only through the random runs' wiped-and-reinitialised witness
-    // (tests/witness_reset.rs runs the directed sequence).
+    // (tests/protocol/witness_reset.rs runs the directed sequence).
     assert_caught(
         Mutation::ForgetWitnessIdentity,
         2,

@@ -11,20 +11,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use e2e_tests::sshfs::{CACHED, COHERENT, SshServer, SshfsMount};
 use witness_core::WitnessStore;
 use witness_core::conformance::{self, Backend, Location};
-use witness_mount::{MountOptions, MountStore};
 
-const RETENTION: usize = 4;
-
-fn open(dir: &Path) -> MountStore {
-    MountStore::open(
-        dir,
-        MountOptions {
-            retention: RETENTION,
-            ..MountOptions::default()
-        },
-    )
-    .expect("open witness dir")
-}
+use crate::{RETENTION, open};
 
 /// One shared directory and its two client mounts. Field order matters: mounts drop first.
 struct Shared {

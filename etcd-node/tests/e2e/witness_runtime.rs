@@ -16,37 +16,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use crate::{LEADER_WAIT, bins, mount_url, text};
 use e2e_tests::azurite::{Azurite, account_sas, account_sas_until, utc_in};
 use e2e_tests::cluster::{Cluster, etcdctl, init_witness};
+use e2e_tests::eventually;
 use etcd_client::{Client, ConnectOptions};
-
-const LEADER_WAIT: Duration = Duration::from_secs(30);
-
-fn bins() -> (&'static Path, &'static Path) {
-    (
-        Path::new(env!("CARGO_BIN_EXE_etcd-node")),
-        Path::new(env!("CARGO_BIN_EXE_etcdutl")),
-    )
-}
-
-fn mount_url(dir: &Path) -> String {
-    std::fs::create_dir_all(dir).unwrap();
-    format!(
-        "witness:mount?path={}",
-        percent_encoding::utf8_percent_encode(
-            dir.to_str().unwrap(),
-            percent_encoding::NON_ALPHANUMERIC
-        )
-    )
-}
-
-fn text(out: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
-}
 
 /// `etcdutl witness add` against the cluster.
 fn witness_add(etcdutl: &Path, c: &Cluster, url: &str) -> Output {
@@ -172,6 +146,7 @@ fn the_witness_is_moved_at_runtime_under_writes_and_no_write_fails() {
     assert_ne!(new_id, old_id);
     // A second witness is refused, naming the first and the command that removes it.
     let third_dir = c.dir.path().join("witness-3");
+    std::fs::create_dir_all(&third_dir).unwrap();
     let third_url = mount_url(&third_dir);
     init_witness(etcdutl, "w3", &third_url);
     let out = witness_add(etcdutl, &c, &third_url);
@@ -183,9 +158,11 @@ fn the_witness_is_moved_at_runtime_under_writes_and_no_write_fails() {
         text(&out)
     );
     // The blob is in use: every member probes it successfully with its own token.
-    wait_for("both members probe the blob", || {
-        (0..2).all(|i| c.http_get(i, "/health").map(|r| r.0) == Some(200))
-    });
+    eventually(
+        Duration::from_secs(60),
+        "both members probe the blob",
+        || (0..2).all(|i| c.http_get(i, "/health").map(|r| r.0) == Some(200)),
+    );
     // Moved once more, to the third location, still under writes.
     let out = etcdctl(&c.endpoints(), &["member", "remove", &new_id], None);
     assert!(out.status.success(), "remove: {}", text(&out));
@@ -291,7 +268,9 @@ fn the_sas_signature_stays_on_the_members_and_is_rotated_without_a_restart() {
     );
     let l = c.wait_leader(LEADER_WAIT);
     let healthy = |c: &Cluster, i: usize| c.http_get(i, "/health").map(|r| r.0) == Some(200);
-    wait_for("both members healthy", || healthy(&c, 0) && healthy(&c, 1));
+    eventually(Duration::from_secs(60), "both members healthy", || {
+        healthy(&c, 0) && healthy(&c, 1)
+    });
     // Every form the two signatures take: raw, escaped in the SAS, escaped again in the URL.
     let mut secrets = Vec::new();
     for sas in [short.as_str(), account_sas().as_str()] {
@@ -326,17 +305,23 @@ fn the_sas_signature_stays_on_the_members_and_is_rotated_without_a_restart() {
     leaks("a snapshot", &std::fs::read(&snap).unwrap());
 
     // The token expires: the probe says so on both members, with what to do.
-    wait_for("the expired SAS shows in /health", || {
-        (0..2).all(|i| {
-            c.http_get(i, "/health")
-                .is_some_and(|(code, body)| code == 503 && body.contains("permission denied"))
-        })
-    });
+    eventually(
+        Duration::from_secs(60),
+        "the expired SAS shows in /health",
+        || {
+            (0..2).all(|i| {
+                c.http_get(i, "/health")
+                    .is_some_and(|(code, body)| code == 503 && body.contains("permission denied"))
+            })
+        },
+    );
     // A new token in the file: both members are well again, no restart.
     std::fs::write(&sas_file, account_sas()).unwrap();
-    wait_for("healthy again after the rotation", || {
-        healthy(&c, 0) && healthy(&c, 1)
-    });
+    eventually(
+        Duration::from_secs(60),
+        "healthy again after the rotation",
+        || healthy(&c, 0) && healthy(&c, 1),
+    );
     // And the witness is usable with it: the follower dies, the leader commits through it.
     let l = c.wait_leader(LEADER_WAIT);
     c.kill(1 - l);
@@ -349,17 +334,5 @@ fn the_sas_signature_stays_on_the_members_and_is_rotated_without_a_restart() {
     assert!(c.metric(l, "etcd_witness_writes_total") >= Some(1.0));
     for i in 0..2 {
         leaks(&format!("member {i}'s log"), c.log(i).as_bytes());
-    }
-}
-
-/// Waits up to 60 s for `cond`.
-fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
-    let started = Instant::now();
-    while !cond() {
-        assert!(
-            started.elapsed() < Duration::from_secs(60),
-            "{what}: not within 60 s"
-        );
-        std::thread::sleep(Duration::from_millis(250));
     }
 }

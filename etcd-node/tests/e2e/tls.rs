@@ -9,30 +9,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
+use crate::{LEADER_WAIT, bins, ok, text};
 use e2e_tests::cluster::{Cluster, etcdctl, two_hashes_agree};
 use e2e_tests::pki::Ca;
-
-const LEADER_WAIT: Duration = Duration::from_secs(30);
-
-fn bins() -> (&'static Path, &'static Path) {
-    (
-        Path::new(env!("CARGO_BIN_EXE_etcd-node")),
-        Path::new(env!("CARGO_BIN_EXE_etcdutl")),
-    )
-}
-
-fn text(out: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
-}
-
-fn ok(out: Output) -> String {
-    assert!(out.status.success(), "etcdctl failed: {}", text(&out));
-    text(&out)
-}
+use e2e_tests::within;
 
 /// etcdctl's TLS flags for the certificate `<pki>/<name>.crt`.
 fn as_user(pki: &Path, name: &str) -> Vec<String> {
@@ -231,18 +211,6 @@ fn follower_id(json: &str) -> Option<String> {
     })
 }
 
-/// Waits until `ready` holds, up to `limit`.
-fn wait_until(limit: Duration, mut ready: impl FnMut() -> bool) -> bool {
-    let started = Instant::now();
-    while started.elapsed() < limit {
-        if ready() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    false
-}
-
 #[test]
 fn a_peer_certificate_from_another_ca_is_refused_until_replaced() {
     let (_dir, pki, ca, mut c) = tls_cluster(&["root"]);
@@ -259,7 +227,7 @@ fn a_peer_certificate_from_another_ca_is_refused_until_replaced() {
     std::fs::write(pki.join(format!("{name}.key")), key).unwrap();
     c.start_member(other);
     assert!(
-        wait_until(Duration::from_secs(20), || {
+        within(Duration::from_secs(20), || {
             c.log(leader).contains("refused a TLS connection")
         }),
         "the leader did not log the refused peer:\n{}",
@@ -288,7 +256,7 @@ fn a_peer_certificate_from_another_ca_is_refused_until_replaced() {
     args.extend(["--consistency=s", "get", "during", "--print-value-only"].map(String::from));
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     assert!(
-        wait_until(Duration::from_secs(30), || {
+        within(Duration::from_secs(30), || {
             let out = etcdctl(&endpoint, &args, None);
             out.status.success() && String::from_utf8_lossy(&out.stdout).trim() == "2"
         }),
@@ -371,7 +339,7 @@ fn a_real_etcd_config_file_starts_with_a_warning_for_ignored_keys() {
         etcdctl(&endpoint, &args, None)
     };
     assert!(
-        wait_until(Duration::from_secs(20), || put("k", "1").status.success()),
+        within(Duration::from_secs(20), || put("k", "1").status.success()),
         "the member did not serve:\n{}",
         std::fs::read_to_string(&log_path).unwrap_or_default()
     );
@@ -411,7 +379,7 @@ fn a_real_etcd_config_file_starts_with_a_warning_for_ignored_keys() {
     );
     // Auto compaction (periodic, 1 s): the first revision is compacted away in a few seconds.
     put("k", "2");
-    let compacted = wait_until(Duration::from_secs(20), || {
+    let compacted = within(Duration::from_secs(20), || {
         put("k", "3");
         let mut args = insecure.to_vec();
         args.extend(["get", "k", "--rev=1"]);

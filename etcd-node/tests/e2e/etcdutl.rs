@@ -6,23 +6,15 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::process::{Command, Output};
 
+use crate::{mount_url, text};
 use e2e_tests::azurite::Azurite;
 use e2e_tests::etcd::{Etcd, Release};
-use percent_encoding::{NON_ALPHANUMERIC, utf8_percent_encode};
 
 fn etcdutl(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_etcdutl"))
         .args(args)
         .output()
         .expect("run etcdutl")
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
 }
 
 /// `etcdutl witness init --name NAME --advertise-peer-url URL [extra...]`
@@ -37,13 +29,6 @@ fn init(name: &str, url: &str, extra: &[&str]) -> Output {
     ];
     args.extend_from_slice(extra);
     etcdutl(&args)
-}
-
-fn mount_url(dir: &Path) -> String {
-    format!(
-        "witness:mount?path={}",
-        utf8_percent_encode(dir.to_str().unwrap(), NON_ALPHANUMERIC)
-    )
 }
 
 fn status_json(url: &str) -> serde_json::Value {
