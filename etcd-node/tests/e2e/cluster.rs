@@ -12,6 +12,7 @@ use e2e_tests::cluster::{
     Cluster, etcdctl, etcdctl_at, etcdctl_at_for, etcdctl_for, snapshot_files, two_hashes_agree,
 };
 use e2e_tests::free_port;
+use e2e_tests::{eventually, within};
 use etcd_client::{
     Client, EventType, GetOptions, WatchFilterType, WatchOptions, WatchResponse, WatchStream,
 };
@@ -831,15 +832,12 @@ fn writes_go_on_while_a_snapshot_is_saved() {
         0,
         "a snapshot was saved before the writes after it were acknowledged: they waited for it"
     );
-    let started = Instant::now();
-    while saved(&c) < 2 {
-        assert!(
-            started.elapsed() < Duration::from_secs(60),
+    if !within(Duration::from_secs(60), || saved(&c) >= 2) {
+        panic!(
             "the held snapshots were never saved; logs:\n{}\n{}",
             c.log(0),
             c.log(1)
         );
-        std::thread::sleep(Duration::from_millis(200));
     }
     // Then the log is compacted, and the next snapshot (not held) follows.
     for i in 150..400 {
@@ -1212,17 +1210,11 @@ fn a_member_removed_while_away_is_refused_and_stops() {
     let new_id = added.split_whitespace().nth(1).unwrap().to_string();
     c.start_member(new);
     assert!(rt.block_on(put_until(&lead_ep, "k0", "v0", Duration::from_secs(30))));
-    let started = Instant::now();
-    while !etcdctl(&eps, &["member", "promote", &new_id], None)
-        .status
-        .success()
-    {
-        assert!(
-            started.elapsed() < Duration::from_secs(60),
-            "n3 never promotable"
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    eventually(Duration::from_secs(60), "n3 promotable", || {
+        etcdctl(&eps, &["member", "promote", &new_id], None)
+            .status
+            .success()
+    });
     let away = if leader == 0 { 1 } else { 0 };
     let away_id = member_id(
         &ok(etcdctl(&eps, &["member", "list"], None)),
@@ -1354,14 +1346,11 @@ fn a_dead_member_is_replaced_through_the_membership_api() {
     // A learner does not vote: the promotion makes it one.
     ok(etcdctl(&eps, &["member", "promote", &new_id], None));
     // (once the new voter has applied its promotion, it serves writes)
-    let started = Instant::now();
-    while !etcdctl(&learner, &["put", "k", "v"], None).status.success() {
-        assert!(
-            started.elapsed() < Duration::from_secs(20),
-            "the promoted member never served a put"
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    eventually(
+        Duration::from_secs(20),
+        "the promoted member serves a put",
+        || etcdctl(&learner, &["put", "k", "v"], None).status.success(),
+    );
     ok(etcdctl(&eps, &["member", "remove", &dead_id], None));
     let list = ok(etcdctl(&eps, &["member", "list"], None));
     assert_eq!(list.lines().count(), 3, "n1, n3 and the witness: {list}");

@@ -44,6 +44,14 @@ fn ok(out: Output) -> String {
     String::from_utf8(out.stdout).expect("utf-8 output")
 }
 
+/// The stdout then stderr of a command that must have succeeded (etcdctl 3.4 prints some
+/// results, `endpoint health` among them, on stderr).
+#[track_caller]
+fn ok_all(out: Output) -> String {
+    assert!(out.status.success(), "the command failed: {}", text(&out));
+    text(&out)
+}
+
 /// The `witness:mount` URL of a directory.
 fn mount_url(dir: &Path) -> String {
     format!(

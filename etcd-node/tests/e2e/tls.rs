@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-use crate::{LEADER_WAIT, bins, ok, text};
+use crate::{LEADER_WAIT, bins, ok_all, text};
 use e2e_tests::cluster::{Cluster, etcdctl, two_hashes_agree};
 use e2e_tests::pki::Ca;
 use e2e_tests::within;
@@ -57,8 +57,8 @@ fn etcdctl_works_over_tls_with_client_certificates() {
     let urls = c.endpoints();
     assert!(urls.iter().all(|u| u.starts_with("https://")), "{urls:?}");
     let root = as_user(&pki, "root");
-    ok(run(&c, &root, &["put", "k", "v"]));
-    assert!(ok(run(&c, &root, &["get", "k"])).contains("v"));
+    ok_all(run(&c, &root, &["put", "k", "v"]));
+    assert!(ok_all(run(&c, &root, &["get", "k"])).contains("v"));
     // Every member-to-member call (replication, the commands that ask each member) over TLS.
     for args in [
         &["endpoint", "status", "--cluster", "-w", "table"][..],
@@ -66,16 +66,16 @@ fn etcdctl_works_over_tls_with_client_certificates() {
         &["endpoint", "hashkv", "--cluster"],
         &["member", "list"],
     ] {
-        let out = ok(run(&c, &root, args));
+        let out = ok_all(run(&c, &root, args));
         for m in &c.members {
             assert!(out.contains(&m.url()), "{args:?}:\n{out}");
         }
     }
-    let hashes = ok(run(&c, &root, &["endpoint", "hashkv"]));
+    let hashes = ok_all(run(&c, &root, &["endpoint", "hashkv"]));
     assert!(two_hashes_agree(&hashes), "{hashes}");
     // The maintenance commands that dial each member (defrag --cluster), stream a snapshot,
     // or move the leader, over TLS.
-    let defrag = ok(run(&c, &root, &["defrag", "--cluster"]));
+    let defrag = ok_all(run(&c, &root, &["defrag", "--cluster"]));
     assert_eq!(
         defrag.matches("Finished defragmenting").count(),
         2,
@@ -84,16 +84,16 @@ fn etcdctl_works_over_tls_with_client_certificates() {
     let snapshot = pki.join("backup.db");
     let mut save: Vec<&str> = root.iter().map(String::as_str).collect();
     save.extend(["snapshot", "save", snapshot.to_str().expect("utf-8 path")]);
-    ok(etcdctl(&urls[..1], &save, None));
+    ok_all(etcdctl(&urls[..1], &save, None));
     assert!(
         std::fs::metadata(&snapshot)
             .expect("the snapshot file")
             .len()
             > 0
     );
-    let status = ok(run(&c, &root, &["endpoint", "status", "-w", "json"]));
+    let status = ok_all(run(&c, &root, &["endpoint", "status", "-w", "json"]));
     let follower = follower_id(&status).expect("a follower's member id");
-    let moved = ok(run(&c, &root, &["move-leader", &follower]));
+    let moved = ok_all(run(&c, &root, &["move-leader", &follower]));
     assert!(moved.contains("Leadership transferred"), "{moved}");
     // /health on the same TLS listener (HTTP/1.1 for curl).
     let (code, body) = c.http_get(0, "/health").expect("/health over https");
@@ -121,10 +121,10 @@ fn etcdctl_works_over_tls_with_client_certificates() {
     );
 
     // With auth on, the certificate's CommonName is the user (no password).
-    ok(run(&c, &root, &["user", "add", "root:rootpw"]));
-    ok(run(&c, &root, &["user", "grant-role", "root", "root"]));
-    ok(run(&c, &root, &["auth", "enable"]));
-    ok(run(&c, &root, &["put", "k", "by-root"]));
+    ok_all(run(&c, &root, &["user", "add", "root:rootpw"]));
+    ok_all(run(&c, &root, &["user", "grant-role", "root", "root"]));
+    ok_all(run(&c, &root, &["auth", "enable"]));
+    ok_all(run(&c, &root, &["put", "k", "by-root"]));
     let alice = as_user(&pki, "alice");
     let denied = run(&c, &alice, &["put", "a/1", "x"]);
     assert!(
@@ -136,9 +136,9 @@ fn etcdctl_works_over_tls_with_client_certificates() {
         "{}",
         text(&denied)
     );
-    ok(run(&c, &root, &["user", "add", "alice:alicepw"]));
-    ok(run(&c, &root, &["role", "add", "a-writer"]));
-    ok(run(
+    ok_all(run(&c, &root, &["user", "add", "alice:alicepw"]));
+    ok_all(run(&c, &root, &["role", "add", "a-writer"]));
+    ok_all(run(
         &c,
         &root,
         &[
@@ -150,8 +150,8 @@ fn etcdctl_works_over_tls_with_client_certificates() {
             "--prefix=true",
         ],
     ));
-    ok(run(&c, &root, &["user", "grant-role", "alice", "a-writer"]));
-    ok(run(&c, &alice, &["put", "a/1", "x"]));
+    ok_all(run(&c, &root, &["user", "grant-role", "alice", "a-writer"]));
+    ok_all(run(&c, &alice, &["put", "a/1", "x"]));
     assert!(
         !run(&c, &alice, &["put", "k", "x"]).status.success(),
         "outside alice's role"
@@ -159,7 +159,7 @@ fn etcdctl_works_over_tls_with_client_certificates() {
     // A password still wins over the certificate, as in etcd (alice's certificate, root's name).
     let mut alice_as_root = alice.clone();
     alice_as_root.push("--user=root:rootpw".into());
-    ok(run(&c, &alice_as_root, &["put", "k", "by-root-password"]));
+    ok_all(run(&c, &alice_as_root, &["put", "k", "by-root-password"]));
 
     // The JSON gateway on the same TLS port: the certificate's name is the user there too.
     // (base64: "YS8y" is a/2, "aw==" k, "eA==" x)
@@ -217,7 +217,7 @@ fn a_peer_certificate_from_another_ca_is_refused_until_replaced() {
     let leader = c.wait_leader(LEADER_WAIT);
     let other = 1 - leader;
     let root = as_user(&pki, "root");
-    ok(run(&c, &root, &["put", "before", "1"]));
+    ok_all(run(&c, &root, &["put", "before", "1"]));
     // The other member comes back with a certificate the cluster's CA did not sign (its own
     // CA file still the cluster's, so it is the leader that must refuse it).
     c.stop(other);
@@ -247,7 +247,7 @@ fn a_peer_certificate_from_another_ca_is_refused_until_replaced() {
         "says why: {line}"
     );
     // The leader goes on with the witness; the refused member has not caught up.
-    ok(run(&c, &root, &["put", "during", "2"]));
+    ok_all(run(&c, &root, &["put", "during", "2"]));
     // A certificate from the right CA, written over the files while the member runs: picked up
     // at its next connection, without a restart.
     ca.write(&pki, &name, "etcd-member", &["127.0.0.1", "localhost"]);
