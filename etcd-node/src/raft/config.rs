@@ -1,5 +1,6 @@
 //! Configuration of one Raft node, in ticks (the host turns milliseconds into ticks).
 
+use super::errors::ConfigError;
 use super::types::{NONE, NodeId};
 
 /// How a node behaves. Validated once by [`Config::validate`].
@@ -50,23 +51,23 @@ impl Config {
     }
 
     /// Checks the settings; the message names the setting and the fix.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), ConfigError> {
         if self.id == NONE {
-            return Err("raft id must not be 0".into());
+            return Err(ConfigError::ZeroId);
         }
         if self.heartbeat_tick == 0 {
-            return Err("heartbeat tick must be at least 1".into());
+            return Err(ConfigError::ZeroHeartbeat);
         }
         if self.election_tick <= self.liveness_ticks()
             || self.election_tick < 3 * self.heartbeat_tick
         {
-            return Err(format!(
-                "election timeout ({} ticks) must be at least 3 heartbeats ({} ticks each) so the leader can adjust its replication set before followers time out",
-                self.election_tick, self.heartbeat_tick
-            ));
+            return Err(ConfigError::ElectionTooShort {
+                election: self.election_tick,
+                heartbeat: self.heartbeat_tick,
+            });
         }
         if self.max_inflight == 0 || self.max_batch == 0 {
-            return Err("max inflight messages and max batch entries must be at least 1".into());
+            return Err(ConfigError::ZeroFlowControl);
         }
         Ok(())
     }

@@ -13,6 +13,7 @@
 
 use std::collections::BTreeSet;
 
+use super::errors::MembershipError;
 use super::types::{NONE, NodeId};
 
 /// The voters of one configuration.
@@ -63,21 +64,19 @@ impl Voters {
         indexes.get(self.quorum() - 1).copied().unwrap_or(0)
     }
 
-    fn validate(&self) -> Result<(), String> {
+    fn validate(&self) -> Result<(), MembershipError> {
         if self.regular.is_empty() {
-            return Err("a configuration needs at least one regular voter".into());
+            return Err(MembershipError::NoRegularVoter);
         }
         if self.regular.contains(&NONE) || self.witness == Some(NONE) {
-            return Err("member id 0 is reserved".into());
+            return Err(MembershipError::ReservedId);
         }
         if let Some(w) = self.witness {
             if self.regular.contains(&w) {
-                return Err(format!(
-                    "member {w:x} cannot be both a regular voter and the witness"
-                ));
+                return Err(MembershipError::WitnessIsRegular(w));
             }
             if self.regular.len() < 2 {
-                return Err("a witness needs at least two regular voters (with one, it could never acknowledge anything); add a regular member or remove the witness first".into());
+                return Err(MembershipError::WitnessWithOneVoter);
             }
         }
         Ok(())
@@ -141,7 +140,7 @@ impl Membership {
     pub fn new(
         regular: impl IntoIterator<Item = NodeId>,
         witness: Option<NodeId>,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, MembershipError> {
         let voters = Voters {
             regular: regular.into_iter().collect(),
             witness,
@@ -207,10 +206,10 @@ impl Membership {
     }
 
     /// The configuration after `cc`, or why `cc` cannot apply to this one.
-    pub fn apply(&self, cc: &ConfChange) -> Result<Membership, String> {
+    pub fn apply(&self, cc: &ConfChange) -> Result<Membership, MembershipError> {
         if cc.changes.is_empty() {
             if !self.is_joint() {
-                return Err("not in a joint configuration: nothing to leave".into());
+                return Err(MembershipError::NotJoint);
             }
             return Ok(Membership {
                 voters: self.voters.clone(),
@@ -219,47 +218,39 @@ impl Membership {
             });
         }
         if self.is_joint() {
-            return Err("a joint configuration is still in effect; wait until it is left".into());
+            return Err(MembershipError::StillJoint);
         }
         let mut voters = self.voters.clone();
         let mut learners = self.learners.clone();
         for &Change { kind, node } in &cc.changes {
             if node == NONE {
-                return Err("member id 0 is reserved".into());
+                return Err(MembershipError::ReservedId);
             }
             let was_witness = self.voters.witness == Some(node);
             if was_witness && matches!(kind, ChangeKind::AddVoter | ChangeKind::AddLearner) {
-                return Err(format!(
-                    "member {node:x} is the witness; a witness never becomes a regular member or learner (add the machine under a new member id)"
-                ));
+                return Err(MembershipError::WitnessCannotBecomeMember(node));
             }
             match kind {
                 ChangeKind::AddVoter => {
                     if voters.witness == Some(node) {
-                        return Err(format!("member {node:x} is the witness"));
+                        return Err(MembershipError::IsTheWitness(node));
                     }
                     learners.remove(&node);
                     voters.regular.insert(node);
                 }
                 ChangeKind::AddLearner => {
                     if voters.contains(node) {
-                        return Err(format!(
-                            "member {node:x} is a voter; remove it before adding it as a learner"
-                        ));
+                        return Err(MembershipError::VoterAsLearner(node));
                     }
                     learners.insert(node);
                 }
                 ChangeKind::AddWitness => match voters.witness {
                     Some(w) if w == node => {}
                     Some(w) => {
-                        return Err(format!(
-                            "the cluster already has a witness ({w:x}); remove it first (one witness per configuration)"
-                        ));
+                        return Err(MembershipError::SecondWitness(w));
                     }
                     None if voters.regular.contains(&node) || learners.contains(&node) => {
-                        return Err(format!(
-                            "member {node:x} is a regular member; a witness needs its own member id"
-                        ));
+                        return Err(MembershipError::RegularAsWitness(node));
                     }
                     None => voters.witness = Some(node),
                 },
@@ -271,7 +262,7 @@ impl Membership {
                         voters.witness = None;
                     }
                     if !known {
-                        return Err(format!("member {node:x} is not in the configuration"));
+                        return Err(MembershipError::NotAMember(node));
                     }
                 }
             }
@@ -301,13 +292,10 @@ impl Membership {
         if let (Some(a), Some(b)) = (self.voters.witness, voters.witness)
             && a != b
         {
-            return Err(
-                "replace the witness in two changes: remove the old one, then add the new one"
-                    .into(),
-            );
+            return Err(MembershipError::WitnessReplacedAtOnce);
         }
         if voters.witness.is_some() && self.voters.witness.is_none() {
-            return Err("add the witness in a change of its own".into());
+            return Err(MembershipError::WitnessAddedWithOthers);
         }
         Ok(Membership {
             voters,
@@ -365,7 +353,7 @@ mod tests {
         let joint = m(&[1, 2, 3], None).apply(&cc).unwrap();
         assert!(joint.is_joint());
         assert_eq!(joint.outgoing, Some(m(&[1, 2, 3], None).voters));
-        assert!(joint.apply(&cc).unwrap_err().contains("joint"));
+        assert!(joint.apply(&cc).unwrap_err().to_string().contains("joint"));
         let left = joint.apply(&ConfChange::default()).unwrap();
         assert_eq!(left, m(&[1, 3, 4], None));
         // 1 and 3 are a majority of both halves; 1 and 4 only of the incoming one.
@@ -378,23 +366,28 @@ mod tests {
         let cluster = m(&[1, 2], Some(3));
         let e = cluster
             .apply(&ConfChange::single(ChangeKind::Remove, 2))
-            .unwrap_err();
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("remove the witness first"), "{e}");
         let e = cluster
             .apply(&ConfChange::single(ChangeKind::AddWitness, 9))
-            .unwrap_err();
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("remove it first"), "{e}");
         let e = cluster
             .apply(&ConfChange::single(ChangeKind::AddLearner, 3))
-            .unwrap_err();
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("is the witness"), "{e}");
         let e = cluster
             .apply(&ConfChange::single(ChangeKind::AddLearner, 2))
-            .unwrap_err();
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("is a voter"), "{e}");
         let e = cluster
             .apply(&ConfChange::single(ChangeKind::Remove, 7))
-            .unwrap_err();
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("not in the configuration"), "{e}");
         let swap = ConfChange {
             changes: vec![
@@ -410,7 +403,7 @@ mod tests {
             context: Vec::new(),
             witness_generation: 0,
         };
-        let e = cluster.apply(&swap).unwrap_err();
+        let e = cluster.apply(&swap).unwrap_err().to_string();
         assert!(e.contains("two changes"), "{e}");
         let promote_witness = ConfChange {
             changes: vec![
@@ -426,7 +419,7 @@ mod tests {
             context: Vec::new(),
             witness_generation: 0,
         };
-        let e = cluster.apply(&promote_witness).unwrap_err();
+        let e = cluster.apply(&promote_witness).unwrap_err().to_string();
         assert!(e.contains("never becomes a regular member"), "{e}");
     }
 

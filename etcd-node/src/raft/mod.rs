@@ -14,6 +14,7 @@
 //! `storage.rs` (what is persisted), `config.rs`.
 
 mod config;
+mod errors;
 mod host;
 mod log;
 mod membership;
@@ -26,6 +27,7 @@ mod types;
 mod witness_step;
 
 pub use config::Config;
+pub use errors::{ConfigError, MembershipError};
 pub use host::{Host, handle_ready};
 pub use log::RaftLog;
 pub use membership::{Change, ChangeKind, ConfChange, Membership, Voters};

@@ -108,8 +108,7 @@ pub async fn force_new_cluster(
     // One snapshot: the key space as it is now, this member the only voter, in a term above
     // every term this member has seen.
     let term = hs.term.max(last_term) + 1;
-    let membership = Membership::new(std::collections::BTreeSet::from([me]), None)
-        .map_err(anyhow::Error::msg)?;
+    let membership = Membership::new(std::collections::BTreeSet::from([me]), None)?;
     let forced = SnapshotMeta {
         index,
         term,
