@@ -12,7 +12,7 @@
 //!   probes, `/metrics`).
 //! - [`config`]: etcd's flags, `ETCD_*` variables and config files, validated once; [`tls`];
 //!   [`version`]: releases, peer protocols and feature gates; [`reconcile`]: the plan of
-//!   `etcdutl cluster reconcile`.
+//!   `etcdutl cluster reconcile`; [`errors`]: etcd's client-visible errors in one table.
 //!
 //! The example initialises a witness in a directory and reads it back, as `etcdutl witness
 //! init` and `etcdutl witness status` do:
@@ -30,6 +30,7 @@
 //! ```
 
 pub mod config;
+pub mod errors;
 pub mod failpoint;
 pub mod mvcc;
 pub mod raft;
@@ -40,3 +41,6 @@ pub mod storage;
 pub mod tls;
 pub mod version;
 pub mod witness;
+
+#[cfg(test)]
+mod layers;

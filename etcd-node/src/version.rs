@@ -28,6 +28,12 @@ macro_rules! etcd_api_version {
     };
 }
 
+/// The etcd version Status reports: etcd clients check it (this API matches etcd 3.5's).
+pub const ETCD_VERSION: &str = etcd_api_version!();
+/// The etcd cluster version `/version` and `etcd_cluster_version` report: the etcd API every
+/// member serves (etcd reports major.minor.0 there).
+pub const ETCD_CLUSTER_VERSION: &str = "3.5.0";
+
 /// What `etcd-node --version` prints after its name: this binary's version, then the etcd
 /// version it answers as, in etcd's own line (`etcd Version: X`), which scripts and etcd's test
 /// framework read to pick the flags they pass.

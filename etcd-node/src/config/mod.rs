@@ -18,8 +18,23 @@ use clap::Parser;
 use serde::Deserialize;
 use witness_core::WitnessUrl;
 
-use crate::server::applier::{self, SyncPolicy};
 use crate::tls;
+
+/// Applied entries between two durable commits of the key space by default (bounds replay after
+/// a crash; `--backend-batch-limit` sets it). Fewer take less disk under random writes, since
+/// redb keeps every page a durable commit names until the next one, but each durable commit
+/// stalls the applier for its fsync (docs/runs/benchmarks-2026-11-22-to-27.md, "Durable key-space commits").
+pub const SYNC_EVERY: u64 = 10_000;
+
+/// When the applier makes the key space durable: once `every` entries or `interval` (if any)
+/// have gone by since it last did, whichever comes first. No interval by default: etcd's 100 ms
+/// makes the file about 13% smaller under random puts and doubles their p99 at 16 clients
+/// (docs/runs/benchmarks-2026-11-22-to-27.md, "Durable key-space commits").
+#[derive(Debug, Clone, Copy)]
+pub struct SyncPolicy {
+    pub every: u64,
+    pub interval: Option<Duration>,
+}
 
 pub use etcd_keys::strip_args as strip_etcd_args;
 pub use ids::{cluster_id, member_id};
@@ -603,7 +618,7 @@ impl ServerConfig {
         let witness_probe = parse_go_duration("witness-probe-interval", &f.witness_probe_interval)?;
         let backend_sync = SyncPolicy {
             every: match f.backend_batch_limit {
-                0 => applier::SYNC_EVERY,
+                0 => SYNC_EVERY,
                 n => n,
             },
             // (Go takes a bare 0 as a duration)
@@ -620,32 +635,7 @@ impl ServerConfig {
             &f.initial_advertise_peer_urls,
         )?;
         let listen_metrics_urls = url_list("listen-metrics-urls", &f.listen_metrics_urls)?;
-        let client_tls = tls::Side {
-            name: "client",
-            prefix: "",
-            cert_file: f.cert_file.clone(),
-            key_file: f.key_file.clone(),
-            trusted_ca_file: f.trusted_ca_file.clone(),
-            crl_file: f.client_crl_file.clone(),
-            client_cert_auth: f.client_cert_auth,
-            auto_tls: f.auto_tls,
-            allowed_cn: None,
-            allowed_hostname: None,
-        };
-        let peer_tls = tls::Side {
-            name: "peer",
-            prefix: "peer-",
-            cert_file: f.peer_cert_file.clone(),
-            key_file: f.peer_key_file.clone(),
-            trusted_ca_file: f.peer_trusted_ca_file.clone(),
-            crl_file: f.peer_crl_file.clone(),
-            client_cert_auth: f.peer_client_cert_auth,
-            auto_tls: f.peer_auto_tls,
-            allowed_cn: f.peer_cert_allowed_cn.clone(),
-            allowed_hostname: f.peer_cert_allowed_hostname.clone(),
-        };
-        client_tls.check()?;
-        peer_tls.check()?;
+        let (client_tls, peer_tls) = tls_sides(&f)?;
         for (flag, urls, side) in [
             ("listen-client-urls", &listen_client_urls, &client_tls),
             ("listen-metrics-urls", &listen_metrics_urls, &client_tls),
@@ -689,78 +679,11 @@ impl ServerConfig {
                 return Err(format!("--{flag} needs at least one http://host:port URL"));
             }
         }
-        let initial = f.initial_cluster.clone().unwrap_or_else(|| {
-            initial_advertise_peer_urls
-                .iter()
-                .map(|u| format!("{}={}", f.name, u.text))
-                .collect::<Vec<_>>()
-                .join(",")
-        });
-        let members = parse_initial_cluster(&initial, &f.initial_cluster_token)?;
-        let me = members.iter().find(|m| m.name == f.name).ok_or_else(|| {
-            format!(
-                "--initial-cluster has no member named {:?} (--name); add {}=<its peer URL>",
-                f.name, f.name
-            )
-        })?;
-        let PeerUrls::Regular(my_urls) = &me.peer else {
-            return Err(format!(
-                "--name {:?} is the witness in --initial-cluster; the witness runs inside the regular members, not as a process: give this node a regular member's name",
-                f.name
-            ));
-        };
-        let mut mine: Vec<&str> = my_urls.iter().map(|u| u.text.as_str()).collect();
-        let mut advertised: Vec<&str> = initial_advertise_peer_urls
-            .iter()
-            .map(|u| u.text.as_str())
-            .collect();
-        mine.sort_unstable();
-        advertised.sort_unstable();
-        if mine != advertised {
-            return Err(format!(
-                "--initial-cluster has {:?}={mine:?} but --initial-advertise-peer-urls is {advertised:?}; they must match",
-                f.name
-            ));
-        }
-        let witnesses: Vec<&InitialMember> = members
-            .iter()
-            .filter(|m| matches!(m.peer, PeerUrls::Witness(_)))
-            .collect();
-        let regular = members.len() - witnesses.len();
-        if witnesses.len() > 1 {
-            return Err(format!(
-                "--initial-cluster names {} witnesses ({}); a cluster has at most one",
-                witnesses.len(),
-                witnesses
-                    .iter()
-                    .map(|w| w.name.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ));
-        }
-        if !witnesses.is_empty() && regular < 2 {
-            return Err("--initial-cluster: a witness needs at least two regular members beside it (with one, it could never acknowledge anything)".into());
-        }
-        let https_peer = members.iter().find(|m| {
-            m.name != f.name && matches!(&m.peer, PeerUrls::Regular(u) if u.iter().any(|u| u.tls))
-        });
-        if let Some(m) = https_peer
-            && peer_tls.trusted_ca_file.is_none()
-            && !peer_tls.auto_tls
-        {
-            return Err(format!(
-                "--initial-cluster: member {:?} has an https:// peer URL; give --peer-trusted-ca-file (the CA that signed the members' certificates) to verify it, or --peer-auto-tls",
-                m.name
-            ));
-        }
-        let mut ids: Vec<u64> = members.iter().map(|m| m.id).collect();
-        ids.sort_unstable();
-        if ids.windows(2).any(|w| w[0] == w[1]) {
-            return Err("--initial-cluster: two members have the same peer URLs".into());
-        }
+        let (members, member_id, ids) =
+            initial_members(&f, &initial_advertise_peer_urls, &peer_tls)?;
         let (feature_gates, etcd_gates) = crate::version::parse_gates(&f.feature_gates)?;
         Ok(ServerConfig {
-            member_id: me.id,
+            member_id,
             cluster_id: cluster_id(&ids),
             data_dir: f
                 .data_dir
@@ -813,6 +736,118 @@ impl ServerConfig {
             PeerUrls::Regular(_) => None,
         })
     }
+}
+
+/// The client and the peer side's TLS settings from their flags, each checked.
+fn tls_sides(f: &Flags) -> Result<(tls::Side, tls::Side), String> {
+    let client_tls = tls::Side {
+        name: "client",
+        prefix: "",
+        cert_file: f.cert_file.clone(),
+        key_file: f.key_file.clone(),
+        trusted_ca_file: f.trusted_ca_file.clone(),
+        crl_file: f.client_crl_file.clone(),
+        client_cert_auth: f.client_cert_auth,
+        auto_tls: f.auto_tls,
+        allowed_cn: None,
+        allowed_hostname: None,
+    };
+    let peer_tls = tls::Side {
+        name: "peer",
+        prefix: "peer-",
+        cert_file: f.peer_cert_file.clone(),
+        key_file: f.peer_key_file.clone(),
+        trusted_ca_file: f.peer_trusted_ca_file.clone(),
+        crl_file: f.peer_crl_file.clone(),
+        client_cert_auth: f.peer_client_cert_auth,
+        auto_tls: f.peer_auto_tls,
+        allowed_cn: f.peer_cert_allowed_cn.clone(),
+        allowed_hostname: f.peer_cert_allowed_hostname.clone(),
+    };
+    client_tls.check()?;
+    peer_tls.check()?;
+    Ok((client_tls, peer_tls))
+}
+
+/// `--initial-cluster` (or this member alone, from `--initial-advertise-peer-urls`), checked
+/// against `--name`, the advertised peer URLs and the peer TLS settings: the members, this
+/// member's id, and every member's id in order.
+fn initial_members(
+    f: &Flags,
+    initial_advertise_peer_urls: &[HttpUrl],
+    peer_tls: &tls::Side,
+) -> Result<(Vec<InitialMember>, u64, Vec<u64>), String> {
+    let initial = f.initial_cluster.clone().unwrap_or_else(|| {
+        initial_advertise_peer_urls
+            .iter()
+            .map(|u| format!("{}={}", f.name, u.text))
+            .collect::<Vec<_>>()
+            .join(",")
+    });
+    let members = parse_initial_cluster(&initial, &f.initial_cluster_token)?;
+    let me = members.iter().find(|m| m.name == f.name).ok_or_else(|| {
+        format!(
+            "--initial-cluster has no member named {:?} (--name); add {}=<its peer URL>",
+            f.name, f.name
+        )
+    })?;
+    let PeerUrls::Regular(my_urls) = &me.peer else {
+        return Err(format!(
+            "--name {:?} is the witness in --initial-cluster; the witness runs inside the regular members, not as a process: give this node a regular member's name",
+            f.name
+        ));
+    };
+    let mut mine: Vec<&str> = my_urls.iter().map(|u| u.text.as_str()).collect();
+    let mut advertised: Vec<&str> = initial_advertise_peer_urls
+        .iter()
+        .map(|u| u.text.as_str())
+        .collect();
+    mine.sort_unstable();
+    advertised.sort_unstable();
+    if mine != advertised {
+        return Err(format!(
+            "--initial-cluster has {:?}={mine:?} but --initial-advertise-peer-urls is {advertised:?}; they must match",
+            f.name
+        ));
+    }
+    let witnesses: Vec<&InitialMember> = members
+        .iter()
+        .filter(|m| matches!(m.peer, PeerUrls::Witness(_)))
+        .collect();
+    let regular = members.len() - witnesses.len();
+    if witnesses.len() > 1 {
+        return Err(format!(
+            "--initial-cluster names {} witnesses ({}); a cluster has at most one",
+            witnesses.len(),
+            witnesses
+                .iter()
+                .map(|w| w.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+    }
+    if !witnesses.is_empty() && regular < 2 {
+        return Err("--initial-cluster: a witness needs at least two regular members beside it (with one, it could never acknowledge anything)".into());
+    }
+    let https_peer = members.iter().find(|m| {
+        m.name != f.name && matches!(&m.peer, PeerUrls::Regular(u) if u.iter().any(|u| u.tls))
+    });
+    if let Some(m) = https_peer
+        && peer_tls.trusted_ca_file.is_none()
+        && !peer_tls.auto_tls
+    {
+        return Err(format!(
+            "--initial-cluster: member {:?} has an https:// peer URL; give --peer-trusted-ca-file (the CA that signed the members' certificates) to verify it, or --peer-auto-tls",
+            m.name
+        ));
+    }
+    let mut ids: Vec<u64> = members.iter().map(|m| m.id).collect();
+    ids.sort_unstable();
+    if ids.windows(2).any(|w| w[0] == w[1]) {
+        return Err("--initial-cluster: two members have the same peer URLs".into());
+    }
+    let member_id = me.id;
+    Ok((members, member_id, ids))
 }
 
 #[cfg(test)]
@@ -891,7 +926,7 @@ mod tests {
             let refs: Vec<&str> = args.iter().map(String::as_str).collect();
             parse(&refs)
         };
-        let default = applier::SYNC_EVERY;
+        let default = SYNC_EVERY;
         assert_eq!(parse(SEED).unwrap().backend_sync.every, default);
         let c = limit("1000").unwrap();
         assert_eq!(c.backend_sync.every, 1000);

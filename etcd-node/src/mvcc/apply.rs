@@ -16,16 +16,15 @@ use super::events::event;
 use super::range;
 use super::record::{self, Rows, VALUES};
 use super::request::{Op, Response, needs_space};
-use super::{
-    ALARMS, AUTH, ApiError, CLUSTER, HISTORY, LEASE_KEYS, LEASES, META, lease_keys_of, meta_get,
-};
+use super::{ALARMS, AUTH, CLUSTER, HISTORY, LEASE_KEYS, LEASES, META, lease_keys_of, meta_get};
+use crate::errors::EtcdError;
 
 /// etcd's alarm types (`AlarmType`).
 const NOSPACE: i32 = 1;
 const CORRUPT: i32 = 2;
 
 /// The result of applying one entry (None: applied before a restart, skipped).
-pub type Applied = Option<Result<Response, ApiError>>;
+pub type Applied = Option<Result<Response, EtcdError>>;
 
 pub(super) struct Writer<'t> {
     rows: Rows<'t>,
@@ -66,15 +65,12 @@ fn header(revision: u64) -> Option<PbResponseHeader> {
     })
 }
 
-fn key_not_found() -> ApiError {
-    ApiError::invalid("etcdserver: key not found")
+fn key_not_found() -> EtcdError {
+    EtcdError::KEY_NOT_FOUND
 }
 
-pub fn lease_not_found() -> ApiError {
-    ApiError::new(
-        tonic::Code::NotFound,
-        "etcdserver: requested lease not found",
-    )
+pub fn lease_not_found() -> EtcdError {
+    EtcdError::LEASE_NOT_FOUND
 }
 
 impl<'t> Writer<'t> {
@@ -114,16 +110,16 @@ impl<'t> Writer<'t> {
         Ok(())
     }
 
-    pub fn apply(&mut self, op: &Option<Op>) -> Result<Result<Response, ApiError>, redb::Error> {
+    pub fn apply(&mut self, op: &Option<Op>) -> Result<Result<Response, EtcdError>, redb::Error> {
         let Some(op) = op else {
-            return Ok(Err(ApiError::invalid("etcdserver: empty request")));
+            return Ok(Err(EtcdError::EMPTY_REQUEST));
         };
         if !matches!(op, Op::Alarm(_)) {
             if self.raised(CORRUPT)? {
-                return Ok(Err(ApiError::corrupt()));
+                return Ok(Err(EtcdError::CORRUPT));
             }
             if needs_space(op) && self.raised(NOSPACE)? {
-                return Ok(Err(ApiError::no_space()));
+                return Ok(Err(EtcdError::NO_SPACE));
             }
         }
         let mut step = Step {
@@ -141,7 +137,7 @@ impl<'t> Writer<'t> {
             }
             Op::Auth(c) => match &c.op {
                 Some(op) => auth::apply(&mut self.auth, op)?.map(|()| Response::Auth(None)),
-                None => Err(ApiError::invalid("etcdserver: empty request")),
+                None => Err(EtcdError::EMPTY_REQUEST),
             },
             Op::Compaction(c) => {
                 return self
@@ -224,7 +220,7 @@ impl<'t> Writer<'t> {
 
     /// What etcd refuses only against the data: `ignore_value`/`ignore_lease` on a missing
     /// key, an unknown lease.
-    fn refuse_put(&self, r: &PbPutRequest) -> Result<Option<ApiError>, redb::Error> {
+    fn refuse_put(&self, r: &PbPutRequest) -> Result<Option<EtcdError>, redb::Error> {
         if (r.ignore_value || r.ignore_lease) && self.newest(&r.key, false)?.is_none() {
             return Ok(Some(key_not_found()));
         }
@@ -237,12 +233,9 @@ impl<'t> Writer<'t> {
     fn grant(
         &mut self,
         r: &PbLeaseGrantRequest,
-    ) -> Result<Result<PbLeaseGrantResponse, ApiError>, redb::Error> {
+    ) -> Result<Result<PbLeaseGrantResponse, EtcdError>, redb::Error> {
         if self.leases.get(r.id)?.is_some() {
-            return Ok(Err(ApiError::new(
-                tonic::Code::FailedPrecondition,
-                "etcdserver: lease already exists",
-            )));
+            return Ok(Err(EtcdError::LEASE_EXIST));
         }
         self.leases.insert(r.id, r.ttl)?;
         Ok(Ok(PbLeaseGrantResponse {
@@ -258,7 +251,7 @@ impl<'t> Writer<'t> {
         &mut self,
         s: &mut Step,
         id: i64,
-    ) -> Result<Result<PbLeaseRevokeResponse, ApiError>, redb::Error> {
+    ) -> Result<Result<PbLeaseRevokeResponse, EtcdError>, redb::Error> {
         if self.leases.remove(id)?.is_none() {
             return Ok(Err(lease_not_found()));
         }
@@ -279,16 +272,16 @@ impl<'t> Writer<'t> {
     /// Checks a Txn branch before any of it runs, so a refused Txn changes nothing. Its
     /// puts cannot touch a key written earlier in the branch (checked before proposing), so
     /// the data seen here is the data each put will see.
-    fn refuse_ops(&self, ops: &[PbTxnRequestOp]) -> Result<Option<ApiError>, redb::Error> {
+    fn refuse_ops(&self, ops: &[PbTxnRequestOp]) -> Result<Option<EtcdError>, redb::Error> {
         for op in ops {
             let refusal = match &op.request {
                 Some(PbTxnOpRequest::RequestPut(p)) => self.refuse_put(p)?,
                 Some(PbTxnOpRequest::RequestRange(q)) => {
                     let asked = u64::try_from(q.revision).unwrap_or(0);
                     if asked > self.revision {
-                        Some(ApiError::future_rev())
+                        Some(EtcdError::FUTURE_REV)
                     } else if asked != 0 && asked < self.compacted {
-                        Some(ApiError::compacted())
+                        Some(EtcdError::COMPACTED)
                     } else {
                         None
                     }
@@ -458,13 +451,13 @@ impl<'t> Writer<'t> {
     fn compact(
         &mut self,
         revision: i64,
-    ) -> Result<Result<PbCompactionResponse, ApiError>, redb::Error> {
+    ) -> Result<Result<PbCompactionResponse, EtcdError>, redb::Error> {
         let rev = u64::try_from(revision).unwrap_or(0);
         if rev > self.revision {
-            return Ok(Err(ApiError::future_rev()));
+            return Ok(Err(EtcdError::FUTURE_REV));
         }
         if rev <= self.compacted {
-            return Ok(Err(ApiError::compacted()));
+            return Ok(Err(EtcdError::COMPACTED));
         }
         // Per key, keep the newest row at or below `rev` unless it is a tombstone older than
         // `rev` (a deletion at `rev` itself stays, so a watch may still start at `rev`, as in

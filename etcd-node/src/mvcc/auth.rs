@@ -15,7 +15,7 @@ use etcd_client::proto::{
 use prost::Message;
 use redb::{ReadableTable, Table};
 
-use super::ApiError;
+use crate::errors::EtcdError;
 
 /// The role that may do everything (etcd's `root`).
 pub const ROOT: &str = "root";
@@ -89,17 +89,14 @@ pub enum AuthOp {
     RoleRevokePermission(PbAuthRoleRevokePermissionRequest),
 }
 
-fn precondition(message: &str) -> ApiError {
-    ApiError::new(tonic::Code::FailedPrecondition, message)
+fn user_not_found() -> EtcdError {
+    EtcdError::USER_NOT_FOUND
 }
-fn user_not_found() -> ApiError {
-    precondition("etcdserver: user name not found")
+fn role_not_found() -> EtcdError {
+    EtcdError::ROLE_NOT_FOUND
 }
-fn role_not_found() -> ApiError {
-    precondition("etcdserver: role name not found")
-}
-fn invalid_management() -> ApiError {
-    precondition("etcdserver: invalid auth management")
+fn invalid_management() -> EtcdError {
+    EtcdError::INVALID_AUTH_MGMT
 }
 
 pub fn user_key(name: &str) -> String {
@@ -132,14 +129,12 @@ fn put<T: Message>(t: &mut AuthTable<'_>, key: &str, value: &T) -> Result<(), re
 pub(super) fn apply(
     t: &mut AuthTable<'_>,
     op: &AuthOp,
-) -> Result<Result<(), ApiError>, redb::Error> {
+) -> Result<Result<(), EtcdError>, redb::Error> {
     let enabled = t.get("enabled")?.is_some();
     let refused = match op {
         AuthOp::Enable(secret) => match get::<StoredUser>(t, &user_key(ROOT))? {
-            None => Some(precondition("etcdserver: root user does not exist")),
-            Some(u) if !u.roles.iter().any(|r| r == ROOT) => Some(precondition(
-                "etcdserver: root user does not have root role",
-            )),
+            None => Some(EtcdError::ROOT_USER_NOT_EXIST),
+            Some(u) if !u.roles.iter().any(|r| r == ROOT) => Some(EtcdError::ROOT_ROLE_NOT_EXIST),
             Some(_) => {
                 if !enabled {
                     t.insert("secret", secret.as_slice())?;
@@ -155,9 +150,9 @@ pub(super) fn apply(
         AuthOp::UserAdd(r) => {
             let key = user_key(&r.name);
             if r.name.is_empty() {
-                Some(ApiError::invalid("etcdserver: user name is empty"))
+                Some(EtcdError::USER_EMPTY)
             } else if t.get(key.as_str())?.is_some() {
-                Some(precondition("etcdserver: user name already exists"))
+                Some(EtcdError::USER_ALREADY_EXIST)
             } else {
                 let user = StoredUser {
                     name: r.name.clone(),
@@ -211,7 +206,7 @@ pub(super) fn apply(
                 _ if enabled && r.name == ROOT && r.role == ROOT => Some(invalid_management()),
                 None => Some(user_not_found()),
                 Some(mut u) => match u.roles.binary_search(&r.role) {
-                    Err(_) => Some(precondition("etcdserver: role is not granted to the user")),
+                    Err(_) => Some(EtcdError::ROLE_NOT_GRANTED),
                     Ok(at) => {
                         u.roles.remove(at);
                         put(t, &key, &u)?;
@@ -223,9 +218,9 @@ pub(super) fn apply(
         AuthOp::RoleAdd(r) => {
             let key = role_key(&r.name);
             if r.name.is_empty() {
-                Some(ApiError::invalid("etcdserver: role name is empty"))
+                Some(EtcdError::ROLE_EMPTY)
             } else if t.get(key.as_str())?.is_some() {
-                Some(precondition("etcdserver: role name already exists"))
+                Some(EtcdError::ROLE_ALREADY_EXIST)
             } else {
                 let role = StoredRole {
                     name: r.name.clone(),
@@ -261,7 +256,7 @@ pub(super) fn apply(
             let key = role_key(&r.name);
             match (get::<StoredRole>(t, &key)?, &r.perm) {
                 (None, _) => Some(role_not_found()),
-                (Some(_), None) => Some(ApiError::invalid("etcdserver: permission is not given")),
+                (Some(_), None) => Some(EtcdError::PERMISSION_NOT_GIVEN),
                 // As etcd: a permission names a key, and a range must not be empty (the end
                 // "\0" means "every key from `key`").
                 (Some(_), Some(p))
@@ -297,9 +292,7 @@ pub(super) fn apply(
                     role.perms
                         .retain(|q| !(q.key == r.key && q.range_end == r.range_end));
                     if role.perms.len() == before {
-                        Some(precondition(
-                            "etcdserver: permission is not granted to the role",
-                        ))
+                        Some(EtcdError::PERMISSION_NOT_GRANTED)
                     } else {
                         put(t, &key, &role)?;
                         None

@@ -54,6 +54,7 @@ use redb::{
     Database, Durability, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition,
 };
 
+use crate::errors::EtcdError;
 use crate::version::ClusterParams;
 pub use apply::Applied;
 pub use dump::{Hashing, rewrite, summarize};
@@ -102,55 +103,6 @@ pub enum Command {
     Noop,
     Kv(Proposal),
     Member(MemberChange),
-}
-
-/// An error an etcd client sees, with etcd's gRPC code and message.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{message}")]
-pub struct ApiError {
-    pub code: tonic::Code,
-    pub message: String,
-}
-
-impl ApiError {
-    pub fn new(code: tonic::Code, message: impl Into<String>) -> Self {
-        ApiError {
-            code,
-            message: message.into(),
-        }
-    }
-    pub fn compacted() -> Self {
-        Self::new(
-            tonic::Code::OutOfRange,
-            "etcdserver: mvcc: required revision has been compacted",
-        )
-    }
-    pub fn future_rev() -> Self {
-        Self::new(
-            tonic::Code::OutOfRange,
-            "etcdserver: mvcc: required revision is a future revision",
-        )
-    }
-    pub fn invalid(message: &str) -> Self {
-        Self::new(tonic::Code::InvalidArgument, message)
-    }
-    /// A write while NOSPACE is raised (or that would pass the quota).
-    pub fn no_space() -> Self {
-        Self::new(
-            tonic::Code::ResourceExhausted,
-            "etcdserver: mvcc: database space exceeded",
-        )
-    }
-    /// A write while CORRUPT is raised.
-    pub fn corrupt() -> Self {
-        Self::new(tonic::Code::DataLoss, "etcdserver: corrupt cluster")
-    }
-}
-
-impl From<ApiError> for tonic::Status {
-    fn from(e: ApiError) -> Self {
-        tonic::Status::new(e.code, e.message)
-    }
 }
 
 /// A storage failure: the node cannot go on safely (the caller stops it).
@@ -625,10 +577,10 @@ impl Mvcc {
     pub fn range(
         &self,
         req: &etcd_client::proto::PbRangeRequest,
-    ) -> Result<Result<RangeOutput, ApiError>, StoreError> {
+    ) -> Result<Result<RangeOutput, EtcdError>, StoreError> {
         let db = self.db();
         let tx = db.begin_read().map_err(|e| self.fail(e))?;
-        let read = || -> Result<Result<RangeOutput, ApiError>, redb::Error> {
+        let read = || -> Result<Result<RangeOutput, EtcdError>, redb::Error> {
             let meta = tx.open_table(META)?;
             range::range(
                 (&tx.open_table(HISTORY)?, &tx.open_table(record::VALUES)?),
@@ -673,10 +625,10 @@ impl Mvcc {
     /// HashKV: a CRC-32C of every history row (key, revision, record) at or below `revision`
     /// (0: the newest), in key order; with the compacted revision and the revision hashed.
     /// Members that applied the same log (compactions included) answer the same hash.
-    pub fn hash_kv(&self, revision: u64) -> Result<Result<(u32, u64, u64), ApiError>, StoreError> {
+    pub fn hash_kv(&self, revision: u64) -> Result<Result<(u32, u64, u64), EtcdError>, StoreError> {
         let db = self.db();
         let tx = db.begin_read().map_err(|e| self.fail(e))?;
-        let read = || -> Result<Result<(u32, u64, u64), ApiError>, redb::Error> {
+        let read = || -> Result<Result<(u32, u64, u64), EtcdError>, redb::Error> {
             let meta = tx.open_table(META)?;
             let (newest, compacted) = (
                 meta_get(&meta, "revision")?.max(1),
@@ -684,10 +636,10 @@ impl Mvcc {
             );
             let at = if revision == 0 { newest } else { revision };
             if at > newest {
-                return Ok(Err(ApiError::future_rev()));
+                return Ok(Err(EtcdError::FUTURE_REV));
             }
             if at < compacted {
-                return Ok(Err(ApiError::compacted()));
+                return Ok(Err(EtcdError::COMPACTED));
             }
             let mut crc = 0u32;
             let values = tx.open_table(record::VALUES)?;

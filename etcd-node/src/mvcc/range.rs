@@ -7,9 +7,9 @@ use std::ops::Bound;
 use etcd_client::proto::{PbKeyValue, PbRangeRequest};
 use redb::ReadableTable;
 
-use super::ApiError;
 use super::record::{self, ValuesTable};
 use super::request::check_range;
+use crate::errors::EtcdError;
 
 /// The answer to a Range (the server adds the header with the store's revision).
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -165,16 +165,16 @@ pub(super) fn range(
     revision: u64,
     compacted: u64,
     req: &PbRangeRequest,
-) -> Result<Result<RangeOutput, ApiError>, redb::Error> {
+) -> Result<Result<RangeOutput, EtcdError>, redb::Error> {
     if let Err(e) = check_range(req) {
         return Ok(Err(e));
     }
     let asked = u64::try_from(req.revision).unwrap_or(0);
     if asked > revision {
-        return Ok(Err(ApiError::future_rev()));
+        return Ok(Err(EtcdError::FUTURE_REV));
     }
     if asked != 0 && asked < compacted {
-        return Ok(Err(ApiError::compacted()));
+        return Ok(Err(EtcdError::COMPACTED));
     }
     let at = (asked != 0 && asked != revision).then_some(asked);
     let filtered = req.min_mod_revision != 0

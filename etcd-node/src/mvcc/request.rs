@@ -10,8 +10,8 @@ use etcd_client::proto::{
     PbTxnRequest, PbTxnResponse,
 };
 
-use super::ApiError;
 use super::auth::AuthChange;
+use crate::errors::EtcdError;
 
 /// etcd's default `--max-txn-ops`.
 pub const MAX_TXN_OPS: usize = 128;
@@ -139,41 +139,39 @@ impl Response {
     }
 }
 
-fn key_not_provided() -> ApiError {
-    ApiError::invalid("etcdserver: key is not provided")
+fn key_not_provided() -> EtcdError {
+    EtcdError::EMPTY_KEY
 }
 
-pub(super) fn check_range(r: &PbRangeRequest) -> Result<(), ApiError> {
+pub(super) fn check_range(r: &PbRangeRequest) -> Result<(), EtcdError> {
     if r.key.is_empty() {
         return Err(key_not_provided());
     }
     if !(0..=2).contains(&r.sort_order) || !(0..=4).contains(&r.sort_target) {
-        return Err(ApiError::invalid("etcdserver: invalid sort option"));
+        return Err(EtcdError::INVALID_SORT_OPTION);
     }
     Ok(())
 }
 
-fn check_put(r: &PbPutRequest) -> Result<(), ApiError> {
+fn check_put(r: &PbPutRequest) -> Result<(), EtcdError> {
     if r.key.is_empty() {
         return Err(key_not_provided());
     }
     if r.ignore_value && !r.value.is_empty() {
-        return Err(ApiError::invalid("etcdserver: value is provided"));
+        return Err(EtcdError::VALUE_PROVIDED);
     }
     if r.ignore_lease && r.lease != 0 {
-        return Err(ApiError::invalid("etcdserver: lease is provided"));
+        return Err(EtcdError::LEASE_PROVIDED);
     }
     Ok(())
 }
 
-fn check_txn(r: &PbTxnRequest) -> Result<(), ApiError> {
+fn check_txn(r: &PbTxnRequest) -> Result<(), EtcdError> {
     if r.compare.len() > MAX_TXN_OPS
         || r.success.len() > MAX_TXN_OPS
         || r.failure.len() > MAX_TXN_OPS
     {
-        return Err(ApiError::invalid(
-            "etcdserver: too many operations in txn request",
-        ));
+        return Err(EtcdError::TOO_MANY_OPS);
     }
     for c in &r.compare {
         if c.key.is_empty() {
@@ -197,15 +195,12 @@ fn check_txn(r: &PbTxnRequest) -> Result<(), ApiError> {
 }
 
 /// Checks a request before it is proposed.
-pub fn check(op: &Op) -> Result<(), ApiError> {
+pub fn check(op: &Op) -> Result<(), EtcdError> {
     match op {
         Op::Put(r) => check_put(r),
         Op::DeleteRange(r) if r.key.is_empty() => Err(key_not_provided()),
         Op::Txn(r) => check_txn(r),
-        Op::LeaseGrant(r) if r.ttl > MAX_LEASE_TTL => Err(ApiError::new(
-            tonic::Code::OutOfRange,
-            "etcdserver: too large lease TTL",
-        )),
+        Op::LeaseGrant(r) if r.ttl > MAX_LEASE_TTL => Err(EtcdError::LEASE_TTL_TOO_LARGE),
         Op::DeleteRange(_)
         | Op::Compaction(_)
         | Op::LeaseGrant(_)
@@ -232,8 +227,8 @@ pub fn in_range(key: &[u8], start: &[u8], end: &[u8]) -> bool {
 /// The keys a branch puts and the ranges it deletes, refusing (as etcd does) a key put twice
 /// or put inside a range the same branch deletes. The two branches of a nested transaction
 /// each count: at most one of them runs, but either one may.
-fn written_keys(ops: &[etcd_client::proto::PbTxnRequestOp]) -> Result<Writes, ApiError> {
-    let duplicate = || ApiError::invalid("etcdserver: duplicate key given in txn request");
+fn written_keys(ops: &[etcd_client::proto::PbTxnRequestOp]) -> Result<Writes, EtcdError> {
+    let duplicate = || EtcdError::DUPLICATE_KEY;
     let mut w = Writes::default();
     for op in ops {
         match &op.request {

@@ -69,7 +69,7 @@ fn op(o: Op) -> PbTxnRequestOp {
 }
 
 impl Fixture {
-    fn apply(&mut self, o: Op) -> Result<Response, ApiError> {
+    fn apply(&mut self, o: Op) -> Result<Response, EtcdError> {
         self.index += 1;
         let p = Proposal {
             id: self.index,
@@ -82,7 +82,7 @@ impl Fixture {
             .clone()
             .expect("applied")
     }
-    fn range(&self, r: &PbRangeRequest) -> Result<RangeOutput, ApiError> {
+    fn range(&self, r: &PbRangeRequest) -> Result<RangeOutput, EtcdError> {
         self.mvcc.range(r).unwrap()
     }
     fn values(&self, r: &PbRangeRequest) -> Vec<(String, String)> {
@@ -136,7 +136,7 @@ fn revisions_versions_and_history() {
         revision: 9,
         ..get("a", "")
     };
-    assert_eq!(f.range(&future), Err(ApiError::future_rev()));
+    assert_eq!(f.range(&future), Err(EtcdError::FUTURE_REV));
 }
 
 #[test]
@@ -340,13 +340,13 @@ fn compaction_drops_old_revisions_and_refuses_reads_below_it() {
         })
     };
     f.apply(compact(5)).unwrap();
-    assert_eq!(f.apply(compact(5)).unwrap_err(), ApiError::compacted());
-    assert_eq!(f.apply(compact(99)).unwrap_err(), ApiError::future_rev());
+    assert_eq!(f.apply(compact(5)).unwrap_err(), EtcdError::COMPACTED);
+    assert_eq!(f.apply(compact(99)).unwrap_err(), EtcdError::FUTURE_REV);
     let at = |r| PbRangeRequest {
         revision: r,
         ..get("\0", "\0")
     };
-    assert_eq!(f.range(&at(4)).unwrap_err(), ApiError::compacted());
+    assert_eq!(f.range(&at(4)).unwrap_err(), EtcdError::COMPACTED);
     assert_eq!(f.values(&at(5)), pairs(&[("a", "2")]));
     assert_eq!(f.values(&at(6)), pairs(&[("a", "2"), ("c", "1")]));
     // What is left: a@3 (newest at or below 5), b's deletion at 5 (a watch may start at 5) and
@@ -712,7 +712,7 @@ fn a_restore_dump_gets_new_members_and_optionally_a_bumped_compacted_revision() 
     };
     assert_eq!(
         restored.mvcc.range(&old).unwrap().unwrap_err().message,
-        ApiError::compacted().message
+        EtcdError::COMPACTED.message
     );
     let r = restored.mvcc.range(&get("\0", "\0")).unwrap().unwrap();
     let values: Vec<_> = r
@@ -753,7 +753,7 @@ fn alarms_refuse_the_writes_etcd_refuses_and_travel_in_snapshots() {
             alarm,
         })
     };
-    let raised = |r: Result<Response, ApiError>| match r.unwrap() {
+    let raised = |r: Result<Response, EtcdError>| match r.unwrap() {
         Response::Alarm(a) => a.alarms.len(),
         other => panic!("{other:?}"),
     };
@@ -761,7 +761,7 @@ fn alarms_refuse_the_writes_etcd_refuses_and_travel_in_snapshots() {
     f.apply(put("a", "1")).unwrap();
     assert_eq!(raised(f.apply(alarm(1, 1))), 1, "NOSPACE raised");
     assert_eq!(raised(f.apply(alarm(1, 1))), 0, "already raised");
-    let no_space = Err(ApiError::no_space());
+    let no_space = Err(EtcdError::NO_SPACE);
     assert_eq!(f.apply(put("b", "1")), no_space);
     let grant = Op::LeaseGrant(PbLeaseGrantRequest { ttl: 10, id: 5 });
     assert_eq!(f.apply(grant.clone()), no_space);
@@ -800,7 +800,7 @@ fn alarms_refuse_the_writes_etcd_refuses_and_travel_in_snapshots() {
     f.apply(alarm(1, 2)).unwrap();
     assert_eq!(
         f.apply(del("b", "")),
-        Err(ApiError::corrupt()),
+        Err(EtcdError::CORRUPT),
         "CORRUPT refuses every write"
     );
     assert_eq!(raised(f.apply(alarm(2, 2))), 1);
@@ -829,7 +829,7 @@ fn auth_changes_follow_etcds_rules_and_travel_in_snapshots() {
             role: role.into(),
         }))
     };
-    let message = |r: Result<Response, ApiError>| r.unwrap_err().message;
+    let message = |r: Result<Response, EtcdError>| r.unwrap_err().message;
     let mut f = fixture();
     assert_eq!(
         message(f.apply(auth(AuthOp::Enable(vec![1])))),

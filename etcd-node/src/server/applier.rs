@@ -7,7 +7,7 @@
 //! take a few hundred milliseconds with a large key space.
 //!
 //! Batches are committed without an fsync (the WAL holds every acknowledged write). The key
-//! space is made durable once `--backend-batch-limit` entries ([`SYNC_EVERY`] by default) or,
+//! space is made durable once `--backend-batch-limit` entries ([`SYNC_EVERY`](crate::config::SYNC_EVERY) by default) or,
 //! when it is set, `--backend-batch-interval` have gone by since it last was, whichever comes
 //! first, and after the answers of the batch that reached it are sent: no client waits for
 //! that fsync unless its entry comes in while it runs.
@@ -47,23 +47,8 @@ use super::metrics::Metrics;
 use super::node::{LoopError, WriteWaiter};
 use super::reads::Waiter as _;
 use super::watch_hub::WatchHub;
+use crate::config::SyncPolicy;
 use crate::mvcc::{Command, Mvcc, Op, Outcome};
-
-/// Applied entries between two durable commits of the key space by default (bounds replay after
-/// a crash; `--backend-batch-limit` sets it). Fewer take less disk under random writes, since
-/// redb keeps every page a durable commit names until the next one, but each durable commit
-/// stalls the applier for its fsync (docs/benchmarks.md, "Durable key-space commits").
-pub const SYNC_EVERY: u64 = 10_000;
-
-/// When the applier makes the key space durable: once `every` entries or `interval` (if any)
-/// have gone by since it last did, whichever comes first. No interval by default: etcd's 100 ms
-/// makes the file about 13% smaller under random puts and doubles their p99 at 16 clients
-/// (docs/benchmarks.md, "Durable key-space commits").
-#[derive(Debug, Clone, Copy)]
-pub struct SyncPolicy {
-    pub every: u64,
-    pub interval: Option<Duration>,
-}
 
 /// Batches handed over and not applied yet, at most.
 const QUEUE: usize = 256;

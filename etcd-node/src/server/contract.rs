@@ -12,7 +12,8 @@ use witness_core::WitnessUrl;
 use witness_core::rules::Caller;
 
 use super::wire::Envelope;
-use crate::mvcc::{ApiError, MemberChange, Proposal, Response};
+use crate::errors::{Code, EtcdError};
+use crate::mvcc::{MemberChange, Proposal, Response};
 use crate::raft::{NONE, NodeId, Refused, WitnessResponse};
 
 /// Something for the Raft loop to do.
@@ -21,23 +22,23 @@ pub enum Input {
     /// Replicate and apply a write; the answer comes once it is applied here.
     Propose {
         proposal: Proposal,
-        reply: oneshot::Sender<Result<Response, ApiError>>,
+        reply: oneshot::Sender<Result<Response, EtcdError>>,
     },
     /// Add, promote or remove a member through a configuration change; answered once applied
     /// here.
     ProposeMember {
         change: MemberChange,
-        reply: oneshot::Sender<Result<(), ApiError>>,
+        reply: oneshot::Sender<Result<(), EtcdError>>,
     },
     /// A linearizable read: answers with the index the key space must reach before reading.
     Read {
-        reply: oneshot::Sender<Result<u64, ApiError>>,
+        reply: oneshot::Sender<Result<u64, EtcdError>>,
     },
     /// MoveLeader, on the leader: hand leadership to regular voter `to`; answered at once (the
     /// caller waits for the new leader).
     TransferLeader {
         to: NodeId,
-        reply: oneshot::Sender<Result<(), ApiError>>,
+        reply: oneshot::Sender<Result<(), EtcdError>>,
     },
     /// A keep-alive (`renew`) or a time-to-live question, answered by the leader: the lease's
     /// remaining and granted TTL, None when there is no such lease.
@@ -105,28 +106,28 @@ pub struct Status {
 }
 
 /// (remaining TTL, granted TTL) of a lease, None when there is no such lease.
-pub type LeaseAnswer = Result<Option<(i64, i64)>, ApiError>;
+pub type LeaseAnswer = Result<Option<(i64, i64)>, EtcdError>;
 
-pub fn no_leader() -> ApiError {
-    ApiError::new(tonic::Code::Unavailable, "etcdserver: no leader")
+pub fn no_leader() -> EtcdError {
+    EtcdError::NO_LEADER
 }
 
-pub fn leader_changed() -> ApiError {
-    ApiError::new(tonic::Code::Unavailable, "etcdserver: leader changed")
+pub fn leader_changed() -> EtcdError {
+    EtcdError::LEADER_CHANGED
 }
 
 /// A write whose outcome this member cannot tell (it may or may not have been applied): what a
 /// client's own timeout would tell it too.
-pub fn outcome_unknown() -> ApiError {
-    ApiError::new(tonic::Code::Unavailable, "etcdserver: request timed out")
+pub fn outcome_unknown() -> EtcdError {
+    EtcdError::TIMEOUT
 }
 
 /// A refusal of the Raft core, as etcd's client sees it.
-pub fn refused(r: &Refused) -> ApiError {
+pub fn refused(r: &Refused) -> EtcdError {
     match r {
         Refused::NotLeader { leader: NONE } => no_leader(),
         Refused::NotLeader { .. } | Refused::Transferring { .. } => leader_changed(),
-        other => ApiError::new(tonic::Code::Unavailable, format!("etcdserver: {other}")),
+        other => EtcdError::new(Code::Unavailable, format!("etcdserver: {other}")),
     }
 }
 

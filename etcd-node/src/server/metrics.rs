@@ -589,9 +589,10 @@ impl Metrics {
 
     /// The version gauges: etcd's (the etcd API served), ours, and one per cluster feature.
     fn versions(&self, params: Option<&ClusterParams>) {
-        use crate::server::api::handle::{CLUSTER_VERSION, VERSION};
-        use crate::version::{BINARY, FEATURES, own_protocol};
-        self.server_version.with_label_values(&[VERSION]).set(1);
+        use crate::version::{BINARY, ETCD_CLUSTER_VERSION, ETCD_VERSION, FEATURES, own_protocol};
+        self.server_version
+            .with_label_values(&[ETCD_VERSION])
+            .set(1);
         let protocol = own_protocol().to_string();
         self.node_version
             .with_label_values(&[BINARY, protocol.as_str()])
@@ -600,7 +601,7 @@ impl Metrics {
         self.node_cluster_version.reset();
         if let Some(p) = params {
             self.cluster_version
-                .with_label_values(&[CLUSTER_VERSION])
+                .with_label_values(&[ETCD_CLUSTER_VERSION])
                 .set(1);
             self.node_cluster_version
                 .with_label_values(&[p.version.as_str()])

@@ -26,7 +26,8 @@ use super::proposals::Proposals;
 use super::watch_hub::WatchHub;
 use super::wire::Envelope;
 use super::witness_slot::WitnessSlot;
-use crate::mvcc::{ApiError, Command, MemberChange, Mvcc, Op, Proposal, Response};
+use crate::errors::{Code, EtcdError};
+use crate::mvcc::{Command, MemberChange, Mvcc, Op, Proposal, Response};
 use crate::raft::{
     Body, Change, ChangeKind, ConfChange, Entry, EntryData, Message, NONE, NodeId, Raft, Ready,
     Refused, Role, Snapshot, Storage, WitnessRequest, WitnessResponse, apply_rule,
@@ -36,9 +37,9 @@ use crate::storage::snap::DataReader;
 use etcd_client::proto::PbLeaseRevokeRequest;
 
 /// Who waits for a client write: its gRPC handler.
-pub type WriteWaiter = oneshot::Sender<Result<Response, ApiError>>;
+pub type WriteWaiter = oneshot::Sender<Result<Response, EtcdError>>;
 /// Who waits for a linearizable read's index: its gRPC handler.
-pub type ReadWaiter = oneshot::Sender<Result<u64, ApiError>>;
+pub type ReadWaiter = oneshot::Sender<Result<u64, EtcdError>>;
 
 /// Everything the loop owns.
 #[derive(Debug)]
@@ -80,7 +81,7 @@ pub struct Effects {
 #[derive(Debug, Default)]
 pub struct Pending {
     /// Membership changes asked by clients here, by change id.
-    member_waiters: HashMap<u64, oneshot::Sender<Result<(), ApiError>>>,
+    member_waiters: HashMap<u64, oneshot::Sender<Result<(), EtcdError>>>,
     /// Lease questions forwarded to the leader, by context.
     lease_asks: HashMap<u64, oneshot::Sender<LeaseAnswer>>,
     /// Context of the next lease question.
@@ -275,13 +276,10 @@ impl RaftLoop {
             Input::TransferLeader { to, reply } => {
                 let answer = match raft.transfer_leader(to) {
                     Ok(()) => Ok(()),
-                    Err(Refused::NotLeader { .. }) => Err(ApiError::new(
-                        tonic::Code::FailedPrecondition,
-                        "etcdserver: not leader",
-                    )),
+                    Err(Refused::NotLeader { .. }) => Err(EtcdError::NOT_LEADER),
                     Err(r @ (Refused::TransferToWitness { .. } | Refused::NotAVoter { .. })) => {
-                        Err(ApiError::new(
-                            tonic::Code::FailedPrecondition,
+                        Err(EtcdError::new(
+                            Code::FailedPrecondition,
                             format!("etcdserver: bad leader transferee: {r}"),
                         ))
                     }
@@ -481,11 +479,11 @@ impl Effects {
     }
 
     /// Proposes the configuration change an encoded [`MemberChange`] asks for (leader only).
-    fn propose_member(&mut self, raft: &mut Raft, data: Vec<u8>) -> Result<(), ApiError> {
+    fn propose_member(&mut self, raft: &mut Raft, data: Vec<u8>) -> Result<(), EtcdError> {
         let change = MemberChange::decode(data.as_slice())
-            .map_err(|e| ApiError::invalid(&format!("membership change: {e}")))?;
+            .map_err(|e| EtcdError::invalid(format!("membership change: {e}")))?;
         let Some(m) = &change.member else {
-            return Err(ApiError::invalid("membership change without a member"));
+            return Err(EtcdError::invalid("membership change without a member"));
         };
         let kind = if change.remove {
             ChangeKind::Remove
@@ -509,10 +507,9 @@ impl Effects {
             .and_then(|()| raft.propose_conf_change(cc))
             .map(|_| ())
             .map_err(|r| match r {
-                Refused::InvalidConfChange(why) => ApiError::new(
-                    tonic::Code::FailedPrecondition,
-                    format!("etcdserver: {why}"),
-                ),
+                Refused::InvalidConfChange(why) => {
+                    EtcdError::new(Code::FailedPrecondition, format!("etcdserver: {why}"))
+                }
                 other => refused(&other),
             })
     }

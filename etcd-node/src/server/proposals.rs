@@ -26,7 +26,7 @@ use std::collections::HashMap;
 use super::contract::{leader_changed, no_leader, outcome_unknown, refused};
 use super::reads::{Outbox, Waiter};
 use super::wire::Envelope;
-use crate::mvcc::ApiError;
+use crate::errors::EtcdError;
 use crate::raft::{Mutation, NONE, Raft, Refused, Role};
 
 /// A proposal held while Raft holds proposals.
@@ -181,7 +181,7 @@ impl<W: Waiter> Proposals<W> {
     }
 
     /// Answers `error()` to the waiters of proposals of terms before `term`.
-    fn answer_older(&mut self, term: u64, error: fn() -> ApiError) {
+    fn answer_older(&mut self, term: u64, error: fn() -> EtcdError) {
         let older: Vec<u64> = self
             .waiters
             .iter()
@@ -195,7 +195,7 @@ impl<W: Waiter> Proposals<W> {
         }
     }
 
-    fn fail(&mut self, waiter: W, error: ApiError) {
+    fn fail(&mut self, waiter: W, error: EtcdError) {
         self.failed += 1;
         waiter.answer(Err(error));
     }

@@ -11,21 +11,21 @@ use tokio::sync::oneshot;
 
 use super::contract::{leader_changed, no_leader, refused};
 use super::wire::Envelope;
-use crate::mvcc::ApiError;
+use crate::errors::EtcdError;
 use crate::raft::{Mutation, NONE, NodeId, Raft, ReadState, Role};
 
 /// Whoever waits for a request's answer (a client's channel in the server; the checker's in the
 /// simulator).
 pub trait Waiter {
     type Answer;
-    fn answer(self, answer: Result<Self::Answer, ApiError>);
+    fn answer(self, answer: Result<Self::Answer, EtcdError>);
     /// The client gave up (its waiter can be forgotten).
     fn is_closed(&self) -> bool;
 }
 
-impl<T> Waiter for oneshot::Sender<Result<T, ApiError>> {
+impl<T> Waiter for oneshot::Sender<Result<T, EtcdError>> {
     type Answer = T;
-    fn answer(self, answer: Result<T, ApiError>) {
+    fn answer(self, answer: Result<T, EtcdError>) {
         let _ = self.send(answer);
     }
     fn is_closed(&self) -> bool {

@@ -9,7 +9,7 @@ use witness_core::{Fault, MemoryStore, RetryPolicy, Seen, Witness, WitnessState}
 
 use super::invariants::{Checker, Violation};
 use super::trace::Trace;
-use crate::mvcc::ApiError;
+use crate::errors::EtcdError;
 use crate::raft::{
     Body, ChangeKind, ConfChange, Config, Entry, EntryData, KnownWitness, MemStorage, Membership,
     Message, NodeId, Raft, Ready, Refused, Role, Snapshot, Storage, WitnessRequest,
@@ -134,11 +134,11 @@ struct SimRead {
 }
 
 /// (node, read number, index or refusal)
-type Answer = (NodeId, u64, Result<u64, ApiError>);
+type Answer = (NodeId, u64, Result<u64, EtcdError>);
 
 impl Waiter for SimRead {
     type Answer = u64;
-    fn answer(self, index: Result<u64, ApiError>) {
+    fn answer(self, index: Result<u64, EtcdError>) {
         let _ = self.answers.send((self.node, self.number, index));
     }
     fn is_closed(&self) -> bool {
@@ -155,11 +155,11 @@ struct SimWrite {
 }
 
 /// (node, the write's data, applied index or refusal)
-type WriteAnswer = (NodeId, Vec<u8>, Result<u64, ApiError>);
+type WriteAnswer = (NodeId, Vec<u8>, Result<u64, EtcdError>);
 
 impl Waiter for SimWrite {
     type Answer = u64;
-    fn answer(self, index: Result<u64, ApiError>) {
+    fn answer(self, index: Result<u64, EtcdError>) {
         let _ = self.answers.send((self.node, self.data, index));
     }
     fn is_closed(&self) -> bool {

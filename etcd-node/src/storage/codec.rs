@@ -7,7 +7,7 @@ use prost::Message;
 
 /// The messages of `proto/raft.proto`.
 pub mod pb {
-    tonic::include_proto!("etcdnode.raft");
+    include!(concat!(env!("OUT_DIR"), "/etcdnode.raft.rs"));
 }
 pub use pb::{
     Change as PbChange, Entry as PbEntry, HardState as PbHardState, KnownWitness as PbKnownWitness,

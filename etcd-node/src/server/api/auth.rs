@@ -27,6 +27,7 @@ use pb::{AuthStatusRequest as PbAuthStatusRequest, AuthStatusResponse as PbAuthS
 pub mod pb {
     tonic::include_proto!("etcdserverpb");
 }
+use crate::errors::EtcdError;
 use crate::mvcc::auth::{AuthChange, AuthOp, Perm, ROOT, StoredRole, StoredUser, decode};
 use crate::mvcc::auth::{permitted, role_key, user_key};
 use crate::mvcc::{Op, Response as Applied};
@@ -109,13 +110,13 @@ pub struct Rights {
 }
 
 fn permission_denied() -> Status {
-    Status::permission_denied("etcdserver: permission denied")
+    EtcdError::PERMISSION_DENIED.into()
 }
 fn invalid_token() -> Status {
-    Status::unauthenticated("etcdserver: invalid auth token")
+    EtcdError::INVALID_AUTH_TOKEN.into()
 }
 fn failed_authentication() -> Status {
-    Status::invalid_argument("etcdserver: authentication failed, invalid user ID or password")
+    EtcdError::AUTH_FAILED.into()
 }
 
 /// Who a request comes from, as auth sees it.
@@ -191,7 +192,7 @@ impl Api {
             return Ok(None);
         }
         let user = match token {
-            None => return Err(Status::invalid_argument("etcdserver: user name is empty")),
+            None => return Err(EtcdError::USER_EMPTY.into()),
             Some(Caller::Token(token)) => self.verify(token)?.ok_or_else(invalid_token)?,
             // (as etcd: a certificate naming no user may do nothing)
             Some(Caller::Certificate(name)) => self
@@ -397,9 +398,7 @@ impl PbAuthService for Auth {
         let req = request.into_inner();
         self.api.barrier().await?;
         if !self.api.mvcc.auth_enabled() {
-            return Err(Status::failed_precondition(
-                "etcdserver: authentication is not enabled",
-            ));
+            return Err(EtcdError::AUTH_NOT_ENABLED.into());
         }
         let user = self
             .api
@@ -456,7 +455,7 @@ impl PbAuthService for Auth {
         let user = self
             .api
             .stored::<StoredUser>(&user_key(name))?
-            .ok_or_else(|| Status::failed_precondition("etcdserver: user name not found"))?;
+            .ok_or_else(|| Status::from(EtcdError::USER_NOT_FOUND))?;
         Ok(Response::new(PbAuthUserGetResponse {
             header: self.api.current_header(),
             roles: user.roles,
@@ -546,7 +545,7 @@ impl PbAuthService for Auth {
         let role = self
             .api
             .stored::<StoredRole>(&role_key(name))?
-            .ok_or_else(|| Status::failed_precondition("etcdserver: role name not found"))?;
+            .ok_or_else(|| Status::from(EtcdError::ROLE_NOT_FOUND))?;
         // etcd's Permission has the same fields and numbers as ours.
         let perm = role
             .perms

@@ -10,6 +10,7 @@ use witness_core::WitnessUrl;
 use super::auth::caller_of;
 use super::handle::{Api, internal};
 use crate::config::HttpUrl;
+use crate::errors::EtcdError;
 use crate::mvcc::MemberChange;
 use crate::server::contract::{Input, regular_peer_url};
 
@@ -61,9 +62,7 @@ impl PbClusterService for Cluster {
             .iter()
             .any(|m| m.peer_ur_ls.iter().any(|u| r.peer_ur_ls.contains(u)))
         {
-            return Err(Status::failed_precondition(
-                "etcdserver: Peer URLs already exists",
-            ));
+            return Err(EtcdError::PEER_URL_EXIST.into());
         }
         // As etcd: the id hashes the peer URLs and the time, so a re-added member gets a new one.
         let now = std::time::SystemTime::now()
@@ -76,9 +75,7 @@ impl PbClusterService for Cluster {
         };
         if r.is_learner && members.iter().filter(|m| m.is_learner).count() >= self.api.max_learners
         {
-            return Err(Status::failed_precondition(
-                "etcdserver: too many learner members in cluster",
-            ));
+            return Err(EtcdError::TOO_MANY_LEARNERS.into());
         }
         let (name, generation) = witness.unwrap_or_default();
         let member = PbMember {
@@ -89,9 +86,7 @@ impl PbClusterService for Cluster {
             is_learner: r.is_learner,
         };
         if members.iter().any(|m| m.id == member.id) {
-            return Err(Status::failed_precondition(
-                "etcdserver: member ID already exist",
-            ));
+            return Err(EtcdError::MEMBER_EXIST.into());
         }
         self.api
             .change_member(member.clone(), false, generation)
@@ -156,9 +151,7 @@ impl PbClusterService for Cluster {
             .filter(|m| m.id != r.id)
             .any(|m| m.peer_ur_ls.iter().any(|u| r.peer_ur_ls.contains(u)))
         {
-            return Err(Status::failed_precondition(
-                "etcdserver: Peer URLs already exists",
-            ));
+            return Err(EtcdError::PEER_URL_EXIST.into());
         }
         member.peer_ur_ls = r.peer_ur_ls;
         self.api.change_member(member, false, 0).await?;
@@ -174,9 +167,7 @@ impl PbClusterService for Cluster {
         self.api.require_root(caller_of(&request).as_ref())?;
         let mut member = self.api.member(request.get_ref().id)?;
         if !member.is_learner {
-            return Err(Status::failed_precondition(
-                "etcdserver: can only promote a learner member",
-            ));
+            return Err(EtcdError::MEMBER_NOT_LEARNER.into());
         }
         member.is_learner = false;
         self.api.change_member(member, false, 0).await?;
@@ -323,7 +314,7 @@ impl Api {
             .map_err(internal)?
             .into_iter()
             .find(|m| m.id == id)
-            .ok_or_else(|| Status::not_found("etcdserver: member not found"))
+            .ok_or_else(|| Status::from(EtcdError::MEMBER_NOT_FOUND))
     }
 
     /// The members as MemberList shows them: with client URLs (this member's own, the others'

@@ -10,21 +10,18 @@ use etcd_client::proto::*;
 use tokio::sync::{oneshot, watch as status_watch};
 use tonic::{Request, Status};
 
-use crate::mvcc::{ApiError, Mvcc, Op, Proposal, Response as Applied, check, needs_space};
+use crate::errors::EtcdError;
+use crate::mvcc::{Mvcc, Op, Proposal, Response as Applied, check, needs_space};
 use crate::raft::NodeId;
 use crate::server::contract::{
     Announced, ClientUrls, Input, Status as NodeStatus, no_leader, outcome_unknown,
 };
 use crate::server::metrics::Metrics;
 use crate::server::watch_hub::WatchHub;
+use crate::version::{ETCD_CLUSTER_VERSION, ETCD_VERSION};
 
 /// How long Status reports a failed witness step (unless a later step succeeds).
 pub(super) const WITNESS_ERROR_WINDOW: Duration = Duration::from_secs(30);
-/// The version reported by Status: etcd clients check it (this API matches etcd 3.5's).
-pub const VERSION: &str = crate::etcd_api_version!();
-/// The etcd cluster version `/version` and `etcd_cluster_version` report: the etcd API every
-/// member serves (etcd reports major.minor.0 there).
-pub const CLUSTER_VERSION: &str = "3.5.0";
 
 /// What every API handler shares.
 #[derive(Debug, Clone)]
@@ -83,7 +80,7 @@ pub fn leader_check(
 
 /// etcd's refusal of what a learner does not serve.
 pub fn not_for_learner() -> Status {
-    Status::unavailable("etcdserver: rpc not supported for learner")
+    EtcdError::NOT_SUPPORTED_FOR_LEARNER.into()
 }
 
 /// The calls a learner serves, as etcd's: Status, and Range (only serializable: the Range
@@ -149,7 +146,7 @@ pub(super) fn timed_out() -> Status {
 
 /// The Raft loop is gone: the server is stopping.
 pub(super) fn stopped() -> Status {
-    Status::unavailable("etcdserver: server stopped")
+    EtcdError::STOPPED.into()
 }
 
 impl Api {
@@ -180,7 +177,7 @@ impl Api {
     /// at most the request timeout.
     pub(super) async fn ask<T>(
         &self,
-        input: impl FnOnce(oneshot::Sender<Result<T, ApiError>>) -> Input,
+        input: impl FnOnce(oneshot::Sender<Result<T, EtcdError>>) -> Input,
     ) -> Result<T, Status> {
         let (reply, rx) = oneshot::channel();
         self.inputs.send(input(reply)).map_err(|_| stopped())?;
@@ -200,7 +197,7 @@ impl Api {
         };
         let size = prost::Message::encoded_len(&proposal);
         if size > self.max_request_bytes {
-            return Err(ApiError::invalid("etcdserver: request is too large").into());
+            return Err(EtcdError::REQUEST_TOO_LARGE.into());
         }
         // As etcd: a write that would take the file past the quota raises NOSPACE for this
         // member (through Raft, so every member then refuses such writes) and is refused.
@@ -223,7 +220,7 @@ impl Api {
                 size = self.mvcc.db_size(),
                 "refused a write: the key space reached --quota-backend-bytes (NOSPACE raised)"
             );
-            return Err(ApiError::no_space().into());
+            return Err(EtcdError::NO_SPACE.into());
         }
         let mut applied = self.ask(|reply| Input::Propose { proposal, reply }).await?;
         let h = applied.header_mut();
@@ -268,8 +265,8 @@ impl Api {
 pub fn version_json(api: &Api) -> serde_json::Value {
     let params = api.mvcc.cluster_params();
     serde_json::json!({
-        "etcdserver": VERSION,
-        "etcdcluster": if params.is_some() { CLUSTER_VERSION } else { "not_decided" },
+        "etcdserver": ETCD_VERSION,
+        "etcdcluster": if params.is_some() { ETCD_CLUSTER_VERSION } else { "not_decided" },
         "etcdnode": crate::version::BINARY,
         "etcdnodecluster": params.as_ref().map_or("not_decided", |p| p.version.as_str()),
         "peerprotocol": crate::version::own_protocol(),

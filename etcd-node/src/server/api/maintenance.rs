@@ -5,10 +5,12 @@ use etcd_client::proto::*;
 use tonic::{Request, Response, Status};
 
 use super::auth::caller_of;
-use super::handle::{Api, VERSION, WITNESS_ERROR_WINDOW, internal, stopped, timed_out};
+use super::handle::{Api, WITNESS_ERROR_WINDOW, internal, stopped, timed_out};
+use crate::errors::EtcdError;
 use crate::mvcc::{Op, Response as Applied};
 use crate::server::contract::Input;
 use crate::storage::backup;
+use crate::version::ETCD_VERSION;
 
 /// The size of the pieces a snapshot is streamed in (etcd's).
 const SNAPSHOT_CHUNK: usize = 32 * 1024;
@@ -47,7 +49,7 @@ impl Chunks {
             header: self.header,
             remaining_bytes: self.remaining,
             blob: std::mem::replace(&mut self.piece, Vec::with_capacity(SNAPSHOT_CHUNK)),
-            version: VERSION.into(),
+            version: ETCD_VERSION.into(),
         };
         self.tx
             .blocking_send(Ok(message))
@@ -116,7 +118,7 @@ impl PbMaintenanceService for Maintenance {
         let size = self.api.mvcc.db_size() as i64;
         let mut errors = Vec::new();
         if s.leader == 0 {
-            errors.push("etcdserver: no leader".to_string());
+            errors.push(EtcdError::NO_LEADER.message.into_owned());
         }
         // The probe's last failure, a step that found the witness's state lost, or a step that
         // failed lately (the witness was needed and did not answer).
@@ -149,7 +151,7 @@ impl PbMaintenanceService for Maintenance {
             .any(|m| m.id == self.api.member_id && m.is_learner);
         Ok(Response::new(PbStatusResponse {
             header: self.api.header(pos.revision as i64),
-            version: VERSION.into(),
+            version: ETCD_VERSION.into(),
             db_size: size,
             leader: s.leader,
             raft_index: s.commit,

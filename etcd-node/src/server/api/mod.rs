@@ -21,6 +21,7 @@ pub mod lease;
 pub mod lock;
 pub mod maintenance;
 pub mod probes;
+mod status;
 pub mod watch;
 
 use etcd_client::proto::{

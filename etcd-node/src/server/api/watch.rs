@@ -20,6 +20,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use super::auth::{Caller, Need, caller_of};
 use super::handle::{Api, internal, requires_leader};
+use crate::errors::EtcdError;
 use crate::mvcc::events::{DELETE, PUT};
 use crate::mvcc::request::in_range;
 use crate::server::contract::no_leader;
@@ -226,7 +227,7 @@ impl Stream {
                     watch_id: id,
                     canceled: true,
                     compact_revision: compacted as i64,
-                    cancel_reason: "etcdserver: mvcc: required revision has been compacted".into(),
+                    cancel_reason: EtcdError::COMPACTED.message.into_owned(),
                     ..Default::default()
                 })
                 .await?;
@@ -258,7 +259,7 @@ impl Stream {
                 } else if taken {
                     Some("mvcc: duplicate watch ID provided on the WatchStream".into())
                 } else if c.watch_id < 0 {
-                    Some("etcdserver: mvcc: watch ID must not be negative".into())
+                    Some(EtcdError::NEGATIVE_WATCH_ID.message.into_owned())
                 } else {
                     None
                 };
