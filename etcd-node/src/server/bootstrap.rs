@@ -509,20 +509,7 @@ pub async fn run(
     let metrics_listeners = bind("--listen-metrics-urls", &cfg.listen_metrics_urls).await?;
     let tls = setup_tls(&cfg)?;
     let (mut disk, mvcc, ids, new_cluster) = open_storage(&cfg, &tls.peer_dialer).await?;
-    let tick = cfg.heartbeat_interval;
-    let mut rc = raft::Config::new(ids.member);
-    rc.cluster_id = ids.cluster;
-    rc.heartbeat_tick = 1;
-    rc.election_tick = (cfg.election_timeout.as_millis() / tick.as_millis().max(1)) as u64;
-    rc.seed = rand::random();
-    #[cfg(feature = "mutations")]
-    if let Ok(name) = std::env::var("ETCD_NODE_MUTATION") {
-        rc.mutation = Some(raft::Mutation::named(&name).ok_or_else(|| {
-            anyhow::anyhow!("ETCD_NODE_MUTATION={name}: no such mutation (raft/mutation.rs)")
-        })?);
-        tracing::warn!("deliberate bug {name} switched on (a test build)");
-    }
-    let raft = Raft::new(rc, &disk).map_err(anyhow::Error::msg)?;
+    let raft = Raft::new(raft_config(&cfg, ids.cluster, ids.member)?, &disk)?;
     // (the core has the log now: the storage keeps no second copy in memory)
     disk.release_entries();
 
@@ -590,7 +577,7 @@ pub async fn run(
         },
         inputs: inputs_rx,
         status: status_tx,
-        tick,
+        tick: cfg.heartbeat_interval,
         snapshot_count: cfg.snapshot_count.max(1),
         election_timeout: cfg.election_timeout,
     };
@@ -657,33 +644,11 @@ pub async fn run(
         ));
     }
     tokio::spawn(announce_ready(api.status.clone(), ready_tx));
-    let client_routes = || {
-        let grpc = api::routes(&api);
-        let router = grpc
-            .into_axum_router()
-            .layer(axum::middleware::map_response(etcd_size_error))
-            .layer(axum::middleware::from_fn_with_state(
-                api.status.clone(),
-                api::learner_gate,
-            ))
-            .layer(axum::middleware::from_fn_with_state(
-                api.metrics.clone(),
-                super::metrics::grpc_layer,
-            ));
-        // (JSON is larger than the protobuf it carries: the gRPC call enforces the real limit)
-        let gateway_limit = 2 * (api.max_request_bytes + api::GRPC_OVERHEAD_BYTES);
-        // The client API waits until this member is ready; the health endpoints (added by
-        // `with_http`) answer at once and say why it is not.
-        let gated = api::gateway::add(router, gateway_limit).layer(
-            axum::middleware::from_fn_with_state(api.ready.clone(), api::ready_gate),
-        );
-        with_http(gated, &api)
-    };
     let client_tls = |secure: bool| secure.then(|| tls.client.clone()).flatten();
     for (l, secure) in client_listeners {
         servers.spawn(serve(
             l,
-            client_routes(),
+            client_routes(&api),
             stopped(),
             client_tls(secure),
             true,
@@ -705,6 +670,66 @@ pub async fn run(
         cluster = format!("{:x}", ids.cluster),
         "serving"
     );
+    spawn_background_tasks(&cfg, &api, witness);
+
+    let result = tokio::select! {
+        () = shutdown => Ok(()),
+        why = mixed_protocols(new_cluster, mvcc.clone(), me.refusals.clone()) => Err(why),
+        r = done_rx => match r {
+            Ok(outcome) => loop_outcome(outcome, &cfg, ids.member),
+            Err(_) => Err(anyhow::anyhow!("the Raft thread stopped unexpectedly")),
+        },
+    };
+    let _ = stop_tx.send(true);
+    let _ = inputs_tx.send(Input::Stop);
+    drain(servers).await;
+    result
+}
+
+/// The Raft core's configuration from etcd's flags (one tick per heartbeat interval).
+fn raft_config(cfg: &ServerConfig, cluster: u64, member: u64) -> anyhow::Result<raft::Config> {
+    let tick = cfg.heartbeat_interval;
+    let mut rc = raft::Config::new(member);
+    rc.cluster_id = cluster;
+    rc.heartbeat_tick = 1;
+    rc.election_tick = (cfg.election_timeout.as_millis() / tick.as_millis().max(1)) as u64;
+    rc.seed = rand::random();
+    #[cfg(feature = "mutations")]
+    if let Ok(name) = std::env::var("ETCD_NODE_MUTATION") {
+        rc.mutation = Some(raft::Mutation::named(&name).ok_or_else(|| {
+            anyhow::anyhow!("ETCD_NODE_MUTATION={name}: no such mutation (raft/mutation.rs)")
+        })?);
+        tracing::warn!("deliberate bug {name} switched on (a test build)");
+    }
+    Ok(rc)
+}
+
+/// The client port's routes: the gRPC services behind etcd's size error, the learner gate and
+/// the metrics layer, the JSON gateway, all held until the member is ready, and the health
+/// endpoints, which answer at once and say why it is not.
+fn client_routes(api: &Api) -> Routes {
+    let router = api::routes(api)
+        .into_axum_router()
+        .layer(axum::middleware::map_response(etcd_size_error))
+        .layer(axum::middleware::from_fn_with_state(
+            api.status.clone(),
+            api::learner_gate,
+        ))
+        .layer(axum::middleware::from_fn_with_state(
+            api.metrics.clone(),
+            super::metrics::grpc_layer,
+        ));
+    // (JSON is larger than the protobuf it carries: the gRPC call enforces the real limit)
+    let gateway_limit = 2 * (api.max_request_bytes + api::GRPC_OVERHEAD_BYTES);
+    let gated = api::gateway::add(router, gateway_limit).layer(
+        axum::middleware::from_fn_with_state(api.ready.clone(), api::ready_gate),
+    );
+    with_http(gated, api)
+}
+
+/// The member's background tasks (they end with the runtime): the witness probe, the cluster's
+/// version and features, auto compaction, the corruption check.
+fn spawn_background_tasks(cfg: &ServerConfig, api: &Api, witness: Arc<WitnessSlot>) {
     if let Some(every) = cfg.witness_probe {
         tokio::spawn(witness_probe::run(
             witness,
@@ -718,30 +743,32 @@ pub async fn run(
         tokio::spawn(api::compactor::run(api.clone(), mode));
     }
     if let Some(every) = cfg.corrupt_check {
-        // (ends with the runtime, like the other background tasks)
         tokio::spawn(api::corruption::run(api.clone(), every));
     }
+}
 
-    let result = tokio::select! {
-        () = shutdown => Ok(()),
-        why = mixed_protocols(new_cluster, mvcc.clone(), me.refusals.clone()) => Err(why),
-        r = done_rx => match r {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(LoopError::Removed { by })) => Err(removed(&cfg, ids.member, by)),
-            Ok(Err(e)) => Err(anyhow::anyhow!(
-                "storage failure in --data-dir {}, stopping: {e}. Nothing more is \
-                 acknowledged; what was acknowledged is durable. Fix the disk (a full one: \
-                 free space on it) and start this member again on the same data \
-                 directory: it catches up from the others",
-                cfg.data_dir.display()
-            )),
-            Err(_) => Err(anyhow::anyhow!("the Raft thread stopped unexpectedly")),
-        },
-    };
-    let _ = stop_tx.send(true);
-    let _ = inputs_tx.send(Input::Stop);
-    // Requests in flight get a moment to finish; open streams (watches, keep-alives) and idle
-    // client connections would hold a graceful stop forever: they are closed after it.
+/// Why the member stops, from how its Raft loop ended.
+fn loop_outcome(
+    outcome: Result<(), LoopError>,
+    cfg: &ServerConfig,
+    member: u64,
+) -> anyhow::Result<()> {
+    match outcome {
+        Ok(()) => Ok(()),
+        Err(LoopError::Removed { by }) => Err(removed(cfg, member, by)),
+        Err(e) => Err(anyhow::anyhow!(
+            "storage failure in --data-dir {}, stopping: {e}. Nothing more is acknowledged; \
+             what was acknowledged is durable. Fix the disk (a full one: free space on it) and \
+             start this member again on the same data directory: it catches up from the others",
+            cfg.data_dir.display()
+        )),
+    }
+}
+
+/// Stops the listeners: requests in flight get a moment to finish; open streams (watches,
+/// keep-alives) and idle client connections would hold a graceful stop forever, so they are
+/// closed after it.
+async fn drain(mut servers: tokio::task::JoinSet<Result<(), tonic::transport::Error>>) {
     let drained = tokio::time::timeout(SHUTDOWN_GRACE, async {
         while let Some(r) = servers.join_next().await {
             if let Ok(Err(e)) = r {
@@ -757,7 +784,6 @@ pub async fn run(
         );
         servers.abort_all();
     }
-    result
 }
 
 /// A new cluster whose members do not share a peer protocol does not start: while this start
