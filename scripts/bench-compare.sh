@@ -3,7 +3,7 @@
 # a witness in a local directory, and etcd as a three-member cluster: etcd 3.6 built from its Go
 # module (scripts/build-go.sh), or Debian's etcd 3.4 with ETCD_RELEASE=3.4. Both with
 # etcd's default timeouts (heartbeat 100 ms, election 1000 ms), data in the same directory tree.
-# Prints RESULT lines and a markdown table (docs/benchmarks.md has the last one).
+# Prints RESULT lines and a markdown table (docs/benchmarks.md has the latest; docs/runs/ the dated runs).
 #
 #   bash scripts/bench-compare.sh            # full run (a few minutes)
 #   QUICK=1 bash scripts/bench-compare.sh    # fewer requests
@@ -196,7 +196,7 @@ run_tls_points() { # label eps pids...
   bench "$label" "$eps" "$@" -- --clients 64 --conns 8 put --total 50000 --key-size 8 --val-size 256 --key-space-size 100000
   bench "$label" "$eps" "$@" -- --clients 16 --conns 4 range 000 --consistency l --total 100000
 }
-# Sustained load (docs/benchmarks.md, "Sustained load"): WARMUP writes, the points, then what
+# Sustained load (docs/runs/benchmarks-2026-11-22-to-27.md, "Sustained load"): WARMUP writes, the points, then what
 # each member holds (RSS, key-space file, data directory) and a leader kill under 16 writers.
 sustained() { # label eps ports-array-name pids...
   local label=$1 eps=$2 ports_name=$3; shift 3
@@ -233,7 +233,7 @@ sustained() { # label eps ports-array-name pids...
   echo "killing the leader on port ${ports[$l]}"; kill -9 "${ps[$l]}"; wait $b
   echo "$(grep '^RESULT' "$work/fo") cluster=$label" | tee -a "$work/results"
 }
-# Growth (docs/benchmarks.md, "Growth"): a fresh cluster loaded with `keys` distinct keys (256-byte
+# Growth (docs/runs/benchmarks-2026-11-22-to-27.md, "Growth"): a fresh cluster loaded with `keys` distinct keys (256-byte
 # values, 64 clients), then puts and linearizable ranges at 16 clients over those keys, what each
 # member holds, `etcdctl snapshot save` from one member, a restore of one member from that file
 # (etcdutl for etcd-node, etcd's own restore for etcd), and `etcdctl defrag` of one member.
