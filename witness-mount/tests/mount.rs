@@ -7,21 +7,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use witness_core::conformance::{self, Backend, Location};
-use witness_core::{CasOutcome, Error, WitnessState, WitnessStore};
+use witness_core::{CasOutcome, Error, WitnessStore};
 use witness_mount::{MountOptions, MountStore};
 
-const RETENTION: usize = 4;
-
-fn options() -> MountOptions {
-    MountOptions {
-        retention: RETENTION,
-        ..MountOptions::default()
-    }
-}
-
-fn open(dir: &Path) -> MountStore {
-    MountStore::open(dir, options()).expect("open witness dir")
-}
+mod common;
+use common::{RETENTION, open, options, state};
 
 fn newest_file(dir: &Path) -> PathBuf {
     let seq = *open(dir)
@@ -85,14 +75,6 @@ async fn increments_from_separate_processes_lose_nothing() {
         50,
     )
     .await;
-}
-
-fn state(term: u64, nonce: u64) -> WitnessState {
-    WitnessState {
-        term,
-        writer_nonce: nonce,
-        ..WitnessState::new(0, "w", "witness:mount?path=%2Fw")
-    }
 }
 
 async fn initialised() -> (tempfile::TempDir, MountStore) {

@@ -5,6 +5,6 @@ pub mod backend;
 pub mod init;
 pub mod status;
 
-pub use backend::{Unread, load_within, open_store};
+pub use backend::{Claim, Unread, claim_within, load_within, open_store, unused};
 pub use init::{InitOptions, InitReport, init};
 pub use status::{StatusReport, status};

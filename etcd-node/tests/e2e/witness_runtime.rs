@@ -336,3 +336,62 @@ fn the_sas_signature_stays_on_the_members_and_is_rotated_without_a_restart() {
         leaks(&format!("member {i}'s log"), c.log(i).as_bytes());
     }
 }
+
+/// Two clusters add the same freshly initialised witness location: the first `member add`
+/// claims it (binds the record to its cluster by compare-and-swap) before proposing, so the
+/// second is refused at once, naming the cluster that holds it, and nothing changes there.
+/// The first cluster can remove and add it again while it is unused, and then uses it: with
+/// its follower killed, its writes go on with the witness's vote.
+#[test]
+fn a_witness_location_is_claimed_at_add_time_and_a_second_cluster_is_refused() {
+    let (node, etcdutl) = bins();
+    let mut a = Cluster::start(node, etcdutl, &[]);
+    let b = Cluster::start(node, etcdutl, &[]);
+    a.wait_leader(LEADER_WAIT);
+    b.wait_leader(LEADER_WAIT);
+    for c in [&a, &b] {
+        let id = witness_id(c).expect("the bootstrap witness is listed");
+        let out = etcdctl(&c.endpoints(), &["member", "remove", &id], None);
+        assert!(out.status.success(), "remove the witness: {}", text(&out));
+    }
+    let shared = tempfile::tempdir().unwrap();
+    let url = mount_url(shared.path());
+    init_witness(etcdutl, "shared", &url);
+
+    let out = witness_add(etcdutl, &a, &url);
+    assert!(out.status.success(), "cluster a adds it: {}", text(&out));
+    let claimed = contents(shared.path());
+    let out = witness_add(etcdutl, &b, &url);
+    assert!(
+        !out.status.success() && text(&out).contains("claimed by another cluster"),
+        "cluster b must be refused at once: {}",
+        text(&out)
+    );
+    assert_eq!(witness_id(&b), None, "cluster b lists no witness");
+    assert_eq!(
+        contents(shared.path()),
+        claimed,
+        "the refusal wrote nothing"
+    );
+
+    // Claimed and not used yet: cluster a may take it out and add it back.
+    let id = witness_id(&a).expect("cluster a lists the witness");
+    let out = etcdctl(&a.endpoints(), &["member", "remove", &id], None);
+    assert!(out.status.success(), "remove it: {}", text(&out));
+    let out = witness_add(etcdutl, &a, &url);
+    assert!(out.status.success(), "add it back: {}", text(&out));
+
+    // It is cluster a's witness: the follower killed, writes go on.
+    let leader = a.wait_leader(LEADER_WAIT);
+    a.kill(1 - leader);
+    let ep = vec![a.members[leader].url()];
+    eventually(
+        Duration::from_secs(30),
+        "a write with the witness's acknowledgement",
+        || {
+            etcdctl(&ep, &["put", "after", "kill"], None)
+                .status
+                .success()
+        },
+    );
+}

@@ -1,6 +1,6 @@
 //! The deterministic simulator over many seeds, for each cluster shape. A failure prints the
-//! seed and the single command that replays it. More seeds: `SIM_SEEDS=100000 cargo test -p
-//! etcd-node --test sim --release`, or the `raft-sim` binary (docs/testing.md).
+//! seed and the single command that replays it. More seeds: `SIM_SEEDS=100000 cargo test --release -p
+//! etcd-node --test protocol sim::`, or the `raft-sim` binary (docs/testing.md).
 
 use etcd_node::sim::{RandomRun, run_seed};
 

@@ -92,7 +92,8 @@ async fn two_sshfs_mounts_pass_the_conformance_suite() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn processes_on_two_sshfs_mounts_lose_nothing() {
-    const NAME: &str = "processes_on_two_sshfs_mounts_lose_nothing";
+    // (the name the test harness knows it by: its module in the root binary, then its own)
+    const NAME: &str = "sshfs::processes_on_two_sshfs_mounts_lose_nothing";
     // The location names both mounts; each process picks one by its pid.
     let opener = |loc: &str| {
         let paths: Vec<&str> = loc.split('|').collect();

@@ -77,7 +77,10 @@ impl PbClusterService for Cluster {
         {
             return Err(EtcdError::TOO_MANY_LEARNERS.into());
         }
-        let (name, generation) = witness.unwrap_or_default();
+        let (name, generation) = witness
+            .as_ref()
+            .map(|w| (w.loaded.state.name.clone(), w.loaded.state.generation))
+            .unwrap_or_default();
         let member = PbMember {
             id: crate::config::member_id(&hashed, &now.to_string()),
             name,
@@ -87,6 +90,9 @@ impl PbClusterService for Cluster {
         };
         if members.iter().any(|m| m.id == member.id) {
             return Err(EtcdError::MEMBER_EXIST.into());
+        }
+        if let Some(w) = &witness {
+            self.api.claim_witness(w, member.id).await?;
         }
         self.api
             .change_member(member.clone(), false, generation)
@@ -195,15 +201,16 @@ const WITNESS_READ_LIMIT: Duration = Duration::from_secs(15);
 
 impl Api {
     /// Checks a witness that `member add` names before it is proposed: the cluster has no
-    /// witness, and the location holds a freshly initialised record that no cluster used.
-    /// Returns the witness's name (as `etcdutl witness init` recorded it) and its generation,
-    /// which binds every member to this record.
+    /// witness, and the location holds a freshly initialised record that no cluster used (or
+    /// that this cluster claimed in an earlier `member add` and never used). Returns the record
+    /// as loaded: its name (as `etcdutl witness init` recorded it) and its generation, which
+    /// binds every member to it.
     async fn new_witness(
         &self,
         url: &str,
         request: &PbMemberAddRequest,
         members: &[PbMember],
-    ) -> Result<(String, u64), Status> {
+    ) -> Result<NewWitness, Status> {
         let parsed = WitnessUrl::parse(url)
             .map_err(|e| Status::invalid_argument(format!("etcdserver: {e}")))?;
         let shown = witness_core::url::redact(url);
@@ -229,8 +236,19 @@ impl Api {
                  was changed"
             )));
         };
-        let state = loaded.state;
-        if state.cluster_id != 0 || state.member_id != 0 || state.term != 0 {
+        let state = &loaded.state;
+        let fresh = state.cluster_id == 0 && state.member_id == 0 && state.term == 0;
+        let ours_unused = state.cluster_id == self.cluster_id && crate::witness::unused(state);
+        if !fresh && !ours_unused && crate::witness::unused(state) {
+            return Err(Status::failed_precondition(format!(
+                "etcdserver: the witness at {location} was claimed by another cluster ({:x}, as \
+                 its member {:x}) when it was added there; a witness location serves one \
+                 cluster: initialise a new, empty location (another directory or blob) with \
+                 `etcdutl witness init` and add that; nothing was changed",
+                state.cluster_id, state.member_id
+            )));
+        }
+        if !fresh && !ours_unused {
             return Err(Status::failed_precondition(format!(
                 "etcdserver: the witness at {location} was already used (cluster {:x}, member {:x}, \
                  term {}); a witness location serves one cluster, once: initialise a new, empty \
@@ -273,29 +291,70 @@ impl Api {
                 )));
             }
         }
-        Ok((state.name, state.generation))
+        Ok(NewWitness {
+            url: parsed,
+            loaded,
+        })
     }
+
+    /// Binds the witness `member add` checked to this cluster and the member id it gets, before
+    /// the change is proposed: a second cluster adding the same location is refused at once. A
+    /// claim that loses the race (another cluster claimed it meanwhile) refuses this add.
+    async fn claim_witness(&self, w: &NewWitness, member: u64) -> Result<(), Status> {
+        use crate::witness::{Claim, claim_within};
+        let claimed = claim_within(
+            &w.url,
+            &w.loaded,
+            self.cluster_id,
+            member,
+            WITNESS_READ_LIMIT,
+        )
+        .await
+        .map_err(|u| unread(&w.url, u))?;
+        if claimed == Claim::Lost {
+            let (location, now) = load_witness(&w.url).await?;
+            let by = now.map_or(0, |l| l.state.cluster_id);
+            return Err(Status::failed_precondition(format!(
+                "etcdserver: the witness at {location} was claimed by another cluster ({by:x}) \
+                 while this one was adding it; a witness location serves one cluster: \
+                 initialise a new, empty location with `etcdutl witness init` and add that; \
+                 nothing was changed"
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// A witness `member add` checked, as it read it.
+#[derive(Debug)]
+struct NewWitness {
+    /// The URL as given (for a blob, with the caller's SAS token).
+    url: WitnessUrl,
+    loaded: witness_core::Loaded,
 }
 
 /// Opens and reads the witness at `url` for `member add`, within [`WITNESS_READ_LIMIT`]: its
 /// location (redacted) and record.
 async fn load_witness(url: &WitnessUrl) -> Result<(String, Option<witness_core::Loaded>), Status> {
-    use crate::witness::Unread;
     crate::witness::load_within(url, WITNESS_READ_LIMIT)
         .await
-        .map_err(|unread| match unread {
-            Unread::Open(e) => {
-                Status::failed_precondition(format!("etcdserver: witness {url}: {e}"))
-            }
-            Unread::TimedOut { location } => Status::unavailable(format!(
-                "etcdserver: the witness storage {location} did not answer within \
-                 {WITNESS_READ_LIMIT:?} (share not mounted here, blob host unreachable?); \
-                 nothing was changed"
-            )),
-            Unread::Load(e) => {
-                Status::failed_precondition(format!("etcdserver: {e}; nothing was changed"))
-            }
-        })
+        .map_err(|u| unread(url, u))
+}
+
+/// A witness `member add` could not read (or claim), as the client sees it.
+fn unread(url: &WitnessUrl, unread: crate::witness::Unread) -> Status {
+    use crate::witness::Unread;
+    match unread {
+        Unread::Open(e) => Status::failed_precondition(format!("etcdserver: witness {url}: {e}")),
+        Unread::TimedOut { location } => Status::unavailable(format!(
+            "etcdserver: the witness storage {location} did not answer within \
+             {WITNESS_READ_LIMIT:?} (share not mounted here, blob host unreachable?); nothing \
+             was changed"
+        )),
+        Unread::Load(e) => {
+            Status::failed_precondition(format!("etcdserver: {e}; nothing was changed"))
+        }
+    }
 }
 
 fn bad_urls(why: &str) -> Status {
