@@ -37,11 +37,14 @@ pub enum Mutation {
     FailPendingOnNewTerm,
     /// The host's loop appends a forwarded proposal whatever term the follower named.
     ForwardInAnyTerm,
+    /// The leader never lets the witness into R: with a regular member down it cannot commit
+    /// (an availability bug: only a check made during the fault sees it).
+    WitnessKeptOutOfR,
 }
 
 impl Mutation {
     /// Every mutation.
-    pub const ALL: [Mutation; 14] = [
+    pub const ALL: [Mutation; 15] = [
         Mutation::WitnessVoteWithoutLogRule,
         Mutation::WitnessIgnoresTerm,
         Mutation::CreditWitnessWithoutWrite,
@@ -56,6 +59,7 @@ impl Mutation {
         Mutation::ForwardTwice,
         Mutation::FailPendingOnNewTerm,
         Mutation::ForwardInAnyTerm,
+        Mutation::WitnessKeptOutOfR,
     ];
 
     /// The mutation named `name` (as written in the enum).
@@ -86,14 +90,15 @@ mod tests {
             | Mutation::ReadsWithoutRound
             | Mutation::ForwardTwice
             | Mutation::FailPendingOnNewTerm
-            | Mutation::ForwardInAnyTerm => (),
+            | Mutation::ForwardInAnyTerm
+            | Mutation::WitnessKeptOutOfR => (),
         };
         let distinct: std::collections::BTreeSet<String> =
             Mutation::ALL.iter().map(|m| format!("{m:?}")).collect();
         assert_eq!(
             distinct.len(),
-            14,
-            "the 14 mutations of the match above, once each"
+            15,
+            "the 15 mutations of the match above, once each"
         );
         for m in Mutation::ALL {
             assert_eq!(Mutation::named(&format!("{m:?}")), Some(m));

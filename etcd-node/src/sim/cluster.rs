@@ -728,16 +728,19 @@ impl Cluster {
             return;
         };
         self.collect_answers();
-        if self.raft(id).is_some_and(Raft::snapshot_wanted) {
-            self.compact(id); // (the server takes it in the background, as soon)
-        }
         match outcome {
-            Ok(false) => {}
-            Ok(true) => {
-                self.crash(id);
-                self.nodes.get_mut(&id).expect("node").stopped = true;
-                self.stats.removed_stopped += 1;
+            Ok(stopped) => {
+                if self.raft(id).is_some_and(Raft::snapshot_wanted) {
+                    self.compact(id); // (the server takes it in the background, as soon)
+                }
+                if stopped {
+                    self.crash(id);
+                    self.nodes.get_mut(&id).expect("node").stopped = true;
+                    self.stats.removed_stopped += 1;
+                }
             }
+            // (no snapshot: the node crashed between ready() and advance(), and a compaction
+            // there is refused; it takes one after its restart if it still needs one)
             Err(Crashed) => self.crash_in_ready(id),
         }
     }
@@ -1061,6 +1064,14 @@ impl World for SimHost<'_> {
 
     fn step_witness(&mut self, _: &Raft, request: WitnessRequest) {
         let node = self.id;
+        if let WitnessRequest::Append(r) = &request {
+            let nodes = &self.c.nodes;
+            self.c
+                .checker
+                .witness_append_asked(node, r, request.witness_id(), |id| {
+                    nodes.get(&id).map(|n| &n.storage)
+                });
+        }
         self.c
             .schedule(Event::WitnessStep { node, request }, node, WITNESS_LINK);
     }

@@ -18,6 +18,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
 use witness_core::WitnessState;
+use witness_core::rules::AppendRequest;
 
 use crate::raft::{
     Body, Entry, EntryData, MemStorage, Membership, Message, NodeId, Raft, RaftLog, Role,
@@ -377,6 +378,46 @@ impl Checker {
         }
     }
 
+    /// Condition 3 of the witness write: when `leader` asks the witness to store an entry, a
+    /// subquorum of R (a quorum of R less the witness's own vote, the leader included) has
+    /// persisted it. `stored` gives each node's storage. A member whose persisted term passed
+    /// the request's counts too: it may have replaced the entry since it acknowledged it, and
+    /// the witness then refuses the stale leader by its term.
+    pub fn witness_append_asked<'s>(
+        &mut self,
+        leader: NodeId,
+        request: &AppendRequest,
+        witness: NodeId,
+        stored: impl Fn(NodeId) -> Option<&'s MemStorage>,
+    ) {
+        let holds = |id: NodeId| {
+            stored(id).is_some_and(|s| {
+                s.hard_state().term > request.term
+                    || s.snapshot().meta.index >= request.index
+                    || s.entries().iter().any(|e| {
+                        e.index == request.index
+                            && e.term == request.entry_term
+                            && e.subterm == request.entry_subterm
+                    })
+            })
+        };
+        // (R has as many members as there are regular voters; with the witness the voters are one
+        // more, and their quorum less the witness is half of R, rounded up)
+        let need = request.replication_set.len().div_ceil(2);
+        let have = request
+            .replication_set
+            .iter()
+            .filter(|&&id| id != witness && holds(id))
+            .count();
+        if have < need {
+            self.fail(format!(
+                "leader {leader} asked witness {witness} to store index {} (term {}, subterm {}) \
+                 persisted by {have} members of R {:?}, fewer than the {need} condition 3 needs",
+                request.index, request.entry_term, request.entry_subterm, request.replication_set
+            ));
+        }
+    }
+
     /// Per-tick checks over the live nodes, and every node's storage (`stored`, down nodes'
     /// too).
     pub fn check(
@@ -537,5 +578,86 @@ impl Checker {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::raft::EntryData;
+    use witness_core::Seen;
+    use witness_core::rules::Caller;
+
+    fn ask(index: u64, rset: Vec<NodeId>) -> AppendRequest {
+        AppendRequest {
+            caller: Caller {
+                cluster_id: 1,
+                witness_id: 9,
+                seen: Seen::default(),
+            },
+            term: 2,
+            leader: 1,
+            entry_term: 2,
+            entry_subterm: 1,
+            index,
+            replication_set: rset,
+            replication_set_outgoing: Vec::new(),
+        }
+    }
+
+    /// Condition 3 can fail: a witness append for an entry the leader has not persisted is
+    /// reported; once it is persisted (or with three regular voters, once two hold it) it is not.
+    #[test]
+    fn a_witness_append_before_a_subquorum_persisted_is_reported() {
+        let members = Membership::new([1, 2], Some(9)).unwrap();
+        let mut leader = MemStorage::bootstrap(members.clone(), None);
+        let follower = MemStorage::bootstrap(members.clone(), None);
+        // (the first index past the bootstrap snapshot)
+        let at = leader.snapshot().meta.index + 1;
+        let entry = Entry {
+            term: 2,
+            subterm: 1,
+            index: at,
+            data: EntryData::Empty,
+        };
+        let stored = |l: &MemStorage, id: NodeId| match id {
+            1 => Some(l.clone()),
+            2 => Some(follower.clone()),
+            _ => None,
+        };
+        let mut checker = Checker::new(&leader.snapshot().meta);
+        let early = stored(&leader, 1);
+        checker.witness_append_asked(1, &ask(at, vec![1, 9]), 9, |id| match id {
+            1 => early.as_ref(),
+            _ => None,
+        });
+        assert!(
+            checker
+                .pending
+                .as_ref()
+                .is_some_and(|p| p.contains("condition 3")),
+            "{:?}",
+            checker.pending
+        );
+        leader.append(std::slice::from_ref(&entry));
+        let mut checker = Checker::new(&leader.snapshot().meta);
+        let persisted = stored(&leader, 1);
+        checker.witness_append_asked(1, &ask(at, vec![1, 9]), 9, |id| match id {
+            1 => persisted.as_ref(),
+            _ => None,
+        });
+        assert_eq!(checker.pending, None);
+        // Three regular voters and the witness: R = {1, 2, 9}, two of them must hold it.
+        let mut checker = Checker::new(&leader.snapshot().meta);
+        let other = stored(&leader, 2);
+        checker.witness_append_asked(1, &ask(at, vec![1, 2, 9]), 9, |id| match id {
+            1 => persisted.as_ref(),
+            2 => other.as_ref(),
+            _ => None,
+        });
+        assert!(
+            checker.pending.is_some(),
+            "one of three regular voters is not enough"
+        );
     }
 }

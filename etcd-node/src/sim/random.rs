@@ -1,7 +1,8 @@
 //! Random runs: one seed drives proposals, linearizable reads, configuration changes (voters,
 //! learners, the witness; single and joint), leader transfers, log compaction, crashes,
-//! restarts, partitions, network faults and a wiped-and-reinitialised witness; then a liveness phase heals everything and requires
-//! a leader to commit a new proposal.
+//! restarts, partitions, network faults and a wiped-and-reinitialised witness. Then the network
+//! heals and a leader must commit a new proposal with every node up (liveness), and again with
+//! one regular voter down and the witness healthy (availability during a fault).
 
 use rand::Rng;
 
@@ -136,7 +137,8 @@ impl RandomRun {
     }
 }
 
-/// Runs one seed. On a violation, the error names the seed and the replay command.
+/// Runs one seed. On a violation, or a panic in the node or the harness, the error names the
+/// seed and the replay command.
 pub fn run_seed(seed: u64, run: &RandomRun) -> Result<Stats, String> {
     let fail = |what: String| {
         format!(
@@ -144,6 +146,26 @@ pub fn run_seed(seed: u64, run: &RandomRun) -> Result<Stats, String> {
             run.replay_command(seed)
         )
     };
+    // (the cluster is dropped with the panic: nothing of it is used afterwards)
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        run_checked(seed, run, &fail)
+    }))
+    .unwrap_or_else(|panic| {
+        let why = panic
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| panic.downcast_ref::<&str>().copied())
+            .unwrap_or("(no message)");
+        Err(fail(format!("panicked: {why}")))
+    })
+}
+
+/// [`run_seed`]'s run, with its checks; `fail` words a violation.
+fn run_checked(
+    seed: u64,
+    run: &RandomRun,
+    fail: &dyn Fn(String) -> String,
+) -> Result<Stats, String> {
     let mut c = Cluster::with_config(run.regular, run.witness, seed, |cfg| {
         cfg.check_quorum = run.check_quorum;
         #[cfg(feature = "mutations")]
@@ -185,6 +207,8 @@ pub fn run_seed(seed: u64, run: &RandomRun) -> Result<Stats, String> {
     };
     let mut payload = 0u64;
     let mut next_id: NodeId = 10;
+    // (a wiped witness is refused for good: the cluster may then need every regular member)
+    let mut wiped = false;
     for _ in 0..run.ticks {
         let ids = c.node_ids();
         let roll: f64 = c.rng().random();
@@ -219,6 +243,7 @@ pub fn run_seed(seed: u64, run: &RandomRun) -> Result<Stats, String> {
                 // it (no vote, no append), never elect a member that lacks committed entries.
                 if let Some(w) = c.membership().voters.witness {
                     c.wipe_witness(w);
+                    wiped = true;
                 }
             }
             _ => {}
@@ -231,12 +256,58 @@ pub fn run_seed(seed: u64, run: &RandomRun) -> Result<Stats, String> {
     for id in c.node_ids() {
         c.restart(id);
     }
-    let marker = EntryData::Normal(b"liveness".to_vec());
+    if !commits_within(&mut c, b"liveness", run.liveness_ticks, fail)? {
+        return Err(fail(format!(
+            "liveness: no leader committed a new proposal within {} ticks after healing\n{}",
+            run.liveness_ticks,
+            c.describe()
+        )));
+    }
+    // Availability during a fault, not only after it: with a regular voter other than the
+    // leader down and the witness healthy (never wiped), the leader must go on committing, with
+    // the witness in R where it needs it. Only where the voters left are a quorum: a witness
+    // beside at least two regular voters, or three regular voters. (The leader stays: a new
+    // election may rightly fail here, when the member left outside R holds the same position
+    // as the witness, clause (c) of the witness's vote rule.)
+    let leader = c.leader();
+    let m = c.membership();
+    let one_may_fail =
+        !m.is_joint() && m.voters.regular.len() >= if m.voters.witness.is_some() { 2 } else { 3 };
+    let other = m
+        .voters
+        .regular
+        .iter()
+        .copied()
+        .filter(|&id| Some(id) != leader)
+        .max();
+    if let (true, false, Some(down)) = (one_may_fail, wiped, other) {
+        c.crash(down);
+        if !commits_within(&mut c, b"available", run.liveness_ticks, fail)? {
+            return Err(fail(format!(
+                "availability: with member {down} down and the witness healthy, no leader \
+                 committed a new proposal within {} ticks\n{}",
+                run.liveness_ticks,
+                c.describe()
+            )));
+        }
+    }
+    Ok(c.stats.clone())
+}
+
+/// Proposes `marker` on the leader (again when a new leader lost it) until it commits: whether
+/// it did within `ticks`.
+fn commits_within(
+    c: &mut Cluster,
+    marker: &[u8],
+    ticks: u64,
+    fail: &dyn Fn(String) -> String,
+) -> Result<bool, String> {
+    let marker = EntryData::Normal(marker.to_vec());
     // (leader, index) of the marker's latest proposal.
     let mut proposed: Option<(u64, u64)> = None;
-    for _ in 0..run.liveness_ticks {
+    for _ in 0..ticks {
         if c.committed().values().any(|e| e.data == marker) {
-            return Ok(c.stats.clone());
+            return Ok(true);
         }
         let leader = c.leader();
         let pending = proposed.is_some_and(|(l, i)| {
@@ -249,9 +320,5 @@ pub fn run_seed(seed: u64, run: &RandomRun) -> Result<Stats, String> {
         }
         c.tick().map_err(|v| fail(v.to_string()))?;
     }
-    Err(fail(format!(
-        "liveness: no leader committed a new proposal within {} ticks after healing\n{}",
-        run.liveness_ticks,
-        c.describe()
-    )))
+    Ok(false)
 }

@@ -194,3 +194,10 @@ fn crediting_a_stale_subterm_ack_is_caught() {
         ],
     );
 }
+
+#[test]
+fn keeping_the_witness_out_of_r_is_caught_during_the_fault() {
+    // Before the availability check (a regular member down, the witness healthy) this passed
+    // every random seed: the liveness check ran only once every member was back.
+    assert_caught(Mutation::WitnessKeptOutOfR, 2, 50, &["availability"]);
+}

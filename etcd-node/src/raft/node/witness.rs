@@ -173,10 +173,15 @@ impl Raft {
     pub(super) fn adjusted_rset(&self, caught_up: impl Fn(&Progress) -> bool) -> BTreeSet<NodeId> {
         let (now, window) = (self.ticks, self.cfg.liveness_ticks());
         let lead = self.lead.as_ref().expect("leader");
+        let witness = self
+            .membership
+            .voters
+            .witness
+            .filter(|_| !self.mutated(Mutation::WitnessKeptOutOfR));
         replication_set::adjust(
             &lead.rset,
             &self.membership.voters.regular,
-            self.membership.voters.witness,
+            witness,
             self.cfg.id,
             |v| {
                 let pr = &lead.progress[&v];
