@@ -65,14 +65,6 @@ fn header(revision: u64) -> Option<PbResponseHeader> {
     })
 }
 
-fn key_not_found() -> EtcdError {
-    EtcdError::KEY_NOT_FOUND
-}
-
-pub fn lease_not_found() -> EtcdError {
-    EtcdError::LEASE_NOT_FOUND
-}
-
 impl<'t> Writer<'t> {
     pub fn open(tx: &'t WriteTransaction) -> Result<Self, redb::Error> {
         let meta = tx.open_table(META)?;
@@ -222,10 +214,10 @@ impl<'t> Writer<'t> {
     /// key, an unknown lease.
     fn refuse_put(&self, r: &PbPutRequest) -> Result<Option<EtcdError>, redb::Error> {
         if (r.ignore_value || r.ignore_lease) && self.newest(&r.key, false)?.is_none() {
-            return Ok(Some(key_not_found()));
+            return Ok(Some(EtcdError::KEY_NOT_FOUND));
         }
         if r.lease != 0 && self.leases.get(r.lease)?.is_none() {
-            return Ok(Some(lease_not_found()));
+            return Ok(Some(EtcdError::LEASE_NOT_FOUND));
         }
         Ok(None)
     }
@@ -253,7 +245,7 @@ impl<'t> Writer<'t> {
         id: i64,
     ) -> Result<Result<PbLeaseRevokeResponse, EtcdError>, redb::Error> {
         if self.leases.remove(id)?.is_none() {
-            return Ok(Err(lease_not_found()));
+            return Ok(Err(EtcdError::LEASE_NOT_FOUND));
         }
         for key in lease_keys_of(&self.lease_keys, id)? {
             self.delete(

@@ -89,16 +89,6 @@ pub enum AuthOp {
     RoleRevokePermission(PbAuthRoleRevokePermissionRequest),
 }
 
-fn user_not_found() -> EtcdError {
-    EtcdError::USER_NOT_FOUND
-}
-fn role_not_found() -> EtcdError {
-    EtcdError::ROLE_NOT_FOUND
-}
-fn invalid_management() -> EtcdError {
-    EtcdError::INVALID_AUTH_MGMT
-}
-
 pub fn user_key(name: &str) -> String {
     format!("user/{name}")
 }
@@ -166,9 +156,9 @@ pub(super) fn apply(
         AuthOp::UserDelete(r) => {
             let key = user_key(&r.name);
             if enabled && r.name == ROOT {
-                Some(invalid_management())
+                Some(EtcdError::INVALID_AUTH_MGMT)
             } else if t.remove(key.as_str())?.is_none() {
-                Some(user_not_found())
+                Some(EtcdError::USER_NOT_FOUND)
             } else {
                 None
             }
@@ -176,7 +166,7 @@ pub(super) fn apply(
         AuthOp::UserChangePassword(r) => {
             let key = user_key(&r.name);
             match get::<StoredUser>(t, &key)? {
-                None => Some(user_not_found()),
+                None => Some(EtcdError::USER_NOT_FOUND),
                 Some(mut u) => {
                     u.password_hash = r.hashed_password.clone();
                     put(t, &key, &u)?;
@@ -187,9 +177,9 @@ pub(super) fn apply(
         AuthOp::UserGrantRole(r) => {
             let key = user_key(&r.user);
             match get::<StoredUser>(t, &key)? {
-                None => Some(user_not_found()),
+                None => Some(EtcdError::USER_NOT_FOUND),
                 Some(_) if r.role != ROOT && t.get(role_key(&r.role).as_str())?.is_none() => {
-                    Some(role_not_found())
+                    Some(EtcdError::ROLE_NOT_FOUND)
                 }
                 Some(mut u) => {
                     if let Err(at) = u.roles.binary_search(&r.role) {
@@ -203,8 +193,10 @@ pub(super) fn apply(
         AuthOp::UserRevokeRole(r) => {
             let key = user_key(&r.name);
             match get::<StoredUser>(t, &key)? {
-                _ if enabled && r.name == ROOT && r.role == ROOT => Some(invalid_management()),
-                None => Some(user_not_found()),
+                _ if enabled && r.name == ROOT && r.role == ROOT => {
+                    Some(EtcdError::INVALID_AUTH_MGMT)
+                }
+                None => Some(EtcdError::USER_NOT_FOUND),
                 Some(mut u) => match u.roles.binary_search(&r.role) {
                     Err(_) => Some(EtcdError::ROLE_NOT_GRANTED),
                     Ok(at) => {
@@ -232,9 +224,9 @@ pub(super) fn apply(
         }
         AuthOp::RoleDelete(r) => {
             if enabled && r.role == ROOT {
-                Some(invalid_management())
+                Some(EtcdError::INVALID_AUTH_MGMT)
             } else if t.remove(role_key(&r.role).as_str())?.is_none() {
-                Some(role_not_found())
+                Some(EtcdError::ROLE_NOT_FOUND)
             } else {
                 // Taken from every user that had it.
                 let mut changed = Vec::new();
@@ -255,7 +247,7 @@ pub(super) fn apply(
         AuthOp::RoleGrantPermission(r) => {
             let key = role_key(&r.name);
             match (get::<StoredRole>(t, &key)?, &r.perm) {
-                (None, _) => Some(role_not_found()),
+                (None, _) => Some(EtcdError::ROLE_NOT_FOUND),
                 (Some(_), None) => Some(EtcdError::PERMISSION_NOT_GIVEN),
                 // As etcd: a permission names a key, and a range must not be empty (the end
                 // "\0" means "every key from `key`").
@@ -265,7 +257,7 @@ pub(super) fn apply(
                             && p.range_end <= p.key
                             && p.range_end != [0]) =>
                 {
-                    Some(invalid_management())
+                    Some(EtcdError::INVALID_AUTH_MGMT)
                 }
                 (Some(mut role), Some(p)) => {
                     let perm = Perm {
@@ -286,7 +278,7 @@ pub(super) fn apply(
         AuthOp::RoleRevokePermission(r) => {
             let key = role_key(&r.role);
             match get::<StoredRole>(t, &key)? {
-                None => Some(role_not_found()),
+                None => Some(EtcdError::ROLE_NOT_FOUND),
                 Some(mut role) => {
                     let before = role.perms.len();
                     role.perms

@@ -139,13 +139,9 @@ impl Response {
     }
 }
 
-fn key_not_provided() -> EtcdError {
-    EtcdError::EMPTY_KEY
-}
-
 pub(super) fn check_range(r: &PbRangeRequest) -> Result<(), EtcdError> {
     if r.key.is_empty() {
-        return Err(key_not_provided());
+        return Err(EtcdError::EMPTY_KEY);
     }
     if !(0..=2).contains(&r.sort_order) || !(0..=4).contains(&r.sort_target) {
         return Err(EtcdError::INVALID_SORT_OPTION);
@@ -155,7 +151,7 @@ pub(super) fn check_range(r: &PbRangeRequest) -> Result<(), EtcdError> {
 
 fn check_put(r: &PbPutRequest) -> Result<(), EtcdError> {
     if r.key.is_empty() {
-        return Err(key_not_provided());
+        return Err(EtcdError::EMPTY_KEY);
     }
     if r.ignore_value && !r.value.is_empty() {
         return Err(EtcdError::VALUE_PROVIDED);
@@ -175,7 +171,7 @@ fn check_txn(r: &PbTxnRequest) -> Result<(), EtcdError> {
     }
     for c in &r.compare {
         if c.key.is_empty() {
-            return Err(key_not_provided());
+            return Err(EtcdError::EMPTY_KEY);
         }
     }
     for op in r.success.iter().chain(&r.failure) {
@@ -183,7 +179,7 @@ fn check_txn(r: &PbTxnRequest) -> Result<(), EtcdError> {
             Some(PbTxnOpRequest::RequestRange(q)) => check_range(q)?,
             Some(PbTxnOpRequest::RequestPut(q)) => check_put(q)?,
             Some(PbTxnOpRequest::RequestDeleteRange(q)) if q.key.is_empty() => {
-                return Err(key_not_provided());
+                return Err(EtcdError::EMPTY_KEY);
             }
             Some(PbTxnOpRequest::RequestTxn(q)) => check_txn(q)?,
             Some(PbTxnOpRequest::RequestDeleteRange(_)) | None => {}
@@ -198,7 +194,7 @@ fn check_txn(r: &PbTxnRequest) -> Result<(), EtcdError> {
 pub fn check(op: &Op) -> Result<(), EtcdError> {
     match op {
         Op::Put(r) => check_put(r),
-        Op::DeleteRange(r) if r.key.is_empty() => Err(key_not_provided()),
+        Op::DeleteRange(r) if r.key.is_empty() => Err(EtcdError::EMPTY_KEY),
         Op::Txn(r) => check_txn(r),
         Op::LeaseGrant(r) if r.ttl > MAX_LEASE_TTL => Err(EtcdError::LEASE_TTL_TOO_LARGE),
         Op::DeleteRange(_)

@@ -42,12 +42,13 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 
-use super::contract::{Input, LeaseApplied, Status, outcome_unknown};
+use super::contract::{Input, LeaseApplied, Status};
 use super::metrics::Metrics;
 use super::node::{LoopError, WriteWaiter};
 use super::reads::Waiter as _;
 use super::watch_hub::WatchHub;
 use crate::config::SyncPolicy;
+use crate::errors::EtcdError;
 use crate::mvcc::{Command, Mvcc, Op, Outcome};
 
 /// Batches handed over and not applied yet, at most.
@@ -362,7 +363,7 @@ impl Thread {
         for (at, waiter) in waiters {
             // (no result: the entry was applied before a restart, which no waiter here saw)
             let result = results.get_mut(at).and_then(Option::take).flatten();
-            waiter.answer(result.unwrap_or_else(|| Err(outcome_unknown())));
+            waiter.answer(result.unwrap_or_else(|| Err(EtcdError::TIMEOUT)));
         }
         // (after the answers: the fsync holds up only the entries that come in while it runs)
         if self.unsynced == 0 {
@@ -426,7 +427,7 @@ mod tests {
         );
         // (the waiter at entry 4, index 5, is the second batch's)
         let (_, waiter) = waiters.pop().unwrap();
-        waiter.send(Err(outcome_unknown())).unwrap();
+        waiter.send(Err(EtcdError::TIMEOUT)).unwrap();
         assert!(third_answer.try_recv().is_ok());
         assert!(second_answer.try_recv().is_err());
         assert!(first_answer.is_empty());

@@ -108,25 +108,11 @@ pub struct Status {
 /// (remaining TTL, granted TTL) of a lease, None when there is no such lease.
 pub type LeaseAnswer = Result<Option<(i64, i64)>, EtcdError>;
 
-pub fn no_leader() -> EtcdError {
-    EtcdError::NO_LEADER
-}
-
-pub fn leader_changed() -> EtcdError {
-    EtcdError::LEADER_CHANGED
-}
-
-/// A write whose outcome this member cannot tell (it may or may not have been applied): what a
-/// client's own timeout would tell it too.
-pub fn outcome_unknown() -> EtcdError {
-    EtcdError::TIMEOUT
-}
-
 /// A refusal of the Raft core, as etcd's client sees it.
 pub fn refused(r: &Refused) -> EtcdError {
     match r {
-        Refused::NotLeader { leader: NONE } => no_leader(),
-        Refused::NotLeader { .. } | Refused::Transferring { .. } => leader_changed(),
+        Refused::NotLeader { leader: NONE } => EtcdError::NO_LEADER,
+        Refused::NotLeader { .. } | Refused::Transferring { .. } => EtcdError::LEADER_CHANGED,
         other => EtcdError::new(Code::Unavailable, format!("etcdserver: {other}")),
     }
 }

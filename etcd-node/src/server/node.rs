@@ -15,8 +15,7 @@ use witness_core::rules::Refusal;
 
 use super::applier::Applier;
 use super::contract::{
-    Input, LeaseAnswer, LeaseApplied, SavedSnapshot, Status, leader_changed, no_leader, refused,
-    regular_peer_url,
+    Input, LeaseAnswer, LeaseApplied, SavedSnapshot, Status, refused, regular_peer_url,
 };
 use super::driver::{Driver, World};
 use super::lessor::Lessor;
@@ -267,7 +266,7 @@ impl RaftLoop {
                         .peers
                         .send(raft.leader(), Envelope::ForwardMember(data));
                 } else {
-                    let _ = reply.send(Err(no_leader()));
+                    let _ = reply.send(Err(EtcdError::NO_LEADER));
                     return;
                 }
                 self.fx.pending.member_waiters.insert(change.id, reply);
@@ -299,7 +298,7 @@ impl RaftLoop {
                         .peers
                         .send(raft.leader(), Envelope::LeaseAsk { ctx, id, renew });
                 } else {
-                    let _ = reply.send(Err(no_leader()));
+                    let _ = reply.send(Err(EtcdError::NO_LEADER));
                 }
             }
             Input::Peer { from, envelope } => {
@@ -768,7 +767,7 @@ impl World for Effects {
             } => {
                 if let Some(w) = self.pending.lease_asks.remove(&ctx) {
                     let _ = w.send(match (leader, ttl) {
-                        (false, _) => Err(leader_changed()),
+                        (false, _) => Err(EtcdError::LEADER_CHANGED),
                         (true, -1) => Ok(None),
                         (true, _) => Ok(Some((ttl, granted))),
                     });

@@ -23,7 +23,7 @@
 
 use std::collections::HashMap;
 
-use super::contract::{leader_changed, no_leader, outcome_unknown, refused};
+use super::contract::refused;
 use super::reads::{Outbox, Waiter};
 use super::wire::Envelope;
 use crate::errors::EtcdError;
@@ -86,7 +86,7 @@ impl<W: Waiter> Proposals<W> {
             }
             out.push((to, Envelope::Forward { term, data }));
         } else {
-            self.fail(waiter, no_leader());
+            self.fail(waiter, EtcdError::NO_LEADER);
             return;
         }
         self.waiters.insert(id, (waiter, term));
@@ -161,7 +161,7 @@ impl<W: Waiter> Proposals<W> {
     /// This member installed a snapshot that ends in `term`: what it holds of the proposals of
     /// that term or earlier is unknown here, so their waiters are answered "request timed out".
     pub fn installed(&mut self, term: u64) {
-        self.answer_older(term + 1, outcome_unknown);
+        self.answer_older(term + 1, EtcdError::TIMEOUT);
         self.applied_term = self.applied_term.max(term);
     }
 
@@ -177,11 +177,11 @@ impl<W: Waiter> Proposals<W> {
             return;
         }
         self.settled_term = term;
-        self.answer_older(term, leader_changed);
+        self.answer_older(term, EtcdError::LEADER_CHANGED);
     }
 
-    /// Answers `error()` to the waiters of proposals of terms before `term`.
-    fn answer_older(&mut self, term: u64, error: fn() -> EtcdError) {
+    /// Answers `error` to the waiters of proposals of terms before `term`.
+    fn answer_older(&mut self, term: u64, error: EtcdError) {
         let older: Vec<u64> = self
             .waiters
             .iter()
@@ -190,7 +190,7 @@ impl<W: Waiter> Proposals<W> {
             .collect();
         for id in older {
             if let Some((w, _)) = self.waiters.remove(&id) {
-                self.fail(w, error());
+                self.fail(w, error.clone());
             }
         }
     }

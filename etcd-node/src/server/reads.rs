@@ -9,7 +9,7 @@ use std::collections::HashMap;
 
 use tokio::sync::oneshot;
 
-use super::contract::{leader_changed, no_leader, refused};
+use super::contract::refused;
 use super::wire::Envelope;
 use crate::errors::EtcdError;
 use crate::raft::{Mutation, NONE, NodeId, Raft, ReadState, Role};
@@ -118,7 +118,9 @@ impl<W: Waiter<Answer = u64>> Reads<W> {
             };
             self.forwarded.insert(ctx, forwarded);
         } else {
-            batch.into_iter().for_each(|w| w.answer(Err(no_leader())));
+            batch
+                .into_iter()
+                .for_each(|w| w.answer(Err(EtcdError::NO_LEADER)));
         }
     }
 
@@ -143,7 +145,7 @@ impl<W: Waiter<Answer = u64>> Reads<W> {
             .unwrap_or_default()
         {
             w.answer(if index == 0 {
-                Err(leader_changed())
+                Err(EtcdError::LEADER_CHANGED)
             } else {
                 Ok(index)
             });
@@ -174,9 +176,9 @@ impl<W: Waiter<Answer = u64>> Reads<W> {
         if raft.role() != Role::Leader {
             for (_, round) in self.rounds.drain() {
                 match round {
-                    Round::Local(ws) => {
-                        ws.into_iter().for_each(|w| w.answer(Err(leader_changed())))
-                    }
+                    Round::Local(ws) => ws
+                        .into_iter()
+                        .for_each(|w| w.answer(Err(EtcdError::LEADER_CHANGED))),
                     Round::Remote { member, ctx } => {
                         out.push((member, Envelope::ReadIndexResp { ctx, index: 0 }))
                     }

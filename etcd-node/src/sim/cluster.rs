@@ -15,7 +15,6 @@ use crate::raft::{
     Message, NodeId, Raft, Ready, Refused, Role, Snapshot, Storage, WitnessRequest,
     WitnessResponse, apply_rule,
 };
-use crate::server::contract::outcome_unknown;
 use crate::server::driver::{Driver, World};
 use crate::server::proposals::Proposals;
 use crate::server::reads::Waiter;
@@ -624,7 +623,7 @@ impl Cluster {
         while let Ok((node, data, answer)) = self.writes.1.try_recv() {
             match answer {
                 Ok(index) => self.checker.write_answered(node, &data, index),
-                Err(e) if e == outcome_unknown() => {}
+                Err(e) if e == EtcdError::TIMEOUT => {}
                 Err(e) => {
                     self.stats.writes_refused += 1;
                     self.checker.write_refused(node, &data, &e.message);

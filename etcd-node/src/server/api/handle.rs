@@ -13,9 +13,7 @@ use tonic::{Request, Status};
 use crate::errors::EtcdError;
 use crate::mvcc::{Mvcc, Op, Proposal, Response as Applied, check, needs_space};
 use crate::raft::NodeId;
-use crate::server::contract::{
-    Announced, ClientUrls, Input, Status as NodeStatus, no_leader, outcome_unknown,
-};
+use crate::server::contract::{Announced, ClientUrls, Input, Status as NodeStatus};
 use crate::server::metrics::Metrics;
 use crate::server::watch_hub::WatchHub;
 use crate::version::{ETCD_CLUSTER_VERSION, ETCD_VERSION};
@@ -72,7 +70,7 @@ pub fn leader_check(
 ) -> impl FnMut(Request<()>) -> Result<Request<()>, Status> + Clone {
     move |request| {
         if requires_leader(request.metadata()) && status.borrow().leader == 0 {
-            return Err(no_leader().into());
+            return Err(EtcdError::NO_LEADER.into());
         }
         Ok(request)
     }
@@ -141,7 +139,7 @@ pub(super) fn internal(e: impl std::fmt::Display) -> Status {
 }
 
 pub(super) fn timed_out() -> Status {
-    outcome_unknown().into()
+    EtcdError::TIMEOUT.into()
 }
 
 /// The Raft loop is gone: the server is stopping.
@@ -168,7 +166,7 @@ impl Api {
     /// Fails at once when there is no leader (etcd's "no leader", not a hang).
     pub(super) fn require_leader(&self) -> Result<(), Status> {
         if self.status.borrow().leader == 0 {
-            return Err(no_leader().into());
+            return Err(EtcdError::NO_LEADER.into());
         }
         Ok(())
     }

@@ -23,7 +23,6 @@ use super::handle::{Api, internal, requires_leader};
 use crate::errors::EtcdError;
 use crate::mvcc::events::{DELETE, PUT};
 use crate::mvcc::request::in_range;
-use crate::server::contract::no_leader;
 use crate::server::watch_hub::Batch;
 
 /// Responses queued for a client before its stream stops reading batches.
@@ -391,7 +390,7 @@ impl Stream {
                         _ => 0,
                     };
                     if leaderless >= NO_LEADER_CHECKS {
-                        return Err(End::Failed(no_leader().into()));
+                        return Err(End::Failed(EtcdError::NO_LEADER.into()));
                     }
                 }
             }
