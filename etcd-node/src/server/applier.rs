@@ -363,7 +363,7 @@ impl Thread {
         for (at, waiter) in waiters {
             // (no result: the entry was applied before a restart, which no waiter here saw)
             let result = results.get_mut(at).and_then(Option::take).flatten();
-            waiter.answer(result.unwrap_or_else(|| Err(EtcdError::TIMEOUT)));
+            waiter.answer(result.unwrap_or(Err(EtcdError::TIMEOUT)));
         }
         // (after the answers: the fsync holds up only the entries that come in while it runs)
         if self.unsynced == 0 {
