@@ -34,6 +34,8 @@ pub(super) struct Writer<'t> {
     alarms: Table<'t, (u64, i32), ()>,
     auth: Table<'t, &'static str, &'static [u8]>,
     cluster: Table<'t, &'static str, &'static [u8]>,
+    /// For the tables a batch rarely writes (opened when one is).
+    tx: &'t WriteTransaction,
     pub applied: u64,
     pub revision: u64,
     compacted: u64,
@@ -86,6 +88,7 @@ impl<'t> Writer<'t> {
             alarms: tx.open_table(ALARMS)?,
             auth: tx.open_table(AUTH)?,
             cluster: tx.open_table(CLUSTER)?,
+            tx,
             applied,
             revision,
             compacted,
@@ -126,6 +129,10 @@ impl<'t> Writer<'t> {
                 self.cluster
                     .insert("features", p.features.join(",").as_bytes())?;
                 Ok(Response::ClusterParams(None))
+            }
+            Op::MemberAttrs(a) => {
+                super::set_member_attrs(&mut self.tx.open_table(super::MEMBERS)?, a)?;
+                Ok(Response::MemberAttrs(None))
             }
             Op::Auth(c) => match &c.op {
                 Some(op) => auth::apply(&mut self.auth, op)?.map(|()| Response::Auth(None)),

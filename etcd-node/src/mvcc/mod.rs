@@ -60,7 +60,9 @@ pub use apply::Applied;
 pub use dump::{Hashing, rewrite, summarize};
 use dump::{Part, Parts, PbDump, PbDumpAuthRow, PbDumpEntry, PbDumpLease, write_part};
 pub use range::RangeOutput;
-pub use request::{ClusterParamsSet, MemberChange, Op, Proposal, Response, check, needs_space};
+pub use request::{
+    ClusterParamsSet, MemberAttrsSet, MemberChange, Op, Proposal, Response, check, needs_space,
+};
 
 const HISTORY: TableDefinition<(&[u8], u64), &[u8]> = TableDefinition::new("history");
 /// Formats 2 and 3: key -> the revision of its newest `history` row (dropped when opened: the
@@ -1061,6 +1063,23 @@ fn read_params(tx: &redb::ReadTransaction) -> Result<Option<ClusterParamsSet>, r
             .map(str::to_string)
             .collect(),
     }))
+}
+
+/// Records member `a.member_id`'s name and client URLs (nothing when it is no longer a member).
+fn set_member_attrs(
+    members: &mut redb::Table<u64, &[u8]>,
+    a: &MemberAttrsSet,
+) -> Result<(), redb::Error> {
+    let Some(stored) = members.get(a.member_id)? else {
+        return Ok(());
+    };
+    let mut member = PbMember::decode(stored.value())
+        .map_err(|e| redb::Error::Corrupted(format!("member record {:x}: {e}", a.member_id)))?;
+    drop(stored);
+    member.name.clone_from(&a.name);
+    member.client_ur_ls.clone_from(&a.client_urls);
+    members.insert(a.member_id, member.encode_to_vec().as_slice())?;
+    Ok(())
 }
 
 /// The ids of the removed members.

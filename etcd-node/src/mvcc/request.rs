@@ -45,6 +45,22 @@ pub enum Op {
     /// nothing.
     #[prost(message, tag = "10")]
     ClusterParams(ClusterParamsSet),
+    /// A member's name and client URLs, as the leader heard it announce them (etcd's
+    /// `ClusterMemberAttrSet`): every member then lists them, also while it is down. A member
+    /// from before it decodes no op here and changes nothing.
+    #[prost(message, tag = "11")]
+    MemberAttrs(MemberAttrsSet),
+}
+
+/// A member's attributes, through Raft.
+#[derive(Clone, PartialEq, Eq, prost::Message)]
+pub struct MemberAttrsSet {
+    #[prost(uint64, tag = "1")]
+    pub member_id: u64,
+    #[prost(string, tag = "2")]
+    pub name: String,
+    #[prost(string, repeated, tag = "3")]
+    pub client_urls: Vec<String>,
 }
 
 /// The cluster's parameters, through Raft.
@@ -77,7 +93,8 @@ pub fn needs_space(op: &Op) -> bool {
         | Op::LeaseRevoke(_)
         | Op::Alarm(_)
         | Op::Auth(_)
-        | Op::ClusterParams(_) => false,
+        | Op::ClusterParams(_)
+        | Op::MemberAttrs(_) => false,
     }
 }
 
@@ -86,7 +103,7 @@ pub fn needs_space(op: &Op) -> bool {
 pub struct Proposal {
     #[prost(uint64, tag = "1")]
     pub id: u64,
-    #[prost(oneof = "Op", tags = "2, 3, 4, 5, 6, 7, 8, 9, 10")]
+    #[prost(oneof = "Op", tags = "2, 3, 4, 5, 6, 7, 8, 9, 10, 11")]
     pub op: Option<Op>,
 }
 
@@ -121,6 +138,8 @@ pub enum Response {
     Auth(Option<etcd_client::proto::PbResponseHeader>),
     /// The cluster's parameters recorded.
     ClusterParams(Option<etcd_client::proto::PbResponseHeader>),
+    /// A member's attributes recorded (or none: no such member).
+    MemberAttrs(Option<etcd_client::proto::PbResponseHeader>),
 }
 
 impl Response {
@@ -134,7 +153,9 @@ impl Response {
             Response::LeaseGrant(r) => &mut r.header,
             Response::LeaseRevoke(r) => &mut r.header,
             Response::Alarm(r) => &mut r.header,
-            Response::Auth(header) | Response::ClusterParams(header) => header,
+            Response::Auth(header)
+            | Response::ClusterParams(header)
+            | Response::MemberAttrs(header) => header,
         }
     }
 }
@@ -203,7 +224,8 @@ pub fn check(op: &Op) -> Result<(), EtcdError> {
         | Op::LeaseRevoke(_)
         | Op::Alarm(_)
         | Op::Auth(_)
-        | Op::ClusterParams(_) => Ok(()),
+        | Op::ClusterParams(_)
+        | Op::MemberAttrs(_) => Ok(()),
     }
 }
 

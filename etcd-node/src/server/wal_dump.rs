@@ -72,6 +72,7 @@ fn normal(data: &[u8]) -> (&'static str, Option<Vec<u8>>) {
         Op::Alarm(r) => ("alarm", Some(EtcdOp::Alarm(r))),
         Op::Auth(_) => ("auth", None),
         Op::ClusterParams(_) => ("cluster_params", None),
+        Op::MemberAttrs(_) => ("member_attrs", None),
     };
     let encoded = etcd.map(|op| EtcdRaftRequest { id, op: Some(op) }.encode_to_vec());
     (name, encoded)

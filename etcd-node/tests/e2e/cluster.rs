@@ -1216,6 +1216,15 @@ fn a_member_removed_while_away_is_refused_and_stops() {
             .success()
     });
     let away = if leader == 0 { 1 } else { 0 };
+    // n3 sends only to the leader, so the other member never hears it announce itself: it
+    // lists n3 by the name and client URL the leader recorded through Raft (as etcd's
+    // members publish theirs).
+    let (away_ep, n3_url) = (vec![c.members[away].url()], c.members[new].url());
+    eventually(Duration::from_secs(30), "the follower lists n3", || {
+        ok(etcdctl(&away_ep, &["member", "list"], None))
+            .lines()
+            .any(|l| l.starts_with(&new_id) && l.contains(", started, n3, ") && l.contains(&n3_url))
+    });
     let away_id = member_id(
         &ok(etcdctl(&eps, &["member", "list"], None)),
         &c.members[away].name,

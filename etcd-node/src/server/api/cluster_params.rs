@@ -7,11 +7,17 @@
 //! A member not heard from yet (added, not started) leaves the parameters as recorded until it
 //! announces itself; one that comes back with an older binary announces that at once, and the
 //! next round turns off what it does not know.
+//!
+//! The leader records each member's name and client URLs the same way, when what the member
+//! announces differs from what is stored (etcd's member publishes its own with
+//! `ClusterMemberAttrSet`). A member added by `member add` is stored without a name; once it
+//! has started and been heard, every member lists it with its name, also members it never
+//! sends to and while it is down.
 
 use std::time::Duration;
 
 use super::handle::Api;
-use crate::mvcc::{ClusterParamsSet, Op};
+use crate::mvcc::{ClusterParamsSet, MemberAttrsSet, Op};
 use crate::server::contract::regular_peer_url;
 use crate::version::{ClusterParams, decide};
 
@@ -27,6 +33,7 @@ pub async fn run(api: Api) {
         if api.status.borrow().leader != api.member_id {
             continue;
         }
+        record_attributes(&api).await;
         let Some(wanted) = wanted(&api) else {
             continue;
         };
@@ -62,4 +69,43 @@ fn wanted(api: &Api) -> Option<ClusterParams> {
             heard.get(&m.id).map(|a| &a.attributes)
         }
     }))
+}
+
+/// Records the attributes of each member whose announcement differs from what is stored.
+async fn record_attributes(api: &Api) {
+    let Ok(members) = api.mvcc.members() else {
+        return;
+    };
+    let Some(heard) = api.client_urls.lock().ok().map(|h| h.clone()) else {
+        return;
+    };
+    for m in members {
+        let announced = if m.id == api.member_id {
+            Some(&api.own)
+        } else {
+            heard.get(&m.id)
+        };
+        let Some(a) = announced.filter(|a| !a.name.is_empty()) else {
+            continue;
+        };
+        if a.name == m.name && a.client_urls == m.client_ur_ls {
+            continue;
+        }
+        let set = MemberAttrsSet {
+            member_id: m.id,
+            name: a.name.clone(),
+            client_urls: a.client_urls.clone(),
+        };
+        match api.propose(Op::MemberAttrs(set)).await {
+            Ok(_) => tracing::info!(
+                member = format!("{:x}", m.id),
+                name = %a.name,
+                client_urls = ?a.client_urls,
+                "recorded a member's name and client URLs"
+            ),
+            Err(e) => {
+                tracing::warn!(error = %e.message(), "could not record a member's attributes")
+            }
+        }
+    }
 }
