@@ -97,7 +97,14 @@ pub struct Pending {
     snapshot_saved: Option<Result<SavedSnapshot, String>>,
     /// The leader and term last logged (a change is logged once, as etcd does).
     seen_leader: (NodeId, u64),
+    /// A change removing this member, asked while it led: it handed leadership over and
+    /// forwards the change to the next leader, until the deadline.
+    own_removal: Option<(Vec<u8>, Instant)>,
 }
+
+/// How long a leader asked to remove itself waits for leadership to move (the client's own
+/// wait is the request timeout).
+const OWN_REMOVAL_WAIT: Duration = Duration::from_secs(10);
 
 /// Expired leases revoked per second at most (etcd's `leaseRevokeRate`): a mass expiry becomes
 /// a steady stream of revokes instead of a burst of entries that holds up the writes.
@@ -502,15 +509,25 @@ impl Effects {
             .membership()
             .witness()
             .is_some_and(|w| self.witness.usable(w));
-        raft.check_reconfig_quorum(&cc, usable)
-            .and_then(|()| raft.propose_conf_change(cc))
-            .map(|_| ())
-            .map_err(|r| match r {
-                Refused::InvalidConfChange(why) => {
-                    EtcdError::new(Code::FailedPrecondition, format!("etcdserver: {why}"))
-                }
-                other => refused(&other),
-            })
+        let refusal = |r| match r {
+            Refused::InvalidConfChange(why) => {
+                EtcdError::new(Code::FailedPrecondition, format!("etcdserver: {why}"))
+            }
+            other => refused(&other),
+        };
+        raft.check_reconfig_quorum(&cc, usable).map_err(refusal)?;
+        if change.remove && m.id == raft.id() && raft.role() == Role::Leader {
+            // etcd's leader proposes its own removal; this one hands leadership over first and
+            // has the next leader propose it (docs/raft.md, "Removing the leader").
+            let to = raft.hand_over_before_removal(&cc).map_err(refusal)?;
+            tracing::info!(
+                to = format!("{to:x}"),
+                "asked to remove this member, the leader: handing leadership over first"
+            );
+            self.pending.own_removal = Some((cc.context, Instant::now() + OWN_REMOVAL_WAIT));
+            return Ok(());
+        }
+        raft.propose_conf_change(cc).map(|_| ()).map_err(refusal)
     }
 
     /// After a membership change is applied here: answers its client, links to an added member,
@@ -781,7 +798,8 @@ impl World for Effects {
         }
     }
 
-    /// Logs a change of leader (once, as etcd does).
+    /// Logs a change of leader (once, as etcd does), and forwards this member's own removal
+    /// to the leader it handed over to.
     fn after_ready(&mut self, raft: &Raft) {
         let seen = (raft.leader(), raft.term());
         if seen != self.pending.seen_leader {
@@ -789,6 +807,19 @@ impl World for Effects {
             match seen.0 {
                 NONE => tracing::info!(term = seen.1, "no leader"),
                 id => tracing::info!(leader = format!("{id:x}"), term = seen.1, "leader elected"),
+            }
+        }
+        if let Some((data, deadline)) = self.pending.own_removal.take() {
+            if ![NONE, raft.id()].contains(&raft.leader()) {
+                self.peers
+                    .send(raft.leader(), Envelope::ForwardMember(data));
+            } else if Instant::now() < deadline {
+                self.pending.own_removal = Some((data, deadline));
+            } else {
+                tracing::warn!(
+                    waited = ?OWN_REMOVAL_WAIT,
+                    "gave up this member's removal: leadership did not move"
+                );
             }
         }
     }

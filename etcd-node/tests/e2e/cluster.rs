@@ -1199,22 +1199,7 @@ fn a_member_removed_while_away_is_refused_and_stops() {
     let leader = c.wait_leader(LEADER_WAIT);
     let lead_ep = c.members[leader].url();
     let eps = vec![lead_ep.clone()];
-    // A third regular member, so that one can be removed (a witness needs two beside it).
-    let new = c.new_member("n3");
-    let peer = format!("--peer-urls={}", c.members[new].peer_url());
-    let added = ok(etcdctl(
-        &eps,
-        &["member", "add", "n3", &peer, "--learner"],
-        None,
-    ));
-    let new_id = added.split_whitespace().nth(1).unwrap().to_string();
-    c.start_member(new);
-    assert!(rt.block_on(put_until(&lead_ep, "k0", "v0", Duration::from_secs(30))));
-    eventually(Duration::from_secs(60), "n3 promotable", || {
-        etcdctl(&eps, &["member", "promote", &new_id], None)
-            .status
-            .success()
-    });
+    let (new, new_id) = add_third_voter(&mut c, &rt, &lead_ep);
     let away = if leader == 0 { 1 } else { 0 };
     // n3 sends only to the leader, so the other member never hears it announce itself: it
     // lists n3 by the name and client URL the leader recorded through Raft (as etcd's
@@ -1255,6 +1240,75 @@ fn a_member_removed_while_away_is_refused_and_stops() {
     assert!(log.matches("must not be used again").count() >= 2, "{log}");
     // The cluster went on: n3 and the leader hold every write.
     assert!(rt.block_on(put_until(&lead_ep, "after", "v", Duration::from_secs(30))));
+}
+
+/// Adds a third regular member, n3, through the leader at `lead_ep` (as a learner, then
+/// promoted), so that one can be removed (a witness needs two beside it). Its index and id.
+fn add_third_voter(
+    c: &mut Cluster,
+    rt: &tokio::runtime::Runtime,
+    lead_ep: &str,
+) -> (usize, String) {
+    let eps = vec![lead_ep.to_string()];
+    let new = c.new_member("n3");
+    let peer = format!("--peer-urls={}", c.members[new].peer_url());
+    let added = ok(etcdctl(
+        &eps,
+        &["member", "add", "n3", &peer, "--learner"],
+        None,
+    ));
+    let new_id = added.split_whitespace().nth(1).unwrap().to_string();
+    c.start_member(new);
+    assert!(rt.block_on(put_until(lead_ep, "k0", "v0", Duration::from_secs(30))));
+    eventually(Duration::from_secs(60), "n3 promotable", || {
+        etcdctl(&eps, &["member", "promote", &new_id], None)
+            .status
+            .success()
+    });
+    (new, new_id)
+}
+
+/// The leader removed as etcd removes it, through a follower (as etcd's robustness suite's
+/// MemberReplace does): it hands leadership over, the next leader removes it, it stops, and
+/// the others keep every write.
+#[test]
+fn the_leader_is_removed_through_a_follower() {
+    let mut c = cluster();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let leader = c.wait_leader(LEADER_WAIT);
+    let lead_ep = c.members[leader].url();
+    let (new, _) = add_third_voter(&mut c, &rt, &lead_ep);
+    let mut acked = Vec::new();
+    for i in 0..20 {
+        let (k, v) = (format!("r{i:02}"), format!("v{i}"));
+        assert!(rt.block_on(put_until(&lead_ep, &k, &v, Duration::from_secs(30))));
+        acked.push((k, v));
+    }
+    let follower = [0, 1].into_iter().find(|&i| i != leader).unwrap();
+    let via = vec![c.members[follower].url()];
+    let lead_id = member_id(
+        &ok(etcdctl(&via, &["member", "list"], None)),
+        &c.members[leader].name,
+    );
+    ok(etcdctl(&via, &["member", "remove", &lead_id], None));
+    c.wait_exited(leader, "the removed leader kept running");
+    let log = c.log(leader);
+    assert!(
+        log.contains("handing leadership over first")
+            && log.contains("the member has been permanently removed from the cluster"),
+        "{log}"
+    );
+    let list = ok(etcdctl(&via, &["member", "list"], None));
+    assert_eq!(
+        list.lines().count(),
+        3,
+        "two members and the witness: {list}"
+    );
+    assert!(!list.contains(&lead_id), "{list}");
+    for ep in [c.members[follower].url(), c.members[new].url()] {
+        assert!(rt.block_on(put_until(&ep, "after", "v", Duration::from_secs(30))));
+        rt.block_on(wait_caught_up(&ep, "r", &acked));
+    }
 }
 
 /// Replacing a member whose machine is gone, as an etcd operator would: the follower dies for

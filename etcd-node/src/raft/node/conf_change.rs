@@ -23,22 +23,12 @@ impl Raft {
             !self.awaiting_advance,
             "propose between ready() and advance()"
         );
-        self.check_leader()?;
-        if self.pending_conf_index > self.applied {
-            return Err(Refused::ConfChangePending {
-                index: self.pending_conf_index,
-            });
-        }
-        let next = self
-            .membership
-            .apply(&cc)
-            .map_err(|e| Refused::InvalidConfChange(e.to_string()))?;
-        if cc.changes.is_empty() {
-            return Err(Refused::InvalidConfChange(
-                "the leader leaves a joint configuration by itself".into(),
-            ));
-        }
-        if !next.voters.regular.contains(&self.cfg.id) {
+        if !self
+            .checked_conf_change(&cc)?
+            .voters
+            .regular
+            .contains(&self.cfg.id)
+        {
             return Err(Refused::InvalidConfChange(format!(
                 "it removes the leader ({:x}); transfer leadership to another member first",
                 self.cfg.id
@@ -47,6 +37,59 @@ impl Raft {
         let index = self.append_entry(EntryData::ConfChange(cc));
         self.pending_conf_index = index;
         Ok(index)
+    }
+
+    /// The first step of removing this leader, which it does not propose itself (above): `cc`
+    /// is checked as [`Raft::propose_conf_change`] checks a change, then leadership goes to the
+    /// most up-to-date other regular voter (returned), through which the caller proposes `cc`.
+    pub fn hand_over_before_removal(&mut self, cc: &ConfChange) -> Result<NodeId, Refused> {
+        if self
+            .checked_conf_change(cc)?
+            .voters
+            .regular
+            .contains(&self.cfg.id)
+        {
+            return Err(Refused::InvalidConfChange(
+                "the change does not remove this leader".into(),
+            ));
+        }
+        let to = self.successor().ok_or_else(|| {
+            Refused::InvalidConfChange("no other regular voter to hand leadership to".into())
+        })?;
+        self.start_transfer(to);
+        Ok(to)
+    }
+
+    /// The configuration `cc` would give, if this leader may propose it now.
+    fn checked_conf_change(&self, cc: &ConfChange) -> Result<Membership, Refused> {
+        self.check_leader()?;
+        if self.pending_conf_index > self.applied {
+            return Err(Refused::ConfChangePending {
+                index: self.pending_conf_index,
+            });
+        }
+        let next = self
+            .membership
+            .apply(cc)
+            .map_err(|e| Refused::InvalidConfChange(e.to_string()))?;
+        if cc.changes.is_empty() {
+            return Err(Refused::InvalidConfChange(
+                "the leader leaves a joint configuration by itself".into(),
+            ));
+        }
+        Ok(next)
+    }
+
+    /// The regular voter other than this leader that holds the most of its log.
+    fn successor(&self) -> Option<NodeId> {
+        let lead = self.lead.as_ref()?;
+        self.membership
+            .voters
+            .regular
+            .iter()
+            .copied()
+            .filter(|&v| v != self.cfg.id)
+            .max_by_key(|&v| (lead.progress.get(&v).map_or(0, |p| p.matched), Reverse(v)))
     }
 
     /// etcd's strict reconfiguration check, for a leader about to propose `cc`: would the
@@ -180,15 +223,7 @@ impl Raft {
     /// refusing proposals, replicating and heartbeating the commit index, and hands leadership
     /// to the most up-to-date regular voter, again whenever a handover times out.
     pub(super) fn hand_over(&mut self) {
-        let lead = self.lead.as_ref().expect("leader");
-        let target = self
-            .membership
-            .voters
-            .regular
-            .iter()
-            .copied()
-            .max_by_key(|&v| (lead.progress.get(&v).map_or(0, |p| p.matched), Reverse(v)));
-        match target {
+        match self.successor() {
             Some(to) => self.start_transfer(to),
             None => {
                 let term = self.term;

@@ -548,3 +548,39 @@ fn a_leader_sends_one_snapshot_until_the_transport_reports() {
             .any(|m| m.to == 2 && matches!(m.body, Body::Append { .. }))
     );
 }
+
+/// Asked to remove itself, a leader does not propose the change: it checks it and hands
+/// leadership to the voter holding the most of its log (node 3 here), which then proposes it.
+#[test]
+fn a_leader_asked_to_remove_itself_hands_over_to_the_most_up_to_date_voter() {
+    let mut raft = one_of_three();
+    elect_with_3(&mut raft);
+    let last = raft.last_index();
+    let acked = Body::AppendResp {
+        index: last,
+        reject: false,
+    };
+    raft.step(from(3, raft.term(), acked));
+    turn(&mut raft);
+    let remove = |node| ConfChange {
+        changes: vec![Change {
+            kind: ChangeKind::Remove,
+            node,
+        }],
+        witness_generation: 0,
+        context: Vec::new(),
+    };
+    for refused in [
+        raft.propose_conf_change(remove(1)),
+        raft.hand_over_before_removal(&remove(2)),
+    ] {
+        assert!(matches!(refused, Err(Refused::InvalidConfChange(_))));
+    }
+    assert_eq!(raft.hand_over_before_removal(&remove(1)), Ok(3));
+    let sent = turn(&mut raft);
+    assert!(
+        sent.iter()
+            .any(|m| m.to == 3 && matches!(m.body, Body::TimeoutNow)),
+        "{sent:?}"
+    );
+}
