@@ -140,14 +140,22 @@ if runs go; then
     # etcd's robustness suite judges etcd-node (tests/go/robustness: its traffic, faults and
     # checks; the launcher only starts two members and a witness). Its log is long: the seed
     # and the verdicts are printed, the whole log only when it fails.
-    echo "==> [go] etcd's robustness suite (log: target/robustness.log)"
-    if ! (cd tests/go/robustness && go test -count=1 -v -timeout 30m -run TestRobustness .) \
-      > target/robustness.log 2>&1; then
-      cat target/robustness.log >&2
-      echo "!!! etcd's robustness suite failed (above; ROBUSTNESS_SEED replays it)" >&2
-      return 1
-    fi
-    grep -E 'ROBUSTNESS_SEED=|^(--- |ok|PASS)|validated ' target/robustness.log || true
+    robustness() { # <log> [VAR=value ...]: one go test of the suite, with those variables
+      local log=$1
+      shift
+      echo "==> [go] etcd's robustness suite ${*:-} (log: $log)"
+      if ! (cd tests/go/robustness && env "$@" go test -count=1 -v -timeout 30m -run TestRobustness .) \
+        > "$log" 2>&1; then
+        cat "$log" >&2
+        echo "!!! etcd's robustness suite failed (above; ROBUSTNESS_SEED replays it)" >&2
+        return 1
+      fi
+      grep -E 'ROBUSTNESS_SEED=|^(--- |ok|PASS)|validated ' "$log" || true
+    }
+    robustness target/robustness.log
+    # (and its MemberReplace, which needs three regular members: two runs)
+    robustness target/robustness-replace.log ROBUSTNESS_THREE_MEMBERS=1 \
+      ROBUSTNESS_FAILPOINTS=MemberReplace ROBUSTNESS_RUNS=4
     echo "==> [go] Kubernetes: the storage contract, kube-apiserver, kubeadm (tests/go/kube)"
     (cd tests/go/kube && go test -count=1 -p 1 -timeout 20m ./storage/ ./apiserver/ ./kubeadm/)
   }

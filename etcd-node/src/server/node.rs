@@ -98,13 +98,25 @@ pub struct Pending {
     /// The leader and term last logged (a change is logged once, as etcd does).
     seen_leader: (NodeId, u64),
     /// A change removing this member, asked while it led: it handed leadership over and
-    /// forwards the change to the next leader, until the deadline.
-    own_removal: Option<(Vec<u8>, Instant)>,
+    /// forwards the change to the next leader until it is applied or the deadline passes.
+    own_removal: Option<OwnRemoval>,
 }
 
-/// How long a leader asked to remove itself waits for leadership to move (the client's own
-/// wait is the request timeout).
+/// How long a leader asked to remove itself keeps forwarding the change (the client's own wait
+/// is the request timeout).
 const OWN_REMOVAL_WAIT: Duration = Duration::from_secs(10);
+
+/// How often it forwards the change again: a new leader refuses a change until it has heard
+/// from enough members to pass the strict reconfiguration check, which takes a heartbeat or two.
+const OWN_REMOVAL_RETRY: Duration = Duration::from_millis(200);
+
+/// A removal of this member that it hands to the next leader.
+#[derive(Debug)]
+struct OwnRemoval {
+    change: Vec<u8>,
+    deadline: Instant,
+    sent: Option<Instant>,
+}
 
 /// Expired leases revoked per second at most (etcd's `leaseRevokeRate`): a mass expiry becomes
 /// a steady stream of revokes instead of a burst of entries that holds up the writes.
@@ -524,7 +536,11 @@ impl Effects {
                 to = format!("{to:x}"),
                 "asked to remove this member, the leader: handing leadership over first"
             );
-            self.pending.own_removal = Some((cc.context, Instant::now() + OWN_REMOVAL_WAIT));
+            self.pending.own_removal = Some(OwnRemoval {
+                change: cc.context,
+                deadline: Instant::now() + OWN_REMOVAL_WAIT,
+                sent: None,
+            });
             return Ok(());
         }
         raft.propose_conf_change(cc).map(|_| ()).map_err(refusal)
@@ -809,18 +825,25 @@ impl World for Effects {
                 id => tracing::info!(leader = format!("{id:x}"), term = seen.1, "leader elected"),
             }
         }
-        if let Some((data, deadline)) = self.pending.own_removal.take() {
-            if ![NONE, raft.id()].contains(&raft.leader()) {
-                self.peers
-                    .send(raft.leader(), Envelope::ForwardMember(data));
-            } else if Instant::now() < deadline {
-                self.pending.own_removal = Some((data, deadline));
-            } else {
+        if let Some(mut removal) = self.pending.own_removal.take() {
+            let now = Instant::now();
+            if !raft.membership().voters.contains(raft.id()) {
+                return; // (applied)
+            }
+            if now >= removal.deadline {
                 tracing::warn!(
                     waited = ?OWN_REMOVAL_WAIT,
-                    "gave up this member's removal: leadership did not move"
+                    "gave up this member's removal: no new leader took it"
                 );
+                return;
             }
+            let due = removal.sent.is_none_or(|t| now >= t + OWN_REMOVAL_RETRY);
+            if due && ![NONE, raft.id()].contains(&raft.leader()) {
+                let forward = Envelope::ForwardMember(removal.change.clone());
+                self.peers.send(raft.leader(), forward);
+                removal.sent = Some(now);
+            }
+            self.pending.own_removal = Some(removal);
         }
     }
 }
