@@ -5,8 +5,8 @@
 //!
 //! `ETCD_NODE_FAILPOINT=<name>[:<n>]` arms one failpoint: the `n`-th time (default 1st) the
 //! process reaches it, a crash point aborts the process (as a `kill -9` would, without unwinding
-//! or flushing anything) and a storage-error point fails the step with the error a full disk
-//! gives. `FAILPOINTS` (the `fail` crate's syntax, `name=actions;...`) configures them freely.
+//! or flushing anything) and a storage-error point fails the step with its error: a full disk
+//! (`ENOSPC`) or a failing one (`EIO`). `FAILPOINTS` (the `fail` crate's syntax, `name=actions;...`) configures them freely.
 //! The names are listed in `docs/formats.md`.
 
 /// Arms the failpoints the environment asks for; call once, at start. An error names the
@@ -65,14 +65,20 @@ macro_rules! crash {
     };
 }
 
+/// The errors a storage-error point fails with.
+pub const ENOSPC: i32 = 28;
+pub const EIO: i32 = 5;
+
 /// Returns `Err($error(..))` from the enclosing function at the storage-error point `$name`
-/// when it is armed and due: the I/O error of a full disk, as `$error` wraps it.
+/// when it is armed and due: the I/O error `$errno` ([`ENOSPC`], [`EIO`]), as `$error` wraps
+/// it.
 #[macro_export]
 macro_rules! storage_error {
-    ($name:literal, $error:expr) => {
+    ($name:literal, $errno:expr, $error:expr) => {
         fail::fail_point!($name, |_| {
-            eprintln!("failpoint {}: failing with ENOSPC", $name);
-            Err($error(std::io::Error::from_raw_os_error(28)))
+            let e = std::io::Error::from_raw_os_error($errno);
+            eprintln!("failpoint {}: failing with {e}", $name);
+            Err($error(e))
         })
     };
 }

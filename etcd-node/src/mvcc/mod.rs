@@ -544,7 +544,8 @@ impl Mvcc {
     /// Makes everything applied so far durable (before the Raft log behind it is compacted, and
     /// every `--backend-batch-limit` entries or `--backend-batch-interval`).
     pub fn sync(&self) -> Result<(), StoreError> {
-        crate::storage_error!("kv-sync-enospc", |e| self.fail(e));
+        crate::storage_error!("kv-sync-enospc", crate::failpoint::ENOSPC, |e| self.fail(e));
+        crate::storage_error!("kv-sync-eio", crate::failpoint::EIO, |e| self.fail(e));
         self.apply(&[], true).map(|_| ())
     }
 

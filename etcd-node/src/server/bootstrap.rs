@@ -157,6 +157,12 @@ async fn open_storage(
             "discarded a torn WAL tail (a batch never acknowledged)"
         );
     }
+    if report.unsynced_bytes > 0 {
+        tracing::warn!(
+            bytes = report.unsynced_bytes,
+            "discarded the WAL bytes a failed fsync left unsynced (never acknowledged)"
+        );
+    }
     for s in &report.rejected_snapshots {
         tracing::warn!(snapshot = %s, "skipped a snapshot file that failed its checks");
     }
@@ -758,8 +764,11 @@ fn loop_outcome(
         Err(LoopError::Removed { by }) => Err(removed(cfg, member, by)),
         Err(e) => Err(anyhow::anyhow!(
             "storage failure in --data-dir {}, stopping: {e}. Nothing more is acknowledged; \
-             what was acknowledged is durable. Fix the disk (a full one: free space on it) and \
-             start this member again on the same data directory: it catches up from the others",
+             what was acknowledged is durable. Fix the disk and start this member again on the \
+             same data directory: it catches up from the others. A full disk: free space on \
+             it. An I/O error: check the kernel log (dmesg); if the disk cannot be trusted, \
+             replace this member instead (docs/operations.md, \"Replacing a member whose \
+             machine is gone\")",
             cfg.data_dir.display()
         )),
     }

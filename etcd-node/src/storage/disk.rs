@@ -40,6 +40,8 @@ pub struct DiskStorage {
 pub struct OpenReport {
     /// Bytes of a torn WAL tail that were discarded (an unacknowledged batch).
     pub torn_bytes: u64,
+    /// Bytes of the WAL a failed fsync left unsynced, discarded (unacknowledged batches).
+    pub unsynced_bytes: u64,
     /// Snapshot files that failed their checks and were skipped.
     pub rejected_snapshots: Vec<String>,
 }
@@ -97,6 +99,7 @@ impl DiskStorage {
         }
         let report = OpenReport {
             torn_bytes: rec.torn_bytes,
+            unsynced_bytes: rec.unsynced_bytes,
             rejected_snapshots: loaded
                 .rejected
                 .iter()

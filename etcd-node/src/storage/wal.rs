@@ -86,6 +86,8 @@ pub struct Recovered {
     pub entries: Vec<Entry>,
     /// Bytes of a torn tail that were zeroed.
     pub torn_bytes: u64,
+    /// Bytes a failed fsync had left unsynced, zeroed before reading ([`FSYNC_FAILED`]).
+    pub unsynced_bytes: u64,
 }
 
 /// An open WAL, positioned after the last valid record.
@@ -104,6 +106,54 @@ pub struct Wal {
     snapshot: (u64, u64),
     /// Index after the last entry written.
     next_index: u64,
+    /// How much of the current segment is durable (fsynced).
+    synced: u64,
+}
+
+/// The note a failed fsync leaves in the WAL directory: `<segment> <durable end> <written end>`
+/// ([`Wal::fsync_failed`]).
+const FSYNC_FAILED: &str = "fsync-failed";
+
+/// Zeroes what a failed fsync left unsynced ([`Wal::fsync_failed`]), then removes its note.
+/// Returns the bytes zeroed.
+fn discard_unsynced(dir: &Path) -> Result<u64, WalError> {
+    let path = dir.join(FSYNC_FAILED);
+    let note = match fs::read_to_string(&path) {
+        Ok(note) => note,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(0),
+        Err(e) => return Err(io_err(&path)(e)),
+    };
+    let fields: Vec<&str> = note.split_whitespace().collect();
+    let (segment, from, to) = match fields[..] {
+        [segment, from, to] => match (from.parse::<u64>(), to.parse::<u64>()) {
+            (Ok(from), Ok(to)) if from <= to && parse_segment_name(segment).is_some() => {
+                (dir.join(segment), from, to)
+            }
+            _ => return Err(bad_note(&path, &note)),
+        },
+        _ => return Err(bad_note(&path, &note)),
+    };
+    if segment.exists() {
+        let mut file = OpenOptions::new()
+            .write(true)
+            .open(&segment)
+            .map_err(io_err(&segment))?;
+        file.seek(SeekFrom::Start(from)).map_err(io_err(&segment))?;
+        file.write_all(&vec![0; (to - from) as usize])
+            .map_err(io_err(&segment))?;
+        file.sync_all().map_err(io_err(&segment))?;
+    }
+    fs::remove_file(&path).map_err(io_err(&path))?;
+    sync_dir(dir)?;
+    Ok(to - from)
+}
+
+fn bad_note(path: &Path, note: &str) -> WalError {
+    WalError::Corrupt {
+        path: path.to_path_buf(),
+        offset: 0,
+        what: format!("the note of a failed fsync reads {note:?}, not \"<segment> <from> <to>\""),
+    }
 }
 
 fn segment_name(seq: u64, first_index: u64) -> String {
@@ -182,12 +232,14 @@ impl Wal {
     /// Opens (creating if needed) the WAL in `dir` and recovers its contents.
     pub fn open(dir: &Path, segment_bytes: u64) -> Result<(Wal, Recovered), WalError> {
         fs::create_dir_all(dir).map_err(io_err(dir))?;
+        let discarded = discard_unsynced(dir)?;
         let Scan {
             mut segments,
-            rec,
+            mut rec,
             tail,
             ..
         } = scan(dir, false)?;
+        rec.unsynced_bytes = discarded;
         let tail = match (tail, segments.last()) {
             (Some((offset, torn)), Some((_, _, path))) => {
                 let mut file = OpenOptions::new()
@@ -201,8 +253,11 @@ impl Wal {
                     file.seek(SeekFrom::Start(offset)).map_err(io_err(path))?;
                     file.write_all(&vec![0; torn as usize])
                         .map_err(io_err(path))?;
-                    file.sync_all().map_err(io_err(path))?;
                 }
+                // What was read may exist only in the page cache (a process killed between a
+                // write and its fsync): it is made durable before the member acts on it (votes,
+                // acknowledges entries). An fsync that fails here stops the start.
+                file.sync_all().map_err(io_err(path))?;
                 Some((file, path.clone(), offset))
             }
             _ => None,
@@ -233,6 +288,7 @@ impl Wal {
             hard_state: rec.hard_state,
             snapshot: rec.snapshot,
             next_index,
+            synced: offset,
         };
         wal.file
             .seek(SeekFrom::Start(wal.offset))
@@ -291,24 +347,68 @@ impl Wal {
         if self.offset > 0 && self.offset + buf.len() as u64 + prologue > self.segment_bytes {
             self.roll(first_index)?;
         }
-        crate::storage_error!("wal-write-enospc", io_err(&self.path));
+        crate::storage_error!(
+            "wal-write-enospc",
+            crate::failpoint::ENOSPC,
+            io_err(&self.path)
+        );
         self.file.write_all(buf).map_err(io_err(&self.path))?;
         self.offset += buf.len() as u64;
         if sync {
             crate::crash!("wal-before-fsync");
-            self.file.sync_data().map_err(io_err(&self.path))?;
+            self.sync_data().map_err(|e| self.fsync_failed(e))?;
+            self.synced = self.offset;
             crate::crash!("wal-after-fsync");
         }
         Ok(())
     }
 
+    fn sync_data(&self) -> io::Result<()> {
+        crate::storage_error!("wal-fsync-eio", crate::failpoint::EIO, |e| e);
+        self.file.sync_data()
+    }
+
+    /// An fsync failed. The pages it was to write may be gone from the disk while the page
+    /// cache still shows them (Linux marks them clean after a failed writeback), so a restart
+    /// in the same boot would read the unsynced bytes back as if they were durable, and could
+    /// acknowledge them (PostgreSQL's "fsyncgate"). This notes where the durable part of the
+    /// log ends ([`FSYNC_FAILED`]); the next open zeroes what follows before reading the log.
+    /// Nothing past that point was acknowledged: acknowledgements follow the fsync.
+    fn fsync_failed(&self, e: io::Error) -> WalError {
+        let name = self
+            .path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned());
+        let note = format!(
+            "{} {} {}\n",
+            name.unwrap_or_default(),
+            self.synced,
+            self.offset
+        );
+        let tmp = self.dir.join(format!("{FSYNC_FAILED}.tmp"));
+        let noted = fs::write(&tmp, note)
+            .and_then(|()| File::open(&tmp)?.sync_all())
+            .and_then(|()| fs::rename(&tmp, self.dir.join(FSYNC_FAILED)))
+            .map_err(io_err(&tmp))
+            .and_then(|()| sync_dir(&self.dir));
+        if let Err(n) = noted {
+            eprintln!(
+                "could not note where the WAL's durable part ends ({n}): if this member is \
+                 started again before the machine restarts, it may trust WAL bytes that are not \
+                 on the disk; restart the machine first"
+            );
+        }
+        io_err(&self.path)(e)
+    }
+
     /// Starts the next segment (the current one is complete and fsynced).
     fn roll(&mut self, first_index: u64) -> Result<(), WalError> {
-        self.file.sync_all().map_err(io_err(&self.path))?;
+        self.file.sync_all().map_err(|e| self.fsync_failed(e))?;
         let seq = self.seq + 1;
         let (file, path) = create_segment(&self.dir, seq, first_index, self.segment_bytes)?;
         self.segments.push((seq, first_index, path.clone()));
         (self.file, self.path, self.offset, self.seq) = (file, path, 0, seq);
+        self.synced = 0;
         let mut prologue = Vec::new();
         frame_snapshot(&mut prologue, self.snapshot);
         frame(
@@ -683,6 +783,50 @@ mod tests {
         let (_, rec) = Wal::open(dir.path(), 4096).unwrap();
         assert_eq!(rec.entries, vec![entry(1, 1), entry(2, 2)]);
         assert_eq!(rec.torn_bytes, 0);
+    }
+
+    /// A batch whose fsync failed is in the page cache, valid to every reader, but may not be on
+    /// the disk: the note the failure leaves makes the next open discard it (and only it).
+    #[test]
+    fn a_batch_whose_fsync_failed_is_discarded_at_the_next_open() {
+        let unsynced_batch = |noted: bool| {
+            let dir = tempfile::tempdir().unwrap();
+            let (mut wal, _) = Wal::open(dir.path(), 4096).unwrap();
+            wal.save(Some(hs(1, 1)), &[entry(1, 1)]).unwrap();
+            let mut buf = Vec::new();
+            frame(&mut buf, KIND_ENTRY, &encode(&PbEntry::from(&entry(2, 1))));
+            wal.write(&buf, 2, false).unwrap();
+            if noted {
+                let e = wal.fsync_failed(io::Error::from_raw_os_error(5));
+                assert!(e.to_string().contains("Input/output error"), "{e}");
+                assert!(dir.path().join(FSYNC_FAILED).exists());
+            }
+            drop(wal);
+            let (wal, rec) = Wal::open(dir.path(), 4096).unwrap();
+            assert!(!dir.path().join(FSYNC_FAILED).exists());
+            (dir, wal, rec, buf.len() as u64)
+        };
+        // (without the note, the bytes in the page cache read as a valid batch)
+        let (_, _, rec, _) = unsynced_batch(false);
+        assert_eq!(rec.entries, vec![entry(1, 1), entry(2, 1)]);
+        let (dir, mut wal, rec, len) = unsynced_batch(true);
+        assert_eq!(rec.entries, vec![entry(1, 1)]);
+        assert_eq!((rec.unsynced_bytes, rec.torn_bytes), (len, 0));
+        // Writing continues where the durable log ended.
+        wal.save(None, &[entry(2, 2)]).unwrap();
+        drop(wal);
+        let (_, rec) = Wal::open(dir.path(), 4096).unwrap();
+        assert_eq!(rec.entries, vec![entry(1, 1), entry(2, 2)]);
+        assert_eq!(rec.unsynced_bytes, 0);
+    }
+
+    #[test]
+    fn a_malformed_fsync_note_stops_the_open_naming_it() {
+        let dir = tempfile::tempdir().unwrap();
+        drop(Wal::open(dir.path(), 4096).unwrap());
+        fs::write(dir.path().join(FSYNC_FAILED), "garbage\n").unwrap();
+        let e = Wal::open(dir.path(), 4096).unwrap_err().to_string();
+        assert!(e.contains(FSYNC_FAILED) && e.contains("garbage"), "{e}");
     }
 
     #[test]

@@ -81,9 +81,28 @@ fn a_member_whose_key_space_cannot_be_made_durable_stops_and_comes_back() {
     disk_fails_stops_says_why_and_comes_back("kv-sync-enospc", &["--backend-batch-limit", "1"]);
 }
 
+/// An `EIO` from the WAL's fsync (failpoint `wal-fsync-eio`): the member stops without
+/// retrying it, and its next start discards the batch whose fsync failed (it may be in the page
+/// cache only) before catching up.
+#[test]
+fn a_member_whose_wal_fsync_fails_with_eio_discards_that_batch_and_comes_back() {
+    let log = disk_fails_stops_says_why_and_comes_back("wal-fsync-eio", &[]);
+    assert!(
+        log.contains("discarded the WAL bytes a failed fsync left unsynced"),
+        "the restarted member did not discard the unsynced batch:\n{log}"
+    );
+}
+
+/// An `EIO` from the key space's durable commit (failpoint `kv-sync-eio`).
+#[test]
+fn a_member_whose_key_space_fsync_fails_with_eio_stops_and_comes_back() {
+    disk_fails_stops_says_why_and_comes_back("kv-sync-eio", &["--backend-batch-limit", "1"]);
+}
+
 /// Member 0 runs with `flags` and fails at the 60th hit of the storage-error failpoint
-/// `failpoint`, while a client writes through member 1.
-fn disk_fails_stops_says_why_and_comes_back(failpoint: &str, flags: &[&str]) {
+/// `failpoint` (its name ends with the error: `enospc` or `eio`), while a client writes through
+/// member 1. Returns the member's log once it came back with every acknowledged write.
+fn disk_fails_stops_says_why_and_comes_back(failpoint: &str, flags: &[&str]) -> String {
     let mut c = cluster();
     c.stop(0);
     let armed = format!("{failpoint}:60");
@@ -121,10 +140,15 @@ fn disk_fails_stops_says_why_and_comes_back(failpoint: &str, flags: &[&str]) {
         );
     }
     let log = c.log(0);
+    let error = if failpoint.ends_with("-eio") {
+        "Input/output error"
+    } else {
+        "No space left on device"
+    };
     for said in [
         format!("failpoint {failpoint}").as_str(),
         "storage failure in --data-dir",
-        "No space left on device",
+        error,
         "start this member again on the same data directory",
     ] {
         assert!(log.contains(said), "the log does not say {said:?}:\n{log}");
@@ -142,7 +166,7 @@ fn disk_fails_stops_says_why_and_comes_back(failpoint: &str, flags: &[&str]) {
             Some(client.get("k/", Some(options)).await.ok()?.count())
         });
         if count == Some(i64::from(acknowledged)) {
-            break;
+            return c.log(0);
         }
         assert!(
             started.elapsed() < Duration::from_secs(60),
