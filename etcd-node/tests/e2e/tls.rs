@@ -7,7 +7,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::{LEADER_WAIT, bins, ok_all, text};
 use e2e_tests::cluster::{Cluster, etcdctl, two_hashes_agree};
