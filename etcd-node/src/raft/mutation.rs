@@ -40,11 +40,14 @@ pub enum Mutation {
     /// The leader never lets the witness into R: with a regular member down it cannot commit
     /// (an availability bug: only a check made during the fault sees it).
     WitnessKeptOutOfR,
+    /// A leader's read of the witness's term confirms its read round whatever term the witness
+    /// holds: a deposed leader serves reads at its old commit index.
+    WitnessTermReadTrusted,
 }
 
 impl Mutation {
     /// Every mutation.
-    pub const ALL: [Mutation; 15] = [
+    pub const ALL: [Mutation; 16] = [
         Mutation::WitnessVoteWithoutLogRule,
         Mutation::WitnessIgnoresTerm,
         Mutation::CreditWitnessWithoutWrite,
@@ -60,6 +63,7 @@ impl Mutation {
         Mutation::FailPendingOnNewTerm,
         Mutation::ForwardInAnyTerm,
         Mutation::WitnessKeptOutOfR,
+        Mutation::WitnessTermReadTrusted,
     ];
 
     /// The mutation named `name` (as written in the enum).
@@ -91,14 +95,15 @@ mod tests {
             | Mutation::ForwardTwice
             | Mutation::FailPendingOnNewTerm
             | Mutation::ForwardInAnyTerm
-            | Mutation::WitnessKeptOutOfR => (),
+            | Mutation::WitnessKeptOutOfR
+            | Mutation::WitnessTermReadTrusted => (),
         };
         let distinct: std::collections::BTreeSet<String> =
             Mutation::ALL.iter().map(|m| format!("{m:?}")).collect();
         assert_eq!(
             distinct.len(),
-            15,
-            "the 15 mutations of the match above, once each"
+            16,
+            "the 16 mutations of the match above, once each"
         );
         for m in Mutation::ALL {
             assert_eq!(Mutation::named(&format!("{m:?}")), Some(m));

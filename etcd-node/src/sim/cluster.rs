@@ -88,6 +88,8 @@ pub struct Stats {
     pub lost_replies: u64,
     pub snapshots_installed: u64,
     pub reads_served: u64,
+    /// Reads answered with an error (the node stepped down, say).
+    pub reads_refused: u64,
     pub conf_changes: u64,
     pub transfers: u64,
     /// Witness storage wiped and initialised again (a new generation).
@@ -472,6 +474,11 @@ impl Cluster {
         self.cut.insert(link(id, WITNESS_LINK));
     }
 
+    /// Node `id` reaches the witness again (other cuts stay).
+    pub fn restore_witness(&mut self, id: NodeId) {
+        self.cut.remove(&link(id, WITNESS_LINK));
+    }
+
     pub fn heal(&mut self) {
         self.cut.clear();
     }
@@ -551,6 +558,12 @@ impl Cluster {
             return Err(Refused::NotLeader { leader: 0 });
         }
         let id = live[self.rng.random_range(0..live.len())];
+        self.read_on(id);
+        Ok(())
+    }
+
+    /// Starts a linearizable read on live node `id` (as [`Cluster::read`]).
+    pub fn read_on(&mut self, id: NodeId) {
         self.reads += 1;
         self.checker.read_started(self.reads, self.max_commit);
         let read = SimRead {
@@ -561,7 +574,14 @@ impl Cluster {
         let member = self.nodes.get_mut(&id).and_then(|n| n.member.as_mut());
         member.expect("a live node").read(read);
         self.process(id);
-        Ok(())
+    }
+
+    /// Whether live node `id` believes it leads (a deposed leader may, until it hears a
+    /// higher term).
+    pub fn believes_it_leads(&self, id: NodeId) -> bool {
+        live(&self.nodes)
+            .into_iter()
+            .any(|r| r.id() == id && r.role() == Role::Leader)
     }
 
     /// A client write of unique 8-byte `data` (its id) on any live node, through the server's
@@ -615,9 +635,12 @@ impl Cluster {
     /// Checks the reads and writes answered since the last call.
     fn collect_answers(&mut self) {
         while let Ok((node, number, answer)) = self.answers.1.try_recv() {
-            if let Ok(index) = answer {
-                self.stats.reads_served += 1;
-                self.checker.read_answered(node, number, index);
+            match answer {
+                Ok(index) => {
+                    self.stats.reads_served += 1;
+                    self.checker.read_answered(node, number, index);
+                }
+                Err(_) => self.stats.reads_refused += 1,
             }
         }
         while let Ok((node, data, answer)) = self.writes.1.try_recv() {

@@ -223,6 +223,9 @@ fn run_checked(
             r if r < 0.33 => c.restart(pick),
             r if r < 0.334 && pick != other => c.partition(pick, other),
             r if r < 0.337 => c.cut_witness(pick),
+            // (a partial heal: a node cut off from everything, a deposed leader say, reaches
+            // the witness again first, and reads its term)
+            r if r < 0.339 => c.restore_witness(pick),
             r if r < 0.347 => c.heal(),
             r if r < 0.40 => {
                 let _ = c.read();

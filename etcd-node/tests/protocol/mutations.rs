@@ -102,6 +102,33 @@ fn reading_without_confirming_leadership_is_caught() {
     );
 }
 
+/// A deposed leader whose read of the witness's term shows a later term must not serve reads.
+/// The random runs do not reach that case within 300 seeds of two or three regular members (a
+/// deposed leader that regains the witness first sends it an append, which deposes it, before a
+/// read asks for its term); scenario `13-deposed-leader-read.txt` walks through it, and
+/// catches the bug.
+#[test]
+fn trusting_the_witness_term_read_of_a_deposed_leader_is_caught() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/scenarios/13-deposed-leader-read.txt");
+    let failed = std::panic::catch_unwind(|| {
+        crate::scenarios::run_file_with(&path, Some(Mutation::WitnessTermReadTrusted))
+    });
+    let report = match failed {
+        Ok(()) => panic!(
+            "WitnessTermReadTrusted went unnoticed by {}",
+            path.display()
+        ),
+        Err(p) => p
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+            .unwrap_or_default(),
+    };
+    println!("WitnessTermReadTrusted caught:\n{report}");
+    assert!(report.contains("linearizable read"), "{report}");
+}
+
 /// A bug of the server's loop, not of the core: the simulator runs the server's read handling
 /// (`server::reads`), so it sees it.
 #[test]

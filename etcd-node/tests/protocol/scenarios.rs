@@ -12,17 +12,20 @@
 //! propose N                    N proposals on the current leader
 //! run-until committed MAX      tick until everything proposed so far is applied somewhere
 //! crash ID | restart ID        stop a node (losing nothing persisted) | start it again
-//! partition A B | cut-witness ID | heal
+//! partition A B | cut-witness ID | restore-witness ID | heal
 //! conf KIND ID [KIND ID...]    a configuration change on the leader (KIND: add-voter,
 //!                              add-learner, add-witness, remove); several: a joint change
 //! conf-refused KIND ID [...]   the leader refuses that change
 //! transfer ID | transfer-refused ID   leader transfer to ID (refused: must be refused)
 //! compact ID                   node ID snapshots its state machine and compacts its log
-//! read N                       N linearizable reads on the leader
-//! run-until reads MAX          tick until every read started is served
+//! read N                       N linearizable reads on any live node
+//! read-on ID N                 N linearizable reads on node ID (say, a deposed leader)
+//! run-until reads MAX          tick until every read started is answered (served or refused)
+//! expect reads-refused N       reads answered with an error so far
 //! run-until caught-up ID MAX   tick until node ID holds the leader's whole log
 //! mark                         remember the witness step and write counters
-//! expect leader ID|none        the current leader
+//! expect leader ID|none        the current leader (the newest term's)
+//! expect leads ID yes|no       node ID believes it leads (or not)
 //! expect witness-writes N      witness writes since `mark`
 //! expect witness-steps N       witness steps (reads and writes) since `mark`
 //! expect rset IDS              the leader's replication set, e.g. `1,3`
@@ -33,10 +36,12 @@
 
 use std::path::Path;
 
-use etcd_node::raft::{Change, ChangeKind, ConfChange, EntryData};
+use etcd_node::raft::{Change, ChangeKind, ConfChange, EntryData, Mutation};
 use etcd_node::sim::Cluster;
 
 struct Script {
+    /// A deliberate bug every node of the cluster runs with (`mutations.rs`).
+    mutation: Option<Mutation>,
     cluster: Option<Cluster>,
     proposed: Vec<Vec<u8>>,
     reads: u64,
@@ -123,7 +128,10 @@ impl Script {
         match (w.next(), w.next()) {
             (Some("cluster"), n) => {
                 let witness = words.get(2) == Some(&"witness");
-                let mut c = Cluster::new(num(n, line), witness, 7);
+                let mutation = self.mutation;
+                let mut c = Cluster::with_config(num(n, line), witness, 7, |cfg| {
+                    cfg.mutation = mutation;
+                });
                 c.record_trace();
                 if let Some(t) = c.trace.as_mut() {
                     t.note(0, command);
@@ -150,7 +158,8 @@ impl Script {
                     }
                     "committed" => self.run_until(max, line, Script::all_committed),
                     "reads" => self.run_until(max, line, |s| {
-                        s.cluster.as_ref().expect("cluster").stats.reads_served == s.reads
+                        let stats = &s.cluster.as_ref().expect("cluster").stats;
+                        stats.reads_served + stats.reads_refused == s.reads
                     }),
                     "caught-up" => {
                         let id = num(words.get(2).copied(), line);
@@ -222,6 +231,10 @@ impl Script {
                 let id = num(id, line);
                 self.c().cut_witness(id);
             }
+            (Some("restore-witness"), id) => {
+                let id = num(id, line);
+                self.c().restore_witness(id);
+            }
             (Some("heal"), _) => self.c().heal(),
             (Some("conf"), _) => {
                 let cc = conf_change(&words[1..], line);
@@ -255,6 +268,21 @@ impl Script {
                     }
                     self.reads += 1;
                 }
+            }
+            (Some("read-on"), id) => {
+                let id = num(id, line);
+                for _ in 0..num(words.get(2).copied(), line) {
+                    self.c().read_on(id);
+                    self.reads += 1;
+                }
+            }
+            (Some("expect"), Some("reads-refused")) => {
+                let got = self.c().stats.reads_refused;
+                assert_eq!(got, num(words.get(2).copied(), line), "{line}");
+            }
+            (Some("expect"), Some("leads")) => {
+                let got = self.c().believes_it_leads(num(words.get(2).copied(), line));
+                assert_eq!(got, words.get(3) == Some(&"yes"), "{line}");
             }
             (Some("mark"), _) => {
                 let s = &self.c().stats;
@@ -310,8 +338,14 @@ impl Script {
 }
 
 fn run_file(path: &Path) {
+    run_file_with(path, None);
+}
+
+/// Runs a scenario file with every node running `mutation`; panics on the first failure.
+pub fn run_file_with(path: &Path, mutation: Option<Mutation>) {
     let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     let mut script = Script {
+        mutation,
         cluster: None,
         proposed: Vec::new(),
         reads: 0,
@@ -341,8 +375,8 @@ fn compare_with_golden(golden: &Path, trace: &[String]) {
         std::fs::write(golden, text).unwrap_or_else(|e| panic!("{}: {e}", golden.display()));
         return;
     }
-    let rewrite = "SCENARIO_REWRITE=1 cargo test -p etcd-node --test scenarios writes the traces \
-                   anew; review the diff";
+    let rewrite = "SCENARIO_REWRITE=1 cargo test -p etcd-node --test protocol scenarios writes \
+                   the traces anew; review the diff";
     let want = std::fs::read_to_string(golden)
         .unwrap_or_else(|e| panic!("{}: {e} ({rewrite})", golden.display()));
     if want == text {
