@@ -60,6 +60,11 @@ pub enum Input {
     RemovedByPeer {
         by: NodeId,
     },
+    /// The link to member `id` failed: its connection closed or was refused (its process
+    /// died, say). A hint for the leader (`Raft::report_unreachable`), never needed for safety.
+    PeerDown {
+        id: NodeId,
+    },
     /// The loop's snapshot thread saved a snapshot of the key space, or why it could not.
     SnapshotSaved(Result<SavedSnapshot, String>),
     /// The transport's outcome of sending snapshot `index` to `to`.

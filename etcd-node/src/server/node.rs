@@ -341,6 +341,7 @@ impl RaftLoop {
             }
             Input::ApplyFailed(why) => self.fx.pending.apply_failed = Some(why),
             Input::RemovedByPeer { by } => self.fx.pending.removed_by = Some(by),
+            Input::PeerDown { id } => raft.report_unreachable(id),
             Input::SnapshotSent {
                 to,
                 index,

@@ -452,6 +452,7 @@ async fn run_link(
             Ok(c) => c,
             Err(e) => {
                 tracing::debug!(peer = %url, error = %e, "peer unreachable; retrying");
+                let _ = reports.send(Input::PeerDown { id: to });
                 // Drop what queued up meanwhile: stale Raft messages only slow the peer down.
                 while rx.try_recv().is_ok() {}
                 if rx.is_closed() {
@@ -490,6 +491,7 @@ async fn run_link(
                         }
                     }
                     tracing::debug!(peer = %url, result = ?ended.map(|r| r.map(|_| ())), "peer stream ended");
+                    let _ = reports.send(Input::PeerDown { id: to });
                     break;
                 }
             };

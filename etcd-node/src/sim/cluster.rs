@@ -423,6 +423,17 @@ impl Cluster {
         }
     }
 
+    /// The others learn at once that node `id` is down, as when its process dies and its
+    /// connections close (`Raft::report_unreachable`); a machine that loses power just goes
+    /// silent, which [`Cluster::crash`] alone models.
+    pub fn report_down(&mut self, id: NodeId) {
+        for other in self.live_ids() {
+            if let Some(raft) = self.raft_mut(other) {
+                raft.report_unreachable(id);
+            }
+        }
+    }
+
     /// A crash inside a Ready; half the time a supervisor starts the node again within 20
     /// ticks (before its peers' timers run out, so it rejoins what it may have forgotten).
     fn crash_in_ready(&mut self, id: NodeId) {

@@ -12,6 +12,7 @@
 //! propose N                    N proposals on the current leader
 //! run-until committed MAX      tick until everything proposed so far is applied somewhere
 //! crash ID | restart ID        stop a node (losing nothing persisted) | start it again
+//! report-down ID               the others learn that ID is down (its connections closed)
 //! partition A B | cut-witness ID | restore-witness ID | heal
 //! conf KIND ID [KIND ID...]    a configuration change on the leader (KIND: add-voter,
 //!                              add-learner, add-witness, remove); several: a joint change
@@ -230,6 +231,10 @@ impl Script {
             (Some("cut-witness"), id) => {
                 let id = num(id, line);
                 self.c().cut_witness(id);
+            }
+            (Some("report-down"), id) => {
+                let id = num(id, line);
+                self.c().report_down(id);
             }
             (Some("restore-witness"), id) => {
                 let id = num(id, line);

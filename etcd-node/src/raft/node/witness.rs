@@ -250,6 +250,18 @@ impl Raft {
     }
 
     /// Is a follower recently heard from (within the liveness window)?
+    /// The host's word that its connection to member `id` closed or is refused (its process
+    /// died, say). A leader counts it unreachable now instead of after the liveness window, so
+    /// R moves to the witness at the next tick and writes barely pause; a message from it makes
+    /// it reachable again. Safety never rests on it: R may change at any time, and a member
+    /// wrongly reported only costs a witness write and its re-entry.
+    pub fn report_unreachable(&mut self, id: NodeId) {
+        let silent = self.ticks.saturating_sub(self.cfg.liveness_ticks() + 1);
+        if let Some(pr) = self.lead.as_mut().and_then(|l| l.progress.get_mut(&id)) {
+            pr.last_heard = pr.last_heard.min(silent);
+        }
+    }
+
     pub(super) fn reachable(&self, id: NodeId) -> bool {
         let lead = self.lead.as_ref().expect("leader");
         lead.progress
