@@ -251,15 +251,21 @@ impl Raft {
 
     /// Is a follower recently heard from (within the liveness window)?
     /// The host's word that its connection to member `id` closed or is refused (its process
-    /// died, say). A leader counts it unreachable now instead of after the liveness window, so
-    /// R moves to the witness at the next tick and writes barely pause; a message from it makes
-    /// it reachable again. Safety never rests on it: R may change at any time, and a member
-    /// wrongly reported only costs a witness write and its re-entry.
+    /// died, say). A leader counts it unreachable now instead of after the liveness window and
+    /// adjusts R at once (the witness replaces it), so writes barely pause; a message from it
+    /// makes it reachable again. Safety never rests on it: R may change at any time, and a
+    /// member wrongly reported only costs a witness write and its re-entry.
     pub fn report_unreachable(&mut self, id: NodeId) {
+        assert!(
+            !self.awaiting_advance,
+            "report between ready() and advance()"
+        );
         let silent = self.ticks.saturating_sub(self.cfg.liveness_ticks() + 1);
-        if let Some(pr) = self.lead.as_mut().and_then(|l| l.progress.get_mut(&id)) {
-            pr.last_heard = pr.last_heard.min(silent);
-        }
+        let Some(pr) = self.lead.as_mut().and_then(|l| l.progress.get_mut(&id)) else {
+            return;
+        };
+        pr.last_heard = pr.last_heard.min(silent);
+        self.adjust_replication_set();
     }
 
     pub(super) fn reachable(&self, id: NodeId) -> bool {
