@@ -253,13 +253,18 @@ impl Raft {
     /// The host's word that its connection to member `id` closed or is refused (its process
     /// died, say). A leader counts it unreachable now instead of after the liveness window and
     /// adjusts R at once (the witness replaces it), so writes barely pause; a message from it
-    /// makes it reachable again. Safety never rests on it: R may change at any time, and a
-    /// member wrongly reported only costs a witness write and its re-entry.
+    /// makes it reachable again. A follower whose leader it is campaigns now instead of after
+    /// its election timeout. Safety never rests on it: R may change and an election may start
+    /// at any time; a member wrongly reported costs a witness write and a re-entry, or a term.
     pub fn report_unreachable(&mut self, id: NodeId) {
         assert!(
             !self.awaiting_advance,
             "report between ready() and advance()"
         );
+        if self.role == Role::Follower && self.leader == id && id != NONE {
+            self.campaign();
+            return;
+        }
         let silent = self.ticks.saturating_sub(self.cfg.liveness_ticks() + 1);
         let Some(pr) = self.lead.as_mut().and_then(|l| l.progress.get_mut(&id)) else {
             return;
