@@ -1266,6 +1266,24 @@ fn a_member_removed_while_away_is_refused_and_stops() {
     assert!(rt.block_on(put_until(&lead_ep, "after", "v", Duration::from_secs(30))));
 }
 
+/// Registers a new member n3 as a learner through `eps` (`etcdctl member add --learner`), not
+/// started: its index, its id and what etcdctl printed.
+fn add_learner_n3(c: &mut Cluster, eps: &[String]) -> (usize, String, String) {
+    let new = c.new_member("n3");
+    let peer = format!("--peer-urls={}", c.members[new].peer_url());
+    let added = ok(etcdctl(
+        eps,
+        &["member", "add", "n3", &peer, "--learner"],
+        None,
+    ));
+    let new_id = added
+        .split_whitespace()
+        .nth(1)
+        .expect("etcdctl printed the new member's id")
+        .to_string();
+    (new, new_id, added)
+}
+
 /// Adds a third regular member, n3, through the leader at `lead_ep` (as a learner, then
 /// promoted), so that one can be removed (a witness needs two beside it). Its index and id.
 fn add_third_voter(
@@ -1274,14 +1292,7 @@ fn add_third_voter(
     lead_ep: &str,
 ) -> (usize, String) {
     let eps = vec![lead_ep.to_string()];
-    let new = c.new_member("n3");
-    let peer = format!("--peer-urls={}", c.members[new].peer_url());
-    let added = ok(etcdctl(
-        &eps,
-        &["member", "add", "n3", &peer, "--learner"],
-        None,
-    ));
-    let new_id = added.split_whitespace().nth(1).unwrap().to_string();
+    let (new, new_id, _) = add_learner_n3(c, &eps);
     c.start_member(new);
     assert!(rt.block_on(put_until(lead_ep, "k0", "v0", Duration::from_secs(30))));
     eventually(Duration::from_secs(60), "n3 promotable", || {
@@ -1365,18 +1376,7 @@ fn a_dead_member_is_replaced_through_the_membership_api() {
     let dead_name = c.members[dead].name.clone();
     let dead_id = member_id(&ok(etcdctl(&eps, &["member", "list"], None)), &dead_name);
 
-    let new = c.new_member("n3");
-    let peer = format!("--peer-urls={}", c.members[new].peer_url());
-    let added = ok(etcdctl(
-        &eps,
-        &["member", "add", "n3", &peer, "--learner"],
-        None,
-    ));
-    let new_id = added
-        .split_whitespace()
-        .nth(1)
-        .expect("etcdctl printed the new member's id")
-        .to_string();
+    let (new, new_id, added) = add_learner_n3(&mut c, &eps);
     assert!(
         added.contains("ETCD_INITIAL_CLUSTER_STATE=\"existing\""),
         "{added}"
