@@ -12,6 +12,7 @@ pub mod etcd;
 pub mod faults;
 pub mod linearizable;
 pub mod pki;
+pub mod powercut;
 pub mod proxy;
 pub mod python;
 pub mod sshfs;
