@@ -145,8 +145,18 @@ async fn open_storage(
     dialer: &Dialer,
 ) -> anyhow::Result<(DiskStorage, Arc<Mvcc>, Ids, bool)> {
     let member_dir = cfg.data_dir.join("member");
+    let data_dir_is_new = !cfg.data_dir.exists();
     std::fs::create_dir_all(&member_dir)
         .with_context(|| format!("--data-dir: cannot create {}", member_dir.display()))?;
+    if data_dir_is_new {
+        // Its entry in its parent, so that a power cut does not take the new data directory.
+        let parent = cfg.data_dir.parent().filter(|p| !p.as_os_str().is_empty());
+        if let Some(parent) = parent {
+            std::fs::File::open(parent)
+                .and_then(|d| d.sync_all())
+                .with_context(|| format!("--data-dir: fsync of {}", parent.display()))?;
+        }
+    }
     if let Ok(why) = std::fs::read_to_string(member_dir.join(REMOVED_MARK)) {
         bail!("{why}");
     }
@@ -169,6 +179,7 @@ async fn open_storage(
     let kv = member_dir.join("kv.redb");
     let kv_existed = kv.exists();
     let mvcc = Arc::new(Mvcc::open_with_cache(&kv, cfg.backend_cache_bytes)?);
+    crate::storage::sync_member_dir(&member_dir)?;
     let bootstrapped_now = disk.is_empty();
     let applied = mvcc.position()?.applied;
     let snapshot = disk.snapshot().meta;
@@ -296,7 +307,9 @@ fn removed(cfg: &ServerConfig, member: u64, by: u64) -> anyhow::Error {
     let mark = cfg.data_dir.join("member").join(REMOVED_MARK);
     let written = std::fs::File::create(&mark).and_then(|mut f| {
         std::io::Write::write_all(&mut f, why.as_bytes())?;
-        f.sync_all()
+        f.sync_all()?;
+        // The mark's name too: a power cut must not let the member start again.
+        std::fs::File::open(mark.parent().unwrap_or(&cfg.data_dir))?.sync_all()
     });
     if let Err(e) = written {
         tracing::error!(path = %mark.display(), error = %e, "could not mark the data directory as removed");

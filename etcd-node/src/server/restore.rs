@@ -220,6 +220,7 @@ fn build(
     disk.bootstrap(initial_membership(cfg)?, witness, |out| {
         std::io::copy(&mut std::fs::File::open(dump)?, out).map(drop)
     })?;
+    crate::storage::sync_member_dir(&member_dir)?;
     Ok(())
 }
 
