@@ -29,6 +29,7 @@ use clap::ValueEnum;
 use crate::azurite::Azurite;
 use crate::cluster::{self, Cluster};
 use crate::linearizable::{self, Event, Op};
+use crate::powercut::{CutReport, Data, Disk, Entries};
 use crate::sshfs::{self, SshServer};
 use crate::watch_check;
 
@@ -43,9 +44,9 @@ pub struct Options {
     pub keys: u64,
     /// Where the witness lives.
     pub witness: WitnessKind,
-    /// Each member's data directory on a tmpfs of its own, and full disks among the faults
-    /// (needs root).
-    pub full_disk: bool,
+    /// What the members' data directories (and the witness's directory) live on, and so
+    /// which disk faults apply.
+    pub disks: DiskKind,
     /// The faults to choose from (None: every one that applies).
     pub families: Option<Vec<Family>>,
 }
@@ -63,6 +64,18 @@ pub enum WitnessKind {
     Azurite,
 }
 
+/// What the members' data directories live on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DiskKind {
+    /// The cluster's temporary directory.
+    Plain,
+    /// A tmpfs of its own per member, and full disks among the faults (needs root).
+    Tmpfs,
+    /// A power-cut file system of its own per member and one for the witness's directory
+    /// (tests/src/powercut.rs; needs /dev/fuse and root), and power cuts among the faults.
+    PowerCut,
+}
+
 /// A fault, as injected.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, clap::ValueEnum)]
 pub enum Family {
@@ -75,6 +88,31 @@ pub enum Family {
     Garbage,
     /// A member's data disk filled to the last byte, then freed.
     FullDisk,
+    /// The leader's site loses power: the leader killed, what its disk and the witness's
+    /// share had not made durable lost; both off for a while, then on, the member started.
+    PowerLeaderSite,
+    /// The follower's site loses power (its member and disk; the witness lives elsewhere).
+    PowerFollowerSite,
+    /// Both members and the witness's share lose power at once; then both members start.
+    PowerBoth,
+    /// The witness's server alone loses power (the members keep running).
+    PowerWitness,
+    /// A member's site loses power again and again while the member recovers.
+    PowerLoop,
+}
+
+impl Family {
+    /// Needs the power-cut disks.
+    fn is_power_cut(self) -> bool {
+        matches!(
+            self,
+            Family::PowerLeaderSite
+                | Family::PowerFollowerSite
+                | Family::PowerBoth
+                | Family::PowerWitness
+                | Family::PowerLoop
+        )
+    }
 }
 
 /// What a campaign saw.
@@ -93,6 +131,9 @@ pub struct Report {
     /// Full-disk runs in which the member stopped (and was started again once space was
     /// freed, as an operator would).
     pub stopped_on_full_disk: u64,
+    /// Power cuts (one per disk cut), and what they dropped that had not been made durable.
+    pub power_cuts: u64,
+    pub cut: CutReport,
     /// Per fault family: the recovery times (heal to the first acknowledged write).
     pub recoveries: BTreeMap<Family, Vec<Duration>>,
     /// Per fault family: the longest time with no write acknowledged by any member, from the
@@ -121,6 +162,20 @@ impl Report {
                  once space was freed)\n",
                 self.stopped_on_full_disk
             ));
+        }
+        if self.power_cuts > 0 {
+            out.push_str(&format!(
+                "  {} power cuts dropped what was not durable: {} pages in {} files, {} directory \
+                 entries undone, {} files or directories gone\n",
+                self.power_cuts,
+                self.cut.pages_lost,
+                self.cut.files_changed,
+                self.cut.entries_undone,
+                self.cut.nodes_gone
+            ));
+            if !self.cut.gone.is_empty() {
+                out.push_str(&format!("    gone: {}\n", self.cut.gone.join(", ")));
+            }
         }
         let spread = |times: &[Duration]| {
             let mut t = times.to_vec();
@@ -158,6 +213,8 @@ struct Rig {
     _share: Option<SshfsShare>,
     /// The members' data disks, when the full-disk fault is on.
     disks: Option<Disks>,
+    /// The members' and the witness's power-cut disks, when power cuts are on.
+    power: Option<PowerDisks>,
 }
 
 impl Drop for Rig {
@@ -166,6 +223,28 @@ impl Drop for Rig {
             self.cluster.stop(i);
         }
         self.disks.take();
+        self.power.take();
+    }
+}
+
+/// A power-cut file system on each member's data directory (index: the member's) and one on
+/// the witness's directory.
+struct PowerDisks {
+    members: Vec<Disk>,
+    witness: Disk,
+}
+
+impl PowerDisks {
+    /// Mounts them in `cluster_dir`, before the witness is initialised and the members start.
+    fn mount(cluster_dir: &Path) -> Result<PowerDisks, String> {
+        let mut members = Vec::new();
+        for name in cluster::MEMBERS {
+            let dir = cluster::data_dir(cluster_dir, name);
+            std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+            members.push(Disk::mount(&dir)?);
+        }
+        let witness = Disk::mount(&cluster_dir.join("witness"))?;
+        Ok(PowerDisks { members, witness })
     }
 }
 
@@ -249,10 +328,16 @@ impl Drop for Disks {
 /// Starts the witness's site and the cluster on it.
 fn start(node_bin: &Path, etcdutl: &Path, o: &Options) -> Result<Rig, String> {
     let (dir, dir_url) = cluster::witness_dir();
-    let disks = if o.full_disk {
-        Some(Disks::mount(dir.path())?)
-    } else {
-        None
+    let disks = match o.disks {
+        DiskKind::Tmpfs => Some(Disks::mount(dir.path())?),
+        DiskKind::Plain | DiskKind::PowerCut => None,
+    };
+    let power = match o.disks {
+        DiskKind::PowerCut if o.witness != WitnessKind::Dir => {
+            return Err("power cuts need the witness in a directory (--witness dir)".into());
+        }
+        DiskKind::PowerCut => Some(PowerDisks::mount(dir.path())?),
+        DiskKind::Plain | DiskKind::Tmpfs => None,
     };
     let (mut azurite, mut share) = (None, None);
     let (url, wrapper) = match o.witness {
@@ -294,6 +379,7 @@ fn start(node_bin: &Path, etcdutl: &Path, o: &Options) -> Result<Rig, String> {
         azurite,
         _share: share,
         disks,
+        power,
     })
 }
 
@@ -443,10 +529,11 @@ fn one_run(
             .iter()
             .copied()
             .filter(|&f| f != Family::FullDisk || rig.disks.is_some())
+            .filter(|&f| !f.is_power_cut() || rig.power.is_some())
             .collect(),
     };
     let family = families[rng.random_range(0..families.len())];
-    let member = rng.random_range(0..cluster.members.len());
+    let mut member = rng.random_range(0..cluster.members.len());
     let fault_at = nanos(epoch);
     let witness_dir = cluster.dir.path().join("witness");
     let gone = cluster.dir.path().join("witness.gone");
@@ -512,6 +599,14 @@ fn one_run(
                 ));
             }
         }
+        Family::PowerLeaderSite
+        | Family::PowerFollowerSite
+        | Family::PowerBoth
+        | Family::PowerWitness
+        | Family::PowerLoop => {
+            let power = rig.power.as_ref().ok_or("power cuts need --power-cut")?;
+            member = power_cut(cluster, power, family, member, &mut rng, report)?;
+        }
     }
     let healed = Instant::now();
     let recovered = rt.block_on(first_write(&endpoints, &prefix));
@@ -520,6 +615,12 @@ fn one_run(
             "{family:?} of member {member}: no write acknowledged within 60 s of the heal"
         ));
     };
+    if family.is_power_cut() {
+        for i in 0..cluster.members.len() {
+            serving_or_log(cluster, i)
+                .map_err(|e| format!("{family:?} of member {member}: {e}"))?;
+        }
+    }
     report.recoveries.entry(family).or_default().push(took);
     std::thread::sleep(Duration::from_millis(500));
     stop.store(true, Ordering::SeqCst);
@@ -605,6 +706,84 @@ fn one_run(
             .map_err(|e| format!("{family:?} of member {member}: key {key}: {e}"))?;
     }
     Ok(())
+}
+
+/// A power-cut family: which members' sites lose power (with the witness's share or not), and
+/// how often; the member the fault is about (`member`, as drawn, for the loop).
+fn power_cut(
+    cluster: &mut Cluster,
+    power: &PowerDisks,
+    family: Family,
+    member: usize,
+    rng: &mut StdRng,
+    report: &mut Report,
+) -> Result<usize, String> {
+    let leader = cluster.wait_leader(Duration::from_secs(30));
+    let follower = 1 - leader;
+    let (sites, witness, times): (Vec<usize>, bool, u32) = match family {
+        Family::PowerLeaderSite => (vec![leader], true, 1),
+        Family::PowerFollowerSite => (vec![follower], false, 1),
+        Family::PowerBoth => (vec![0, 1], true, 1),
+        Family::PowerWitness => (Vec::new(), true, 1),
+        Family::PowerLoop => (vec![member], false, rng.random_range(2..=4)),
+        other => return Err(format!("{other:?} is not a power cut")),
+    };
+    for round in 0..times {
+        // Power goes at once: the processes die, then the disks lose what was not durable.
+        for &m in &sites {
+            cluster.kill(m);
+        }
+        let mut disks: Vec<&Disk> = sites.iter().map(|&m| &power.members[m]).collect();
+        if witness {
+            disks.push(&power.witness);
+        }
+        for disk in &disks {
+            let data = if rng.random_bool(0.5) {
+                Data::Lost
+            } else {
+                Data::Torn
+            };
+            let entries = if rng.random_bool(0.5) {
+                Entries::Lost
+            } else {
+                Entries::Kept
+            };
+            report.cut.add(&disk.power_off(data, entries, rng.random()));
+            report.power_cuts += 1;
+        }
+        let off = if times > 1 { 200..1000 } else { 1000..5000 };
+        std::thread::sleep(Duration::from_millis(rng.random_range(off)));
+        for disk in &disks {
+            disk.power_on();
+        }
+        for &m in &sites {
+            cluster.start_member(m);
+        }
+        if round + 1 < times {
+            // The next cut comes while the member recovers: reading its log, catching up.
+            std::thread::sleep(Duration::from_millis(rng.random_range(50..1500)));
+        }
+    }
+    Ok(sites.first().copied().unwrap_or(member))
+}
+
+/// Waits up to 30 s for member `i` to answer `/health` (whatever it says); an error with its
+/// log if it exited instead (it could not start from what a power cut left) or never answered.
+fn serving_or_log(cluster: &mut Cluster, i: usize) -> Result<(), String> {
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(30) {
+        if cluster.exited(i) {
+            return Err(format!("member {i} exited; its log:\n{}", cluster.log(i)));
+        }
+        if cluster.http_get(i, "/health").is_some() {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    Err(format!(
+        "member {i} did not answer /health within 30 s; its log:\n{}",
+        cluster.log(i)
+    ))
 }
 
 /// Until `until`: connections to each of `ports` that send random bytes (half of them after

@@ -45,6 +45,8 @@ use rand::{Rng, SeedableRng};
 const PAGE: usize = 4096;
 const SECTOR: usize = 512;
 const ROOT: u64 = 1;
+/// How many paths of removed files a [`CutReport`] lists.
+const GONE_LISTED: usize = 20;
 
 type Page = Arc<[u8; PAGE]>;
 
@@ -181,8 +183,25 @@ pub struct CutReport {
     pub pages_lost: u64,
     /// Directory entries that the cut undid (created or removed since the directory's fsync).
     pub entries_undone: u64,
-    /// Files and directories no longer reachable, and so gone.
+    /// Files and directories that were reachable before the cut and are gone after it.
     pub nodes_gone: u64,
+    /// The paths (relative to the mount point) of the first of them.
+    pub gone: Vec<String>,
+}
+
+impl CutReport {
+    /// Adds `other`'s counts to these.
+    pub fn add(&mut self, other: &CutReport) {
+        self.files_changed += other.files_changed;
+        self.pages_lost += other.pages_lost;
+        self.entries_undone += other.entries_undone;
+        self.nodes_gone += other.nodes_gone;
+        for path in &other.gone {
+            if self.gone.len() < GONE_LISTED && !self.gone.contains(path) {
+                self.gone.push(path.clone());
+            }
+        }
+    }
 }
 
 /// The file system's state: the pure model, with no FUSE in it.
@@ -465,6 +484,7 @@ impl Model {
     fn power_off(&mut self, data: Data, entries: Entries, seed: u64) -> CutReport {
         let mut rng = StdRng::seed_from_u64(seed);
         let mut report = CutReport::default();
+        let paths = self.paths();
         let mut inos: Vec<u64> = self.nodes.keys().copied().collect();
         inos.sort_unstable();
         for ino in inos {
@@ -520,9 +540,22 @@ impl Model {
                 }
             }
         }
-        let before = self.nodes.len();
+        // (Counted among the gone only if the root reached them before: a file already
+        // removed but still named in the durable tree is no loss.)
+        let mut gone: Vec<u64> = self
+            .nodes
+            .keys()
+            .filter(|ino| !links.contains_key(ino) && paths.contains_key(ino))
+            .copied()
+            .collect();
+        gone.sort_unstable();
+        report.nodes_gone = gone.len() as u64;
+        report.gone = gone
+            .iter()
+            .take(GONE_LISTED)
+            .map(|ino| paths[ino].clone())
+            .collect();
         self.nodes.retain(|ino, _| links.contains_key(ino));
-        report.nodes_gone = (before - self.nodes.len()) as u64;
         for (ino, node) in &mut self.nodes {
             node.links = links[ino];
         }
@@ -530,6 +563,28 @@ impl Model {
         self.handles.retain(|_, ino| nodes.contains_key(ino));
         self.off = true;
         report
+    }
+
+    /// A path (relative to the root) of every node the root reaches now.
+    fn paths(&self) -> HashMap<u64, String> {
+        let mut paths = HashMap::new();
+        let mut todo = vec![(ROOT, String::new())];
+        while let Some((dir, path)) = todo.pop() {
+            if let Some(Node {
+                body: Body::Dir { now, .. },
+                ..
+            }) = self.nodes.get(&dir)
+            {
+                for (name, &ino) in now {
+                    let child = format!("{path}/{}", name.to_string_lossy());
+                    if !paths.contains_key(&ino) {
+                        paths.insert(ino, child.clone());
+                        todo.push((ino, child));
+                    }
+                }
+            }
+        }
+        paths
     }
 
     fn power_on(&mut self) {

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Parser;
-use e2e_tests::faults::{Family, Options, WitnessKind, campaign};
+use e2e_tests::faults::{DiskKind, Family, Options, WitnessKind, campaign};
 
 #[derive(Parser, Debug)]
 #[command(about = "Fault runs against a local two-member cluster with a witness directory")]
@@ -29,8 +29,13 @@ struct Args {
     witness: WitnessKind,
     /// Put each member's data directory on a tmpfs of its own and add full disks to the
     /// faults (needs root).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "power_cut")]
     full_disk: bool,
+    /// Put each member's data directory and the witness's directory on a power-cut file
+    /// system of its own (a FUSE layer that loses what was not fsynced) and add power cuts to
+    /// the faults (needs /dev/fuse and root).
+    #[arg(long)]
+    power_cut: bool,
     /// The faults to choose from, comma-separated (default: all that apply).
     #[arg(long, value_enum, value_delimiter = ',')]
     faults: Option<Vec<Family>>,
@@ -53,7 +58,13 @@ fn main() -> ExitCode {
         clients: a.clients,
         keys: a.keys,
         witness: a.witness,
-        full_disk: a.full_disk,
+        disks: if a.power_cut {
+            DiskKind::PowerCut
+        } else if a.full_disk {
+            DiskKind::Tmpfs
+        } else {
+            DiskKind::Plain
+        },
         families: a.faults,
     };
     let started = std::time::Instant::now();
