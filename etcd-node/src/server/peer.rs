@@ -481,9 +481,9 @@ async fn run_link(
                         let _ = reports.send(Input::RemovedByPeer { by: to });
                         return;
                     }
-                    if let Ok(Err(status)) = &ended
-                        && status.message().starts_with(PROTOCOL_REFUSED)
-                    {
+                    let refused = matches!(&ended, Ok(Err(status))
+                        if status.message().starts_with(PROTOCOL_REFUSED));
+                    if let (true, Ok(Err(status))) = (refused, &ended) {
                         // (the seed's rule: wait for the cluster, retrying, and say so)
                         tracing::warn!(peer = %url, "{}; retrying", status.message());
                         if let Ok(mut r) = me.refusals.lock() {
@@ -491,7 +491,10 @@ async fn run_link(
                         }
                     }
                     tracing::debug!(peer = %url, result = ?ended.map(|r| r.map(|_| ())), "peer stream ended");
-                    let _ = reports.send(Input::PeerDown { id: to });
+                    if !refused {
+                        // A peer that refused the protocol is running: not a death.
+                        let _ = reports.send(Input::PeerDown { id: to });
+                    }
                     break;
                 }
             };
