@@ -14,12 +14,19 @@
 //! has started and been heard, every member lists it with its name, also members it never
 //! sends to and while it is down.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use super::handle::Api;
 use crate::mvcc::{ClusterParamsSet, MemberAttrsSet, Op};
+use crate::raft::NodeId;
+use crate::server::contract::Announced;
 use crate::server::contract::regular_peer_url;
 use crate::version::{ClusterParams, decide};
+use etcd_client::proto::PbMember;
+
+/// What each member announced on its peer links, as read once per round.
+type Heard = HashMap<NodeId, Announced>;
 
 /// How often the leader looks.
 pub const EVERY: Duration = Duration::from_secs(1);
@@ -33,8 +40,15 @@ pub async fn run(api: Api) {
         if api.status.borrow().leader != api.member_id {
             continue;
         }
-        record_attributes(&api).await;
-        let Some(wanted) = wanted(&api) else {
+        // One read of the members and of what they announce serves both records.
+        let Ok(members) = api.mvcc.members() else {
+            continue;
+        };
+        let Some(heard) = api.client_urls.lock().ok().map(|h| h.clone()) else {
+            continue;
+        };
+        record_attributes(&api, &members, &heard).await;
+        let Some(wanted) = wanted(&api, &members, &heard) else {
             continue;
         };
         if api.mvcc.cluster_params().as_ref() == Some(&wanted) {
@@ -58,9 +72,7 @@ pub async fn run(api: Api) {
 }
 
 /// The parameters the regular members' announcements give now (None: one not heard from).
-fn wanted(api: &Api) -> Option<ClusterParams> {
-    let members = api.mvcc.members().ok()?;
-    let heard = api.client_urls.lock().ok()?.clone();
+fn wanted(api: &Api, members: &[PbMember], heard: &Heard) -> Option<ClusterParams> {
     let regular = members.iter().filter(|m| regular_peer_url(m).is_some());
     decide(regular.map(|m| {
         if m.id == api.member_id {
@@ -72,13 +84,7 @@ fn wanted(api: &Api) -> Option<ClusterParams> {
 }
 
 /// Records the attributes of each member whose announcement differs from what is stored.
-async fn record_attributes(api: &Api) {
-    let Ok(members) = api.mvcc.members() else {
-        return;
-    };
-    let Some(heard) = api.client_urls.lock().ok().map(|h| h.clone()) else {
-        return;
-    };
+async fn record_attributes(api: &Api, members: &[PbMember], heard: &Heard) {
     for m in members {
         let announced = if m.id == api.member_id {
             Some(&api.own)
