@@ -4,6 +4,8 @@
 # witness directory) under a client workload, checking every key's history for
 # linearizability and both members for the same data after each run.
 #   bash scripts/faults.sh [--runs N] [--seed S] [--clients C] [--keys K]
+#     [--witness dir|sshfs|azurite] [--full-disk | --power-cut] [--faults F,...]
+# (--full-disk, --power-cut and --witness sshfs need root; --power-cut needs /dev/fuse)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build --release --locked -p etcd-node --bin etcd-node --bin etcdutl -p e2e-tests --bin faults

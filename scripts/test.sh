@@ -5,7 +5,8 @@
 #   fast   `cargo test --workspace`: unit tests, the simulator, its scenarios and mutations
 #   e2e    real etcd-node processes against Debian's etcdctl 3.4, etcd 3.6's, other clients,
 #          Azurite (cargo test --test e2e, --test azurite)
-#   root   tmpfs and sshfs mounts, network namespaces, Patroni (cargo test --test root)
+#   root   tmpfs, sshfs and power-cut (FUSE) mounts, network namespaces, Patroni
+#          (cargo test --test root)
 #   go     etcd's robustness suite, Kubernetes' storage contract, kube-apiserver with its
 #          controller managers and scheduler, kubeadm (Go, tests/go)
 # With no argument it runs all of them, in that order, as CI does (.ci/run). Name tiers to run
@@ -40,6 +41,8 @@ need_apt=()
 command -v npm >/dev/null 2>&1 || need_apt+=(nodejs npm)
 command -v setpriv >/dev/null 2>&1 || need_apt+=(util-linux)
 [ -x /usr/bin/sshfs ] || need_apt+=(sshfs)
+# (the power-cut file system mounts with mount(2) as root; fusermount3 is its fallback)
+command -v fusermount3 >/dev/null 2>&1 || need_apt+=(fuse3)
 [ -x /usr/sbin/sshd ] || need_apt+=(openssh-server)
 command -v protoc >/dev/null 2>&1 || need_apt+=(protobuf-compiler)
 command -v etcdctl >/dev/null 2>&1 || need_apt+=(etcd-client)

@@ -3,7 +3,8 @@
 //! transactions through etcd's gRPC API), with one fault per run chosen and timed from a seed:
 //! SIGKILL and restart of a member, SIGSTOP/SIGCONT of a member, the members cut apart (their
 //! peer links go through proxies the campaign cuts), the witness's directory made
-//! unreachable. After each run the faults are healed and the campaign checks that every key's
+//! unreachable, a full disk, and power cuts that lose what was not made durable (on the
+//! power-cut file system, `powercut.rs`). After each run the faults are healed and the campaign checks that every key's
 //! history is linearizable (acknowledged writes lost or reordered show there), that both
 //! members hold the same value for every key, and that their HashKV agree. It reports how long
 //! each fault family took to recover (from the heal to the first acknowledged write).
@@ -29,7 +30,7 @@ use clap::ValueEnum;
 use crate::azurite::Azurite;
 use crate::cluster::{self, Cluster};
 use crate::linearizable::{self, Event, Op};
-use crate::powercut::{CutReport, Data, Disk, Entries};
+use crate::powercut::{CutReport, Data, Disk, Entries, Failure};
 use crate::sshfs::{self, SshServer};
 use crate::watch_check;
 
@@ -99,6 +100,12 @@ pub enum Family {
     PowerWitness,
     /// A member's site loses power again and again while the member recovers.
     PowerLoop,
+    /// A member's data disk fails with `EIO` for a while: every fsync (what it was to make
+    /// durable dropped, reads still returning it), or writes too. A member that stopped must
+    /// have said why; it is started again once the disk is healed, half the time (always, when
+    /// its message asks for a restart of the machine first) after a power cut of that disk
+    /// (then what the failed fsyncs dropped is gone from what it reads too).
+    DiskEio,
 }
 
 impl Family {
@@ -111,6 +118,7 @@ impl Family {
                 | Family::PowerBoth
                 | Family::PowerWitness
                 | Family::PowerLoop
+                | Family::DiskEio
         )
     }
 }
@@ -131,6 +139,8 @@ pub struct Report {
     /// Full-disk runs in which the member stopped (and was started again once space was
     /// freed, as an operator would).
     pub stopped_on_full_disk: u64,
+    /// Disk-error runs in which the member stopped (and was started again on the healed disk).
+    pub stopped_on_disk_error: u64,
     /// Power cuts (one per disk cut), and what they dropped that had not been made durable.
     pub power_cuts: u64,
     pub cut: CutReport,
@@ -161,6 +171,13 @@ impl Report {
                 "  a member stopped on its full disk {} times (with the message; started again \
                  once space was freed)\n",
                 self.stopped_on_full_disk
+            ));
+        }
+        if self.stopped_on_disk_error > 0 {
+            out.push_str(&format!(
+                "  a member stopped on its failing disk {} times (with the message; started \
+                 again once it was healed)\n",
+                self.stopped_on_disk_error
             ));
         }
         if self.power_cuts > 0 {
@@ -607,6 +624,10 @@ fn one_run(
             let power = rig.power.as_ref().ok_or("power cuts need --power-cut")?;
             member = power_cut(cluster, power, family, member, &mut rng, report)?;
         }
+        Family::DiskEio => {
+            let power = rig.power.as_ref().ok_or("disk errors need --power-cut")?;
+            disk_errors(cluster, &power.members[member], member, &mut rng, report)?;
+        }
     }
     let healed = Instant::now();
     let recovered = rt.block_on(first_write(&endpoints, &prefix));
@@ -765,6 +786,52 @@ fn power_cut(
         }
     }
     Ok(sites.first().copied().unwrap_or(member))
+}
+
+/// The disk-error family on member `member`'s data disk.
+fn disk_errors(
+    cluster: &mut Cluster,
+    disk: &Disk,
+    member: usize,
+    rng: &mut StdRng,
+    report: &mut Report,
+) -> Result<(), String> {
+    disk.fail(if rng.random_bool(0.5) {
+        Failure::Syncs
+    } else {
+        Failure::Writes
+    });
+    std::thread::sleep(Duration::from_millis(rng.random_range(3000..12000)));
+    let waited = Instant::now();
+    while !cluster.exited(member) && waited.elapsed() < Duration::from_secs(4) {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    if !cluster.exited(member) {
+        disk.heal();
+        return Ok(());
+    }
+    // It stopped; the operator checks the disk (dmesg), finds the error passed, starts it again.
+    let log = cluster.log(member);
+    if !log.contains("Input/output error") {
+        return Err(format!(
+            "member {member} exited on a failing disk without naming the I/O error; its log:\n{log}"
+        ));
+    }
+    report.stopped_on_disk_error += 1;
+    cluster.kill(member);
+    // When it could not note where its WAL's durable part ends, its message asks for a
+    // restart of the machine first: a power cut here (the page cache goes).
+    let restart_machine = log.contains("could not note where the WAL's durable part ends");
+    if restart_machine || rng.random_bool(0.5) {
+        report
+            .cut
+            .add(&disk.power_off(Data::Lost, Entries::Lost, rng.random()));
+        report.power_cuts += 1;
+        disk.power_on();
+    }
+    disk.heal();
+    cluster.start_member(member);
+    Ok(())
 }
 
 /// Waits up to 30 s for member `i` to answer `/health` (whatever it says); an error with its

@@ -17,6 +17,10 @@
 //! - until [`Disk::power_on`], every operation fails with `EIO` (a server that is off, on a
 //!   soft mount).
 //!
+//! [`Disk::fail`] makes it a failing disk: `fsync` fails with `EIO` (and what it was to make
+//! durable never reaches the disk, though reads still return it, as Linux does), or writes fail
+//! too, until [`Disk::heal`].
+//!
 //! What it leaves out: hard-mount hangs (docs/two-datacenters.md covers those with sshfs), file
 //! locks across a cut (the kernel keeps them, as it does for any FUSE file system), extended
 //! attributes, symbolic links and special files. The kernel caches nothing of it (zero TTLs,
@@ -61,11 +65,15 @@ impl Content {
     fn read(&self, offset: u64, len: usize) -> Vec<u8> {
         let end = self.size.min(offset.saturating_add(len as u64));
         let mut out = vec![0; end.saturating_sub(offset) as usize];
-        for (i, byte) in out.iter_mut().enumerate() {
-            let at = offset + i as u64;
-            if let Some(page) = self.pages.get(&(at / PAGE as u64)) {
-                *byte = page[(at % PAGE as u64) as usize];
+        let mut done = 0;
+        while done < out.len() {
+            let at = offset + done as u64;
+            let (index, within) = (at / PAGE as u64, (at % PAGE as u64) as usize);
+            let n = (PAGE - within).min(out.len() - done);
+            if let Some(page) = self.pages.get(&index) {
+                out[done..done + n].copy_from_slice(&page[within..within + n]);
             }
+            done += n;
         }
         out
     }
@@ -141,8 +149,18 @@ impl Content {
 
 #[derive(Debug)]
 enum Body {
-    File { now: Content, durable: Content },
-    Dir { now: Names, durable: Names },
+    File {
+        now: Content,
+        durable: Content,
+        /// The contents when an fsync last failed: pages still the same as these were marked
+        /// clean without reaching the disk (as Linux does after a writeback error), so a later
+        /// fsync leaves them out.
+        failed: Option<Content>,
+    },
+    Dir {
+        now: Names,
+        durable: Names,
+    },
 }
 
 type Names = BTreeMap<OsString, u64>;
@@ -172,6 +190,16 @@ pub enum Entries {
     Lost,
     /// Every change is kept.
     Kept,
+}
+
+/// How a failing disk fails (until [`Disk::heal`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Failure {
+    /// Every fsync fails with `EIO`, and what it was to make durable never reaches the disk,
+    /// though reads still return it (Linux marks the pages clean after a writeback error).
+    Syncs,
+    /// Writes fail with `EIO` too.
+    Writes,
 }
 
 /// What one power cut dropped.
@@ -212,6 +240,7 @@ struct Model {
     handles: HashMap<u64, u64>,
     next_fh: u64,
     off: bool,
+    failing: Option<Failure>,
 }
 
 type Result<T> = std::result::Result<T, i32>;
@@ -244,6 +273,7 @@ impl Model {
             handles: HashMap::new(),
             next_fh: 1,
             off: false,
+            failing: None,
         }
     }
 
@@ -322,6 +352,7 @@ impl Model {
             Body::File {
                 now: Content::default(),
                 durable: Content::default(),
+                failed: None,
             }
         };
         let node = Node {
@@ -418,6 +449,9 @@ impl Model {
     }
 
     fn write(&mut self, ino: u64, offset: u64, data: &[u8]) -> Result<()> {
+        if self.failing == Some(Failure::Writes) {
+            return Err(libc::EIO);
+        }
         self.file_mut(ino)?.write(offset, data);
         Ok(())
     }
@@ -444,13 +478,45 @@ impl Model {
         }
     }
 
-    /// fsync: a file's contents and size, or a directory's entries, become durable.
+    /// fsync: a file's contents and size, or a directory's entries, become durable; on a
+    /// failing disk, `EIO`, and the file's unsynced pages never will (see `Body::File`).
     fn sync(&mut self, ino: u64) -> Result<()> {
+        let failing = self.failing.is_some();
         match &mut self.node_mut(ino)?.body {
-            Body::File { now, durable } => *durable = now.clone(),
-            Body::Dir { now, durable } => *durable = now.clone(),
+            Body::File { now, failed, .. } if failing => {
+                *failed = Some(now.clone());
+                Err(libc::EIO)
+            }
+            Body::Dir { .. } if failing => Err(libc::EIO),
+            Body::File {
+                now,
+                durable,
+                failed,
+            } => {
+                let mut next = now.clone();
+                if let Some(failed) = failed.take() {
+                    for (index, page) in &mut next.pages {
+                        if failed
+                            .pages
+                            .get(index)
+                            .is_some_and(|f| Arc::ptr_eq(f, page))
+                        {
+                            *page = durable
+                                .pages
+                                .get(index)
+                                .cloned()
+                                .unwrap_or_else(|| Arc::new([0; PAGE]));
+                        }
+                    }
+                }
+                *durable = next;
+                Ok(())
+            }
+            Body::Dir { now, durable } => {
+                *durable = now.clone();
+                Ok(())
+            }
         }
-        Ok(())
     }
 
     fn list(&self, dir: u64) -> Result<Vec<(u64, bool, OsString)>> {
@@ -490,7 +556,12 @@ impl Model {
         for ino in inos {
             let node = self.nodes.get_mut(&ino).expect("listed above");
             match &mut node.body {
-                Body::File { now, durable } => {
+                Body::File {
+                    now,
+                    durable,
+                    failed,
+                } => {
+                    *failed = None;
                     let dirty = now
                         .pages
                         .iter()
@@ -577,8 +648,8 @@ impl Model {
             {
                 for (name, &ino) in now {
                     let child = format!("{path}/{}", name.to_string_lossy());
-                    if !paths.contains_key(&ino) {
-                        paths.insert(ino, child.clone());
+                    if let std::collections::hash_map::Entry::Vacant(e) = paths.entry(ino) {
+                        e.insert(child.clone());
                         todo.push((ino, child));
                     }
                 }
@@ -641,6 +712,16 @@ impl Disk {
     /// the processes writing here first: a running one would see its files change under it.
     pub fn power_off(&self, data: Data, entries: Entries, seed: u64) -> CutReport {
         self.lock().power_off(data, entries, seed)
+    }
+
+    /// The disk starts failing as `how` says.
+    pub fn fail(&self, how: Failure) {
+        self.lock().failing = Some(how);
+    }
+
+    /// The disk stops failing (what a failed fsync dropped stays dropped).
+    pub fn heal(&self) {
+        self.lock().failing = None;
     }
 
     /// Power back: the disk answers again, with what survived the cut.
@@ -1138,6 +1219,40 @@ mod tests {
         assert_eq!(m.attr(ROOT).unwrap_err(), libc::EIO);
         m.power_on();
         assert!(m.attr(ROOT).is_ok());
+    }
+
+    #[test]
+    fn what_a_failed_fsync_was_to_write_never_reaches_the_disk() {
+        let mut m = Model::new();
+        let f = file(&mut m, ROOT, "f");
+        m.sync(ROOT).unwrap();
+        m.write(f, 0, &[1; PAGE]).unwrap();
+        m.sync(f).unwrap();
+        m.write(f, 0, &[2; PAGE]).unwrap();
+        m.failing = Some(Failure::Syncs);
+        assert_eq!(m.sync(f).unwrap_err(), libc::EIO);
+        m.failing = Some(Failure::Writes);
+        assert_eq!(m.write(f, PAGE as u64, b"x").unwrap_err(), libc::EIO);
+        m.failing = None;
+        assert_eq!(
+            read_all(&m, f),
+            [2; PAGE],
+            "reads still see it (the page cache)"
+        );
+        m.write(f, PAGE as u64, &[3; PAGE]).unwrap();
+        m.sync(f).unwrap();
+        cut(&mut m, Data::Lost, Entries::Lost);
+        let after = read_all(&m, f);
+        assert_eq!(
+            after[..PAGE],
+            [1; PAGE],
+            "the retried fsync did not write the page"
+        );
+        assert_eq!(
+            after[PAGE..],
+            [3; PAGE],
+            "a page written after the failure is written"
+        );
     }
 
     #[test]

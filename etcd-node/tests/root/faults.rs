@@ -94,3 +94,16 @@ fn power_cuts_lose_nothing_acknowledged() {
         slice(1, WitnessKind::Dir, DiskKind::PowerCut, Some(vec![family]));
     }
 }
+
+/// A data disk that fails with EIO (fsync, or writes too): the member stops naming the error and
+/// comes back once the disk is healed, with nothing acknowledged lost, even when what the failed
+/// fsyncs were to write is also gone from what it reads (a power cut of that disk).
+#[test]
+fn a_failing_data_disk_loses_nothing() {
+    slice(
+        2,
+        WitnessKind::Dir,
+        DiskKind::PowerCut,
+        Some(vec![Family::DiskEio]),
+    );
+}
