@@ -51,11 +51,11 @@ pub(super) fn replay(
         return Ok(Vec::new());
     };
     // The row before, without its value (read only if an event needs it) and its value's row.
-    let mut prev: Option<(PbKeyValue, u64)> = None;
+    let mut prev: Option<(PbKeyValue, record::ValueRef)> = None;
     for row in rows {
         let (k, v) = row?;
         let (key, rev) = k.value();
-        let (mut kv, number) = record::decode_meta(key, v.value())?;
+        let (mut kv, at) = record::decode_meta(key, v.value())?;
         if (from..=to).contains(&rev) {
             let before = match prev.take() {
                 Some((mut p, n)) if p.key == key && p.version != 0 => {
@@ -64,11 +64,11 @@ pub(super) fn replay(
                 }
                 _ => None,
             };
-            record::fill_value(values, &mut kv, number)?;
+            record::fill_value(values, &mut kv, at)?;
             let sub = record::sub_revision(v.value()).unwrap_or(0);
             out.push(((rev, sub), event(key, &kv, before.as_ref())));
         }
-        prev = Some((kv, number));
+        prev = Some((kv, at));
     }
     // (stable: rows without a sub-revision stay in key order)
     out.sort_by_key(|(at, _)| *at);

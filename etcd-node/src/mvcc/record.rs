@@ -16,6 +16,14 @@
 //! main and sub revision). A release before it skips the field (an unknown protobuf field);
 //! rows without it (written by such a release) replay in key order within their revision.
 //!
+//! A row written by this release also carries two checksums (CRC-32C), checked whenever the row
+//! is read: field 102, of its value (rows with a value), and field 101, last, of the key and of
+//! every byte of the row before it. A flipped bit in a row, its key or its value is then an
+//! error naming the key, the revision and the recovery, instead of a wrong answer. Rows without
+//! them (written by a release before them) are read unchecked; a release before them skips the
+//! fields. A flip in field 101's own tag leaves a row that reads as one from before checksums
+//! (2 of a row's 30-odd bytes).
+//!
 //! The logical record, `KeyValue` without its key and with its value, is what HashKV hashes
 //! and what snapshot dumps carry, as formats 1 and 2 stored it: members of different formats
 //! answer the same hash and read each other's snapshots.
@@ -37,23 +45,79 @@ fn corrupted(what: String) -> redb::Error {
 
 /// The protobuf field that holds a row's sub-revision, after the `KeyValue`'s (1-6).
 const SUB_FIELD: u32 = 100;
+/// The row's checksum: CRC-32C of the key, then of the row's bytes before this field (last).
+const ROW_CHECK_FIELD: u32 = 101;
+/// The value's checksum: CRC-32C of the value's bytes (rows with a value).
+const VALUE_CHECK_FIELD: u32 = 102;
+
+/// What to say after a checksum fails.
+const RECOVERY: &str = "the key-space file is damaged (a bit flipped on the disk?): replace \
+     this member (remove it, add it again with an empty data directory: it receives a snapshot \
+     from the leader), or restore it from a snapshot (docs/operations.md)";
+
+/// Where a row's value is: its `values` row (0: none), and the value's checksum when the row
+/// carries one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct ValueRef {
+    pub number: u64,
+    check: Option<u32>,
+}
 
 /// The stored form of `kv` (its key and value left out) whose value is row `number`, with its
-/// sub-revision when known.
-fn encode(number: u64, kv: &PbKeyValue, sub: Option<u64>) -> Vec<u8> {
+/// sub-revision when known and its checksums.
+fn encode(key: &[u8], number: u64, kv: &PbKeyValue, sub: Option<u64>) -> Vec<u8> {
     let rest = PbKeyValue {
         key: Vec::new(),
         value: Vec::new(),
         ..*kv
     };
-    let mut out = Vec::with_capacity(20 + rest.encoded_len());
+    let mut out = Vec::with_capacity(32 + rest.encoded_len());
     encode_varint(number, &mut out);
     rest.encode(&mut out)
         .expect("a Vec grows to take what is encoded");
     if let Some(sub) = sub {
         prost::encoding::uint64::encode(SUB_FIELD, &sub, &mut out);
     }
+    if number != 0 {
+        let check = crc32c::crc32c(&kv.value);
+        prost::encoding::fixed32::encode(VALUE_CHECK_FIELD, &check, &mut out);
+    }
+    let check = crc32c::crc32c_append(crc32c::crc32c(key), &out);
+    prost::encoding::fixed32::encode(ROW_CHECK_FIELD, &check, &mut out);
     out
+}
+
+/// Checks the row checksum of `stored` (the row of `key`) if it has one, and returns its
+/// value's checksum if it has one.
+fn checks(key: &[u8], stored: &[u8]) -> Result<Option<u32>, String> {
+    let mut bytes = stored;
+    decode_varint(&mut bytes).map_err(|e| e.to_string())?;
+    let mut value_check = None;
+    while !bytes.is_empty() {
+        let start = stored.len() - bytes.len();
+        let (tag, wire_type) =
+            prost::encoding::decode_key(&mut bytes).map_err(|e| e.to_string())?;
+        let fixed = wire_type == prost::encoding::WireType::ThirtyTwoBit;
+        if fixed && (tag == ROW_CHECK_FIELD || tag == VALUE_CHECK_FIELD) {
+            let word: [u8; 4] = bytes
+                .get(..4)
+                .and_then(|b| b.try_into().ok())
+                .ok_or("a checksum cut short")?;
+            bytes = &bytes[4..];
+            let check = u32::from_le_bytes(word);
+            if tag == VALUE_CHECK_FIELD {
+                value_check = Some(check);
+                continue;
+            }
+            if crc32c::crc32c_append(crc32c::crc32c(key), &stored[..start]) != check {
+                return Err(format!("the row fails its checksum; {RECOVERY}"));
+            }
+            return Ok(value_check);
+        }
+        prost::encoding::skip_field(wire_type, tag, &mut bytes, Default::default())
+            .map_err(|e| e.to_string())?;
+    }
+    Ok(value_check)
 }
 
 /// The sub-revision a stored row holds (None: written by a release before them, or restored
@@ -71,15 +135,19 @@ pub(super) fn sub_revision(stored: &[u8]) -> Option<u64> {
     None
 }
 
-/// A stored row back into its `KeyValue` without the value (set to `key`), and the number of
-/// the row holding the value (0: none).
-pub(super) fn decode_meta(key: &[u8], stored: &[u8]) -> Result<(PbKeyValue, u64), redb::Error> {
+/// A stored row back into its `KeyValue` without the value (set to `key`), and where its value
+/// is. The row's checksum is checked.
+pub(super) fn decode_meta(
+    key: &[u8],
+    stored: &[u8],
+) -> Result<(PbKeyValue, ValueRef), redb::Error> {
     let mut bytes = stored;
     let damaged = |e: &dyn std::fmt::Display| corrupted(format!("record of key {key:?}: {e}"));
+    let check = checks(key, stored).map_err(|e| damaged(&e))?;
     let number = decode_varint(&mut bytes).map_err(|e| damaged(&e))?;
     let mut kv = PbKeyValue::decode(bytes).map_err(|e| damaged(&e))?;
     kv.key = key.to_vec();
-    Ok((kv, number))
+    Ok((kv, ValueRef { number, check }))
 }
 
 /// A stored row back into the full `KeyValue` of `key`, its value read from `values`.
@@ -88,17 +156,19 @@ pub(super) fn decode(
     key: &[u8],
     stored: &[u8],
 ) -> Result<PbKeyValue, redb::Error> {
-    let (mut kv, number) = decode_meta(key, stored)?;
-    fill_value(values, &mut kv, number)?;
+    let (mut kv, at) = decode_meta(key, stored)?;
+    fill_value(values, &mut kv, at)?;
     Ok(kv)
 }
 
-/// Reads into `kv` (as [`decode_meta`] gave it) its value, row `number` of `values`.
+/// Reads into `kv` (as [`decode_meta`] gave it) its value, from `values` at `at`, checked
+/// against the row's checksum of it.
 pub(super) fn fill_value(
     values: &impl ValuesTable,
     kv: &mut PbKeyValue,
-    number: u64,
+    at: ValueRef,
 ) -> Result<(), redb::Error> {
+    let number = at.number;
     // (a value row is never empty: a value there is already read)
     if number != 0 && kv.value.is_empty() {
         let Some(value) = values.get(number)? else {
@@ -107,7 +177,15 @@ pub(super) fn fill_value(
                 kv.key, kv.mod_revision
             )));
         };
-        kv.value = value.value().to_vec();
+        let value = value.value();
+        if at.check.is_some_and(|c| c != crc32c::crc32c(value)) {
+            return Err(corrupted(format!(
+                "the value of key {:?} at revision {} (row {number}) fails its checksum; \
+                 {RECOVERY}",
+                kv.key, kv.mod_revision
+            )));
+        }
+        kv.value = value.to_vec();
     }
     Ok(())
 }
@@ -154,7 +232,7 @@ impl Rows<'_> {
         };
         let replaced = self
             .history
-            .insert((key, rev), encode(number, kv, sub).as_slice())?
+            .insert((key, rev), encode(key, number, kv, sub).as_slice())?
             .map(|old| old.value().to_vec());
         if let Some(old) = replaced {
             self.forget_value(key, &old)?;
@@ -175,9 +253,9 @@ impl Rows<'_> {
     }
 
     fn forget_value(&mut self, key: &[u8], stored: &[u8]) -> Result<(), redb::Error> {
-        let (_, number) = decode_meta(key, stored)?;
-        if number != 0 {
-            self.values.remove(number)?;
+        let (_, at) = decode_meta(key, stored)?;
+        if at.number != 0 {
+            self.values.remove(at.number)?;
         }
         Ok(())
     }
@@ -198,9 +276,10 @@ mod tests {
             lease: 77,
         };
         for sub in [None, Some(0), Some(5)] {
-            let stored = encode(300, &kv, sub);
-            let (back, number) = decode_meta(b"k", &stored).unwrap();
-            assert_eq!(number, 300);
+            let stored = encode(b"k", 300, &kv, sub);
+            let (back, at) = decode_meta(b"k", &stored).unwrap();
+            assert_eq!(at.number, 300);
+            assert_eq!(at.check, Some(crc32c::crc32c(b"v")));
             assert_eq!(
                 back,
                 PbKeyValue {
@@ -210,6 +289,45 @@ mod tests {
             );
             assert_eq!(sub_revision(&stored), sub);
         }
+    }
+
+    #[test]
+    fn every_flipped_bit_of_a_row_or_its_key_fails_its_checksum() {
+        let kv = PbKeyValue {
+            key: b"key".to_vec(),
+            create_revision: 3,
+            mod_revision: 9,
+            version: 4,
+            value: b"value".to_vec(),
+            lease: 77,
+        };
+        let stored = encode(b"key", 300, &kv, Some(2));
+        // (the last 6 bytes are the row checksum: its 2-byte tag, then the CRC)
+        let tag = stored.len() - 6..stored.len() - 4;
+        for byte in (0..stored.len()).filter(|b| !tag.contains(b)) {
+            for bit in 0..8 {
+                let mut flipped = stored.clone();
+                flipped[byte] ^= 1 << bit;
+                let err = decode_meta(b"key", &flipped);
+                assert!(err.is_err(), "byte {byte} bit {bit} went unnoticed");
+            }
+        }
+        let err = decode_meta(b"kez", &stored).unwrap_err().to_string();
+        assert!(
+            err.contains("fails its checksum") && err.contains("replace"),
+            "{err}"
+        );
+        // A row from before checksums is read as it is.
+        let mut old = Vec::new();
+        encode_varint(300, &mut old);
+        PbKeyValue {
+            key: Vec::new(),
+            value: Vec::new(),
+            ..kv.clone()
+        }
+        .encode(&mut old)
+        .unwrap();
+        assert_eq!(decode_meta(b"key", &old).unwrap().1.check, None);
     }
 
     #[test]

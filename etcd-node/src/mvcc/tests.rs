@@ -1363,3 +1363,31 @@ fn ranges_over_long_histories_match_a_model_at_every_revision() {
         }
     }
 }
+
+#[test]
+fn a_bit_flipped_in_a_value_on_the_disk_is_an_error_naming_the_file_and_the_recovery() {
+    let mut f = fixture();
+    let value = "a value no other bytes of the file hold: 0123456789";
+    f.apply(put("k", value)).unwrap();
+    let path = f._dir.path().join("kv.redb");
+    let Fixture { _dir, mvcc, .. } = f;
+    drop(mvcc);
+    let mut bytes = std::fs::read(&path).unwrap();
+    let at: Vec<usize> = bytes
+        .windows(value.len())
+        .enumerate()
+        .filter(|(_, w)| *w == value.as_bytes())
+        .map(|(i, _)| i)
+        .collect();
+    assert!(!at.is_empty(), "the value is in the file");
+    for i in at {
+        bytes[i + 7] ^= 0x10;
+    }
+    std::fs::write(&path, bytes).unwrap();
+    let mvcc = Mvcc::open(&path).unwrap();
+    let err = mvcc.range(&get("k", "")).unwrap_err().to_string();
+    assert!(
+        err.contains("kv.redb") && err.contains("fails its checksum") && err.contains("replace"),
+        "{err}"
+    );
+}
