@@ -221,6 +221,7 @@ impl Cluster {
         node_bin: &Path,
         etcdutl: &Path,
         witness_url: String,
+        flags: &[&str],
         wrapper: Vec<String>,
     ) -> Cluster {
         Self::assemble(
@@ -228,7 +229,7 @@ impl Cluster {
             node_bin,
             etcdutl,
             witness_url,
-            &[],
+            flags,
             true,
             wrapper,
             None,
