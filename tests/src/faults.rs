@@ -593,20 +593,8 @@ fn one_run(
             disks.fill(member);
             std::thread::sleep(Duration::from_millis(rng.random_range(3000..12000)));
             disks.free(member)?;
-            // A member that failed near the end of the fill may still be closing its
-            // connections (a grace period of 2 s).
-            let waited = Instant::now();
-            while !cluster.exited(member) && waited.elapsed() < Duration::from_secs(4) {
-                std::thread::sleep(Duration::from_millis(100));
-            }
-            if cluster.exited(member) {
+            if stopped_saying(cluster, member, "No space left on device", "a full disk")? {
                 // It stopped on the full disk; an operator frees space and starts it again.
-                let log = cluster.log(member);
-                if !log.contains("No space left on device") {
-                    return Err(format!(
-                        "member {member} exited on a full disk without saying so; its log:\n{log}"
-                    ));
-                }
                 report.stopped_on_full_disk += 1;
                 cluster.kill(member);
                 cluster.start_member(member);
@@ -808,21 +796,12 @@ fn disk_errors(
         Failure::Writes
     });
     std::thread::sleep(Duration::from_millis(rng.random_range(3000..12000)));
-    let waited = Instant::now();
-    while !cluster.exited(member) && waited.elapsed() < Duration::from_secs(4) {
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    if !cluster.exited(member) {
+    if !stopped_saying(cluster, member, "Input/output error", "a failing disk")? {
         disk.heal();
         return Ok(());
     }
     // It stopped; the operator checks the disk (dmesg), finds the error passed, starts it again.
     let log = cluster.log(member);
-    if !log.contains("Input/output error") {
-        return Err(format!(
-            "member {member} exited on a failing disk without naming the I/O error; its log:\n{log}"
-        ));
-    }
     report.stopped_on_disk_error += 1;
     cluster.kill(member);
     // When it could not note where its WAL's durable part ends, its message asks for a
@@ -838,6 +817,31 @@ fn disk_errors(
     disk.heal();
     cluster.start_member(member);
     Ok(())
+}
+
+/// Whether member `i` stopped on a disk fault (`fault`): it is given 4 s (one that failed near
+/// the end of the fault may still be closing its connections, a grace period of 2 s), and one
+/// that stopped must have logged `says`.
+fn stopped_saying(
+    cluster: &mut Cluster,
+    i: usize,
+    says: &str,
+    fault: &str,
+) -> Result<bool, String> {
+    let waited = Instant::now();
+    while !cluster.exited(i) && waited.elapsed() < Duration::from_secs(4) {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    if !cluster.exited(i) {
+        return Ok(false);
+    }
+    let log = cluster.log(i);
+    if !log.contains(says) {
+        return Err(format!(
+            "member {i} exited on {fault} without saying \"{says}\"; its log:\n{log}"
+        ));
+    }
+    Ok(true)
 }
 
 /// Waits up to 30 s for member `i` to answer `/health` (whatever it says); an error with its

@@ -298,19 +298,22 @@ impl Model {
         }
     }
 
-    fn entries_mut(&mut self, dir: u64) -> Result<&mut Names> {
-        let node = self.node_mut(dir)?;
+    /// What a change is about to change, its modification time set.
+    fn touched(&mut self, ino: u64) -> Result<&mut Body> {
+        let node = self.node_mut(ino)?;
         node.mtime = SystemTime::now();
-        match &mut node.body {
+        Ok(&mut node.body)
+    }
+
+    fn entries_mut(&mut self, dir: u64) -> Result<&mut Names> {
+        match self.touched(dir)? {
             Body::Dir { now, .. } => Ok(now),
             Body::File { .. } => Err(libc::ENOTDIR),
         }
     }
 
     fn file_mut(&mut self, ino: u64) -> Result<&mut Content> {
-        let node = self.node_mut(ino)?;
-        node.mtime = SystemTime::now();
-        match &mut node.body {
+        match self.touched(ino)? {
             Body::File { now, .. } => Ok(now),
             Body::Dir { .. } => Err(libc::EISDIR),
         }
@@ -795,6 +798,13 @@ fn entry(reply: ReplyEntry, req: &Request, result: Result<Attr>) {
     }
 }
 
+fn attr(reply: ReplyAttr, req: &Request, result: Result<Attr>) {
+    match result {
+        Ok(a) => reply.attr(&TTL, &file_attr(a, req)),
+        Err(e) => reply.error(errno(e)),
+    }
+}
+
 fn empty(reply: ReplyEmpty, result: Result<()>) {
     match result {
         Ok(()) => reply.ok(),
@@ -812,10 +822,7 @@ impl Filesystem for Fs {
     }
 
     fn getattr(&self, req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        match self.model().attr(ino.0) {
-            Ok(a) => reply.attr(&TTL, &file_attr(a, req)),
-            Err(e) => reply.error(errno(e)),
-        }
+        attr(reply, req, self.model().attr(ino.0));
     }
 
     fn setattr(
@@ -846,10 +853,7 @@ impl Filesystem for Fs {
             }
             model.attr(ino.0)
         })();
-        match result {
-            Ok(a) => reply.attr(&TTL, &file_attr(a, req)),
-            Err(e) => reply.error(errno(e)),
-        }
+        attr(reply, req, result);
     }
 
     fn mknod(
