@@ -433,6 +433,17 @@ pub const MEMBER_REMOVED: &str = "the member has been permanently removed from t
 /// streams redial every 100 ms; a refused or timed-out dial costs little.
 const RECONNECT_MAX: Duration = Duration::from_millis(400);
 
+/// The longest a dial (TCP, TLS and HTTP/2 handshakes) may take.
+const CONNECT_LIMIT: Duration = Duration::from_secs(3);
+
+/// The longest a link waits to queue a frame on its stream. A healthy stream takes a frame in
+/// microseconds (16 frames of up to [`BATCH`] envelopes are queued ahead of the connection);
+/// one that takes none for this long is stuck (seed 70141 of the fault campaign: a leader's link
+/// to the follower took no frame for 60 s after a partition healed, the connection never
+/// failing, and the follower, hearing nothing, could not be elected either). The link then
+/// drops the stream and dials again.
+const STALL_LIMIT: Duration = Duration::from_secs(5);
+
 async fn run_link(
     me: Identity,
     to: NodeId,
@@ -448,9 +459,18 @@ async fn run_link(
     loop {
         // A dead connection ends the stream and the link reconnects, instead of queueing
         // behind it.
-        let mut client = match connect(&me.dialer, &url).await {
-            Ok(c) => c,
-            Err(e) => {
+        let connected = tokio::time::timeout(CONNECT_LIMIT, connect(&me.dialer, &url)).await;
+        let mut client = match connected {
+            Ok(Ok(c)) => c,
+            Err(_) => {
+                // A dial that hangs (a handshake nobody answers) is not a death: retry, quietly.
+                tracing::debug!(peer = %url, "connecting to the peer hung; retrying");
+                while rx.try_recv().is_ok() {}
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(RECONNECT_MAX);
+                continue;
+            }
+            Ok(Err(e)) => {
                 tracing::debug!(peer = %url, error = %e, "peer unreachable; retrying");
                 let _ = reports.send(Input::PeerDown { id: to });
                 // Drop what queued up meanwhile: stale Raft messages only slow the peer down.
@@ -516,8 +536,16 @@ async fn run_link(
                 protocol: me.attributes.protocol,
                 features: me.attributes.features.iter().cloned().collect(),
             };
-            if frames.send(frame).await.is_err() {
-                break;
+            match tokio::time::timeout(STALL_LIMIT, frames.send(frame)).await {
+                Ok(Ok(())) => {}
+                Ok(Err(_)) => break, // the call ended
+                Err(_) => {
+                    tracing::warn!(
+                        peer = %url,
+                        "the stream to this peer took no frame for {STALL_LIMIT:?}; reconnecting"
+                    );
+                    break;
+                }
             }
         }
         call.abort();
