@@ -150,8 +150,7 @@ async fn open_storage(
         .with_context(|| format!("--data-dir: cannot create {}", member_dir.display()))?;
     if data_dir_is_new {
         // Its entry in its parent, so that a power cut does not take the new data directory.
-        let parent = cfg.data_dir.parent().filter(|p| !p.as_os_str().is_empty());
-        if let Some(parent) = parent {
+        if let Some(parent) = crate::storage::parent_dir(&cfg.data_dir) {
             std::fs::File::open(parent)
                 .and_then(|d| d.sync_all())
                 .with_context(|| format!("--data-dir: fsync of {}", parent.display()))?;

@@ -113,7 +113,7 @@ pub async fn restore(
     };
     std::fs::rename(&aside, dir)
         .with_context(|| format!("renaming {} to {}", aside.display(), dir.display()))?;
-    if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+    if let Some(parent) = crate::storage::parent_dir(dir) {
         std::fs::File::open(parent)
             .and_then(|d| d.sync_all())
             .with_context(|| format!("syncing {}", parent.display()))?;
