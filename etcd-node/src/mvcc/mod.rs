@@ -113,6 +113,9 @@ pub enum Command {
 pub struct StoreError {
     pub path: String,
     pub message: String,
+    /// The file is damaged (a checksum failed, or redb found its structure broken): the data
+    /// read is wrong, not merely unreachable. The corruption check raises CORRUPT on it.
+    pub damaged: bool,
 }
 
 /// What applying a batch of entries did.
@@ -171,6 +174,7 @@ impl Mvcc {
         let err = |e: &dyn std::fmt::Display| StoreError {
             path: name.clone(),
             message: e.to_string(),
+            damaged: false,
         };
         let db = redb::Builder::new()
             .set_cache_size(cache_bytes)
@@ -250,10 +254,17 @@ impl Mvcc {
         Ok(())
     }
 
-    fn fail(&self, e: impl std::fmt::Display) -> StoreError {
+    fn fail<E: std::fmt::Display + 'static>(&self, e: E) -> StoreError {
+        // (the callers pass redb's errors, io errors and messages alike: only redb's say
+        // whether the file is damaged, and `Corrupted` is how redb and the row checksums
+        // (record.rs) say it)
+        let any = &e as &dyn std::any::Any;
+        let damaged = matches!(any.downcast_ref(), Some(redb::Error::Corrupted(_)))
+            || matches!(any.downcast_ref(), Some(redb::StorageError::Corrupted(_)));
         StoreError {
             path: self.path.clone(),
             message: e.to_string(),
+            damaged,
         }
     }
 

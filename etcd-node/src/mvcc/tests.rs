@@ -1385,9 +1385,15 @@ fn a_bit_flipped_in_a_value_on_the_disk_is_an_error_naming_the_file_and_the_reco
     }
     std::fs::write(&path, bytes).unwrap();
     let mvcc = Mvcc::open(&path).unwrap();
-    let err = mvcc.range(&get("k", "")).unwrap_err().to_string();
+    let err = mvcc.range(&get("k", "")).unwrap_err();
+    assert!(err.damaged, "{err}");
+    let err = err.to_string();
     assert!(
         err.contains("kv.redb") && err.contains("fails its checksum") && err.contains("replace"),
         "{err}"
     );
+    let hashed = mvcc.hash_kv(0).unwrap_err();
+    assert!(hashed.damaged, "{hashed}");
+    // (a failure that is not damage is not marked as damage)
+    assert!(!Mvcc::open(_dir.path()).unwrap_err().damaged);
 }

@@ -2512,10 +2512,19 @@ fn a_full_quota_raises_nospace_until_compact_defrag_and_disarm() {
     assert_eq!(ok(etcdctl(second, &["put", "q/more", "1"], None)), "OK\n");
 }
 
-/// Changes `key`'s live value in a stopped member's key space behind Raft's back (as a bad
-/// disk or a bug would): the value of its newest row (format 4, docs/formats.md: `history`
-/// (key, revision) -> the number of the value's row in `values`, then the rest of the record).
-fn tamper(db_path: &Path, key: &[u8], value: &[u8]) {
+/// How [`tamper`] changes a value.
+#[derive(Clone, Copy, PartialEq)]
+enum Tamper {
+    /// As a bug would: the row's checksums agree with the new value.
+    Diverge,
+    /// As a bad disk would: the value changes, its checksum does not.
+    Damage,
+}
+
+/// Changes `key`'s live value in a stopped member's key space behind Raft's back: the value
+/// of its newest row (format 4, docs/formats.md: `history` (key, revision) -> the number of
+/// the value's row in `values`, then the rest of the record).
+fn tamper(db_path: &Path, key: &[u8], value: &[u8], how: Tamper) {
     use redb::{ReadableTable, TableDefinition};
     let history: TableDefinition<(&[u8], u64), &[u8]> = TableDefinition::new("history");
     let values: TableDefinition<u64, &[u8]> = TableDefinition::new("values");
@@ -2537,18 +2546,20 @@ fn tamper(db_path: &Path, key: &[u8], value: &[u8]) {
         let mut values = tx.open_table(values).unwrap();
         let old = values.insert(number, value).unwrap();
         assert!(old.is_some(), "the value's row was there");
-        // A divergence, not damage: the row's checksums (docs/formats.md, its last 12 bytes:
-        // field 102 of the value, then field 101 of the key and the row) made to agree, so the
-        // member reads the new value as its own.
-        let mut rewritten = row[..row.len() - 12].to_vec();
-        prost::encoding::fixed32::encode(102, &crc32c::crc32c(value), &mut rewritten);
-        let check = crc32c::crc32c_append(crc32c::crc32c(key), &rewritten);
-        prost::encoding::fixed32::encode(101, &check, &mut rewritten);
-        drop(rows);
-        tx.open_table(history)
-            .unwrap()
-            .insert((key, rev), rewritten.as_slice())
-            .unwrap();
+        if how == Tamper::Diverge {
+            // Not damage: the row's checksums (docs/formats.md, its last 12 bytes: field 102
+            // of the value, then field 101 of the key and the row) made to agree, so the member
+            // reads the new value as its own.
+            let mut rewritten = row[..row.len() - 12].to_vec();
+            prost::encoding::fixed32::encode(102, &crc32c::crc32c(value), &mut rewritten);
+            let check = crc32c::crc32c_append(crc32c::crc32c(key), &rewritten);
+            prost::encoding::fixed32::encode(101, &check, &mut rewritten);
+            drop(rows);
+            tx.open_table(history)
+                .unwrap()
+                .insert((key, rev), rewritten.as_slice())
+                .unwrap();
+        }
     }
     tx.commit().unwrap();
 }
@@ -2559,6 +2570,21 @@ fn tamper(db_path: &Path, key: &[u8], value: &[u8]) {
 /// meanwhile: the members' own HashKV requests carry the token they sign for themselves.
 #[test]
 fn the_leader_raises_corrupt_when_a_members_key_space_diverges() {
+    corrupt_check_raises(
+        Tamper::Diverge,
+        "the key spaces differ at the same revision",
+    );
+}
+
+/// A bit flipped in a member's key space: its HashKV fails the row's checksum and answers
+/// DATA_LOSS, and the leader raises CORRUPT for it as for a divergence (etcd's bbolt has no
+/// row checksums to fail, so this has no etcd counterpart).
+#[test]
+fn the_leader_raises_corrupt_when_a_members_key_space_is_damaged() {
+    corrupt_check_raises(Tamper::Damage, "the member's key space is damaged");
+}
+
+fn corrupt_check_raises(how: Tamper, logged: &str) {
     let (node, etcdutl) = bins();
     let mut c = Cluster::start(node, etcdutl, &["--experimental-corrupt-check-time", "1s"]);
     let leader = c.wait_leader(LEADER_WAIT);
@@ -2588,6 +2614,7 @@ fn the_leader_raises_corrupt_when_a_members_key_space_diverges() {
         &c.data_dir(follower).join("member/kv.redb"),
         b"c/3",
         b"tampered",
+        how,
     );
     c.start_member(follower);
     let started = Instant::now();
@@ -2609,10 +2636,7 @@ fn the_leader_raises_corrupt_when_a_members_key_space_diverges() {
         String::from_utf8_lossy(&refused.stderr)
     );
     let log = c.log(c.wait_leader(LEADER_WAIT));
-    assert!(
-        log.contains("the key spaces differ at the same revision"),
-        "{log}"
-    );
+    assert!(log.contains(logged), "{log}");
     // Every member holds the alarm: not ready, as etcd's `data_corruption` check, but live (a
     // kubelet must not restart a member whose data an operator has to look at).
     for i in 0..2 {

@@ -7,6 +7,10 @@
 //! the CORRUPT alarm for that member, which stops every write until an operator looks (as
 //! etcd's leader does).
 //!
+//! A member whose key space fails its own checksums while it hashes (HashKV answers
+//! DATA_LOSS; this member's own read says the same) is damaged: the leader raises CORRUPT for
+//! it too. etcd's bbolt has no row checksums, so etcd has no such case.
+//!
 //! A member that is behind (the revision is in its future) or compacted differently is
 //! skipped until the next round; so is one that does not answer.
 
@@ -35,32 +39,40 @@ pub async fn run(api: Api, every: Duration) {
             continue;
         }
         for (member, outcome) in check(&api).await {
+            let member_hex = format!("{member:x}");
             match outcome {
-                Outcome::Same => tracing::debug!(member = format!("{member:x}"), "hashes agree"),
+                Outcome::Same => {
+                    tracing::debug!(member = member_hex, "hashes agree");
+                    continue;
+                }
                 Outcome::Skipped(why) => {
-                    tracing::debug!(member = format!("{member:x}"), why, "hash check skipped")
+                    tracing::debug!(member = member_hex, why, "hash check skipped");
+                    continue;
                 }
                 Outcome::Differs {
                     revision,
                     ours,
                     theirs,
-                } => {
-                    tracing::error!(
-                        member = format!("{member:x}"),
-                        revision,
-                        ours = format!("{ours:08x}"),
-                        theirs = format!("{theirs:08x}"),
-                        "the key spaces differ at the same revision: raising CORRUPT"
-                    );
-                    let raise = PbAlarmRequest {
-                        action: 1,
-                        member_id: member,
-                        alarm: CORRUPT,
-                    };
-                    if let Err(e) = api.propose(Op::Alarm(raise)).await {
-                        tracing::warn!(error = %e, "could not raise the CORRUPT alarm");
-                    }
-                }
+                } => tracing::error!(
+                    member = member_hex,
+                    revision,
+                    ours = format!("{ours:08x}"),
+                    theirs = format!("{theirs:08x}"),
+                    "the key spaces differ at the same revision: raising CORRUPT"
+                ),
+                Outcome::Damaged(why) => tracing::error!(
+                    member = member_hex,
+                    why,
+                    "the member's key space is damaged: raising CORRUPT"
+                ),
+            }
+            let raise = PbAlarmRequest {
+                action: 1,
+                member_id: member,
+                alarm: CORRUPT,
+            };
+            if let Err(e) = api.propose(Op::Alarm(raise)).await {
+                tracing::warn!(error = %e, "could not raise the CORRUPT alarm");
             }
         }
     }
@@ -76,6 +88,18 @@ enum Outcome {
         ours: u32,
         theirs: u32,
     },
+    /// Its key space failed its checksums while hashing (the error says where).
+    Damaged(String),
+}
+
+/// What asking one member for its hash got.
+enum Asked {
+    /// (hash, compacted revision)
+    Hash(u32, u64),
+    /// It answered DATA_LOSS: its key space is damaged.
+    Damaged(String),
+    /// No answer (why).
+    Failed(String),
 }
 
 /// Compares this member's hash with every other member's that announced client URLs.
@@ -87,6 +111,7 @@ async fn check(api: &Api) -> Vec<(NodeId, Outcome)> {
     let (ours, compacted) = match api.mvcc.hash_kv(revision) {
         Ok(Ok((hash, compacted, _))) => (hash, compacted),
         Ok(Err(e)) => return vec![(api.member_id, Outcome::Skipped(e.to_string()))],
+        Err(e) if e.damaged => return vec![(api.member_id, Outcome::Damaged(e.to_string()))],
         Err(e) => return vec![(api.member_id, Outcome::Skipped(e.to_string()))],
     };
     let others: Vec<(NodeId, Vec<String>)> = api
@@ -112,12 +137,13 @@ async fn check(api: &Api) -> Vec<(NodeId, Outcome)> {
             api.request_timeout,
         );
         let outcome = match asked.await {
-            Err(why) => Outcome::Skipped(why),
-            Ok((_, theirs_compacted)) if theirs_compacted != compacted => Outcome::Skipped(
+            Asked::Failed(why) => Outcome::Skipped(why),
+            Asked::Damaged(why) => Outcome::Damaged(why),
+            Asked::Hash(_, theirs_compacted) if theirs_compacted != compacted => Outcome::Skipped(
                 format!("compacted at {theirs_compacted}, this member at {compacted}"),
             ),
-            Ok((theirs, _)) if theirs == ours => Outcome::Same,
-            Ok((theirs, _)) => Outcome::Differs {
+            Asked::Hash(theirs, _) if theirs == ours => Outcome::Same,
+            Asked::Hash(theirs, _) => Outcome::Differs {
                 revision,
                 ours,
                 theirs,
@@ -128,24 +154,39 @@ async fn check(api: &Api) -> Vec<(NodeId, Outcome)> {
     out
 }
 
-/// Another member's (hash, compacted revision) at `revision`, from the first of its client
-/// URLs that answers (etcd's Maintenance.HashKV, called as a plain gRPC request so it can
-/// carry the member's token).
+/// Another member's hash at `revision`, from the first of its client URLs that answers
+/// (etcd's Maintenance.HashKV, called as a plain gRPC request so it can carry the member's
+/// token).
 async fn ask(
     dialer: &Dialer,
     urls: &[String],
     revision: u64,
     token: Option<&str>,
     timeout: Duration,
-) -> Result<(u32, u64), String> {
+) -> Asked {
     let mut why = String::from("no client URL");
     for url in urls {
         match ask_one(dialer, url, revision, token, timeout).await {
-            Ok(r) => return Ok((r.hash, u64::try_from(r.compact_revision).unwrap_or(0))),
-            Err(e) => why = format!("{url}: {e}"),
+            Ok(r) => {
+                return Asked::Hash(r.hash, u64::try_from(r.compact_revision).unwrap_or(0));
+            }
+            Err(Refusal::DataLoss(e)) => return Asked::Damaged(format!("{url}: {e}")),
+            Err(Refusal::Other(e)) => why = format!("{url}: {e}"),
         }
     }
-    Err(why)
+    Asked::Failed(why)
+}
+
+/// Why one URL gave no hash.
+enum Refusal {
+    DataLoss(String),
+    Other(String),
+}
+
+impl From<String> for Refusal {
+    fn from(e: String) -> Refusal {
+        Refusal::Other(e)
+    }
 }
 
 async fn ask_one(
@@ -154,7 +195,7 @@ async fn ask_one(
     revision: u64,
     token: Option<&str>,
     timeout: Duration,
-) -> Result<PbHashKvResponse, String> {
+) -> Result<PbHashKvResponse, Refusal> {
     let endpoint = Endpoint::from_shared(url.to_string())
         .map_err(|e| e.to_string())?
         .connect_timeout(timeout)
@@ -166,15 +207,19 @@ async fn ask_one(
         revision: revision as i64,
     });
     if let Some(t) = token {
-        request
-            .metadata_mut()
-            .insert("token", t.parse().map_err(|_| "an unsendable token")?);
+        request.metadata_mut().insert(
+            "token",
+            t.parse().map_err(|_| "an unsendable token".to_string())?,
+        );
     }
     let path = PathAndQuery::from_static("/etcdserverpb.Maintenance/HashKV");
     let codec = tonic_prost::ProstCodec::default();
     let response = grpc
         .unary(request, path, codec)
         .await
-        .map_err(|e| e.message().to_string())?;
+        .map_err(|e| match e.code() {
+            tonic::Code::DataLoss => Refusal::DataLoss(e.message().to_string()),
+            _ => Refusal::Other(e.message().to_string()),
+        })?;
     Ok(response.into_inner())
 }

@@ -138,6 +138,19 @@ pub(super) fn internal(e: impl std::fmt::Display) -> Status {
     Status::internal(e.to_string())
 }
 
+/// A key-space failure as a client sees it: DATA_LOSS when the file is damaged (the message
+/// names the file, the key and the recovery), INTERNAL otherwise. The corruption check of
+/// another member reads DATA_LOSS as damage (corruption.rs).
+impl From<crate::mvcc::StoreError> for Status {
+    fn from(e: crate::mvcc::StoreError) -> Status {
+        if e.damaged {
+            Status::data_loss(e.to_string())
+        } else {
+            internal(e)
+        }
+    }
+}
+
 pub(super) fn timed_out() -> Status {
     EtcdError::TIMEOUT.into()
 }

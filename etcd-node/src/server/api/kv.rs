@@ -44,7 +44,7 @@ impl PbKvService for Kv {
         // before it, revocations included.
         self.api
             .authorize(token.as_ref(), &[Need::Read(&req.key, &req.range_end)])?;
-        let out = self.api.mvcc.range(&req).map_err(internal)??;
+        let out = self.api.mvcc.range(&req)??;
         Ok(Response::new(PbRangeResponse {
             header: self.api.header(out.revision as i64),
             kvs: out.kvs,

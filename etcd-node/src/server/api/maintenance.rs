@@ -191,8 +191,7 @@ impl PbMaintenanceService for Maintenance {
         let mvcc = self.api.mvcc.clone();
         let hash = tokio::task::spawn_blocking(move || mvcc.dump_crc())
             .await
-            .map_err(internal)?
-            .map_err(internal)?;
+            .map_err(internal)??;
         Ok(Response::new(PbHashResponse {
             header: self.api.current_header(),
             hash,
@@ -205,7 +204,7 @@ impl PbMaintenanceService for Maintenance {
     ) -> Result<Response<PbHashKvResponse>, Status> {
         self.api.require_root(caller_of(&request).as_ref())?;
         let asked = u64::try_from(request.get_ref().revision).unwrap_or(0);
-        let (hash, compacted, at) = self.api.mvcc.hash_kv(asked).map_err(internal)??;
+        let (hash, compacted, at) = self.api.mvcc.hash_kv(asked)??;
         Ok(Response::new(PbHashKvResponse {
             header: self.api.current_header(),
             hash,
@@ -242,6 +241,7 @@ impl PbMaintenanceService for Maintenance {
                 let client_gone = |e: std::io::Error| crate::mvcc::StoreError {
                     path: "the snapshot stream".into(),
                     message: e.to_string(),
+                    damaged: false,
                 };
                 let mut sealed =
                     backup::Sealer::new(&mut chunks, counted.0).map_err(client_gone)?;
