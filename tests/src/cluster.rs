@@ -317,6 +317,13 @@ impl Cluster {
         self.proxies.iter().for_each(|p| p.set_cut(cut));
     }
 
+    /// Closes every connection between the members once, leaving them free to reconnect at
+    /// once (only a partitionable cluster).
+    pub fn reset_peer_connections(&self) {
+        assert!(!self.proxies.is_empty(), "not a partitionable cluster");
+        self.proxies.iter().for_each(Proxy::reset);
+    }
+
     /// The `--initial-cluster` every member is started with.
     pub fn initial_cluster(&self) -> &str {
         &self.initial_cluster

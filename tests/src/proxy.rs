@@ -1,7 +1,8 @@
 //! A TCP proxy in front of a member's peer port (or any TCP service), which a test can cut:
 //! its connections are closed and new ones refused until it is healed. Two members that reach
 //! each other only through their proxies are partitioned by cutting both, while clients and
-//! the witness still reach each of them (no root, no firewall needed). A proxy can also delay
+//! the witness still reach each of them (no root, no firewall needed). A test can also reset
+//! it: close every connection once and go on accepting new ones. A proxy can also delay
 //! every byte by a fixed time each way, like a WAN link (without limiting its bandwidth).
 
 use std::net::SocketAddr;
@@ -17,6 +18,8 @@ use tokio::time::Instant;
 #[derive(Debug)]
 pub struct Proxy {
     cut: Arc<watch::Sender<bool>>,
+    /// Bumped by [`Proxy::reset`]: each connection ends when it changes.
+    resets: Arc<watch::Sender<u64>>,
     _runtime: tokio::runtime::Runtime,
 }
 
@@ -37,6 +40,7 @@ impl Proxy {
             .build()
             .expect("a runtime for the proxy");
         let cut = Arc::new(watch::channel(false).0);
+        let resets = Arc::new(watch::channel(0u64).0);
         listener
             .set_nonblocking(true)
             .expect("a non-blocking listener");
@@ -45,6 +49,7 @@ impl Proxy {
             TcpListener::from_std(listener).expect("the proxy's listener")
         };
         let accepting = cut.clone();
+        let resetting = resets.clone();
         runtime.spawn(async move {
             loop {
                 let Ok((inbound, _)) = listener.accept().await else {
@@ -56,6 +61,7 @@ impl Proxy {
                 if *cut.borrow() {
                     continue; // dropped: refused
                 }
+                let mut reset = resetting.subscribe();
                 tokio::spawn(async move {
                     let Ok(outbound) = TcpStream::connect(target).await else {
                         return;
@@ -65,14 +71,22 @@ impl Proxy {
                     tokio::select! {
                         _ = relay(inbound, outbound, delay) => {}
                         _ = cut.wait_for(|&c| c) => {}
+                        _ = reset.changed() => {}
                     }
                 });
             }
         });
         Proxy {
             cut,
+            resets,
             _runtime: runtime,
         }
+    }
+
+    /// Closes every connection through the proxy once; new ones are accepted as before (a
+    /// middlebox that dropped its connections, not a partition).
+    pub fn reset(&self) {
+        self.resets.send_modify(|n| *n += 1);
     }
 
     /// Cuts (closes every connection, refuses new ones) or heals the link.

@@ -343,7 +343,15 @@ impl RaftLoop {
             }
             Input::ApplyFailed(why) => self.fx.pending.apply_failed = Some(why),
             Input::RemovedByPeer { by } => self.fx.pending.removed_by = Some(by),
-            Input::PeerDown { id } => raft.report_unreachable(id),
+            Input::PeerDown { id } => {
+                if raft.leader() == id && raft.role() == Role::Follower {
+                    tracing::info!(
+                        leader = format!("{id:x}"),
+                        "the leader's peer port refused a dial: campaigning without waiting for the election timeout"
+                    );
+                }
+                raft.report_unreachable(id)
+            }
             Input::SnapshotSent {
                 to,
                 index,

@@ -349,11 +349,58 @@ fn leader_kill(mut c: Cluster) {
     }
     eprintln!("failover (kill to first acknowledged write): {failover:?}");
     assert_eq!(c.wait_leader(LEADER_WAIT), survivor);
+    // The fast path: a dead process's port refuses the survivor's dial, and the survivor
+    // campaigns on that instead of waiting out its election timeout.
+    let log = c.log(survivor);
+    assert!(
+        log.contains("the leader's peer port refused a dial: campaigning"),
+        "{log}"
+    );
     let writes = c.metric(survivor, "etcd_witness_writes_total").unwrap();
     assert!(writes >= 1.0, "the survivor needed the witness: {writes}");
     c.start_member(leader);
     rt.block_on(wait_caught_up(&lead_ep, "k", &acked));
     rt.block_on(wait_caught_up(&surv_ep, "k", &acked));
+}
+
+/// A connection between the members that closes while both run (a middlebox that dropped it,
+/// a reset after a partition heals) is dialled again, not taken for a death: the follower
+/// does not campaign against its live leader, and the term stays. (Until 2026-11-28 the end
+/// of the stream alone made the follower campaign.)
+#[test]
+fn a_peer_connection_that_closes_under_a_live_leader_costs_no_election() {
+    let (node, etcdutl) = bins();
+    let (dir, url) = e2e_tests::cluster::witness_dir();
+    let c = Cluster::start_partitionable(dir, node, etcdutl, url, &[], Vec::new());
+    let leader = c.wait_leader(LEADER_WAIT);
+    let eps: Vec<String> = c.members.iter().map(|m| m.endpoint()).collect();
+    let terms = || -> Vec<u64> {
+        let out = ok(etcdctl(&eps, &["endpoint", "status", "-w", "json"], None));
+        let v: serde_json::Value = serde_json::from_str(&out).expect("status as JSON");
+        let all = v.as_array().expect("one status per endpoint");
+        all.iter()
+            .map(|e| {
+                e["Status"]["raftTerm"]
+                    .as_u64()
+                    .unwrap_or_else(|| panic!("a term: {out}"))
+            })
+            .collect()
+    };
+    ok(etcdctl(&eps, &["put", "r/0", "v"], None));
+    let before = terms();
+    for i in 1..=5 {
+        c.reset_peer_connections();
+        std::thread::sleep(Duration::from_millis(500));
+        ok(etcdctl(&eps, &["put", &format!("r/{i}"), "v"], None));
+    }
+    let follower = 1 - leader;
+    assert_eq!(
+        terms(),
+        before,
+        "an election after a closed connection; the follower's log:\n{}",
+        c.log(follower)
+    );
+    assert_eq!(c.wait_leader(LEADER_WAIT), leader);
 }
 
 #[test]
