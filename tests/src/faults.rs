@@ -149,7 +149,13 @@ pub struct Report {
     /// Per fault family: the longest time with no write acknowledged by any member, from the
     /// fault's start to the end of the run (the availability clients saw during the fault).
     pub gaps: BTreeMap<Family, Vec<Duration>>,
+    /// Times a member's peer link found its stream stuck and dialled again (its warning
+    /// [`LINK_STALL`] in the members' logs): the guard of seeds 70141 and 20131.
+    pub link_stalls: u64,
 }
+
+/// The warning of a peer link whose stream took no frame for a while (etcd-node's peer.rs).
+const LINK_STALL: &str = "the stream to this peer took no frame";
 
 impl Report {
     /// One line per fault family: runs, median and longest recovery.
@@ -166,6 +172,12 @@ impl Report {
             self.watch_events,
             self.watch_resumes
         );
+        if self.link_stalls > 0 {
+            out.push_str(&format!(
+                "  a peer link found its stream stuck and dialled again {} times\n",
+                self.link_stalls
+            ));
+        }
         if self.stopped_on_full_disk > 0 {
             out.push_str(&format!(
                 "  a member stopped on its full disk {} times (with the message; started again \
@@ -415,11 +427,20 @@ pub fn campaign(node_bin: &Path, etcdutl: &Path, o: &Options) -> Result<Report, 
     let started = Instant::now();
     for run in 0..o.runs {
         let seed = o.seed.wrapping_add(run);
-        one_run(&mut rig, &rt, o, seed, &mut report).map_err(|e| {
+        let ran = one_run(&mut rig, &rt, o, seed, &mut report);
+        // (the members' logs are kept across runs and restarts: count them all again)
+        report.link_stalls = (0..rig.cluster.members.len())
+            .map(|i| rig.cluster.log(i).matches(LINK_STALL).count() as u64)
+            .sum();
+        ran.map_err(|e| {
             format!(
-                "fault run with seed {seed} failed: {e}\nreplay: bash scripts/faults.sh --runs 1 --seed {seed} --witness {}\nmember logs in {}",
-                o.witness.to_possible_value().map_or("dir".into(), |v| v.get_name().to_string()),
-                keep_logs(&rig.cluster, seed)
+                "fault run with seed {seed} failed: {e}\n{stalls}replay: {}\nmember logs in {}",
+                replay_command(o, seed),
+                keep_logs(&rig.cluster, seed),
+                stalls = match report.link_stalls {
+                    0 => String::new(),
+                    n => format!("(peer links found their streams stuck {n} times so far)\n"),
+                }
             )
         })?;
         report.runs += 1;
@@ -433,6 +454,31 @@ pub fn campaign(node_bin: &Path, etcdutl: &Path, o: &Options) -> Result<Report, 
         }
     }
     Ok(report)
+}
+
+/// The command that runs the failed run's seed again with the campaign's options (alone: the
+/// cluster's state from the runs before is not replayed).
+fn replay_command(o: &Options, seed: u64) -> String {
+    let name = |v: Option<clap::builder::PossibleValue>| v.map(|v| v.get_name().to_string());
+    let mut out = format!(
+        "bash scripts/faults.sh --runs 1 --seed {seed} --clients {} --keys {} --witness {}",
+        o.clients,
+        o.keys,
+        name(o.witness.to_possible_value()).unwrap_or_else(|| "dir".into())
+    );
+    match o.disks {
+        DiskKind::Plain => {}
+        DiskKind::Tmpfs => out.push_str(" --full-disk"),
+        DiskKind::PowerCut => out.push_str(" --power-cut"),
+    }
+    if let Some(families) = &o.families {
+        let names: Vec<String> = families
+            .iter()
+            .filter_map(|f| name(f.to_possible_value()))
+            .collect();
+        out.push_str(&format!(" --faults {}", names.join(",")));
+    }
+    out
 }
 
 /// Copies the members' logs out of the cluster's directory (removed with the cluster), with
@@ -646,7 +692,8 @@ fn one_run(
             .map_err(|e| e.to_string())?
             .map_err(|e| format!("{family:?} of member {member}: {e}"))?;
     }
-    // A request of the check itself may fail (a connection reset under load): check again.
+    // A request of the check itself may fail (a connection reset under load, a member that has
+    // not heard from the leader yet): check again, for up to about 30 s.
     let mut attempts = 0;
     let mut keys: Vec<String> = (0..o.keys).map(|k| format!("{prefix}{k}")).collect();
     keys.extend(
@@ -661,7 +708,7 @@ fn one_run(
     let revision = loop {
         match rt.block_on(verify(&endpoints, &keys, epoch, &history)) {
             Ok(revision) => break revision,
-            Err(e) if !e.starts_with(RPC_FAILED) || attempts == 4 => return Err(e),
+            Err(e) if !e.starts_with(RPC_FAILED) || attempts == 30 => return Err(e),
             Err(_) => attempts += 1,
         }
         std::thread::sleep(Duration::from_secs(1));
