@@ -892,9 +892,12 @@ fn refused_as_behind(reply: &WitnessResponse, others: &str) -> Option<String> {
     Some(format!(
         "the witness refused this member's {}vote: its log ends at term {} subterm {}, but the \
          witness acknowledged writes up to term {} subterm {} that only {others} holds; this \
-         member cannot be elected without them (acknowledged writes would be lost). Start \
-         {others} again; this is expected and safe (docs/operations.md, \"What happens when \
-         something fails\": one member and the witness are up, but no leader)",
+         member cannot be elected without them (acknowledged writes would be lost). If \
+         {others} is down, start it again; if it runs, it leads and this member has not heard \
+         from it yet: check the network between the two (this member follows as soon as its \
+         messages arrive). This is expected and safe; do not wipe this member or force a new \
+         cluster from it (docs/operations.md, \"What happens when something fails\": one \
+         member and the witness are up, but no leader)",
         if *pre { "pre-" } else { "" },
         request.last_log_term,
         request.last_log_subterm,
