@@ -365,7 +365,15 @@ fn start(node_bin: &Path, etcdutl: &Path, o: &Options) -> Result<Rig, String> {
         DiskKind::PowerCut if o.witness != WitnessKind::Dir => {
             return Err("power cuts need the witness in a directory (--witness dir)".into());
         }
-        DiskKind::PowerCut => Some(PowerDisks::mount(dir.path())?),
+        DiskKind::PowerCut => {
+            for at in crate::powercut::unmount_stale() {
+                eprintln!(
+                    "unmounted {}: a power-cut disk left by a campaign that was killed",
+                    at.display()
+                );
+            }
+            Some(PowerDisks::mount(dir.path())?)
+        }
         DiskKind::Plain | DiskKind::Tmpfs => None,
     };
     let (mut azurite, mut share) = (None, None);

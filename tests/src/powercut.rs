@@ -679,6 +679,36 @@ impl std::fmt::Debug for Disk {
     }
 }
 
+/// Unmounts (lazily) every power-cut file system whose server is gone: a campaign or test that
+/// was killed leaves its mounts behind, answering every access with "Transport endpoint is not
+/// connected". Returns where they were. Live ones (another campaign's) are left alone.
+pub fn unmount_stale() -> Vec<PathBuf> {
+    let mounts = std::fs::read_to_string("/proc/mounts").unwrap_or_default();
+    let mut gone = Vec::new();
+    for line in mounts.lines() {
+        let mut fields = line.split(' ');
+        let (Some("powercut"), Some(at), Some("fuse")) =
+            (fields.next(), fields.next(), fields.next())
+        else {
+            continue;
+        };
+        // (/proc/mounts escapes spaces and the like as octal: the temp paths here have none)
+        let at = PathBuf::from(at);
+        let dead =
+            matches!(std::fs::metadata(&at), Err(e) if e.raw_os_error() == Some(libc::ENOTCONN));
+        let unmounted = dead
+            && std::process::Command::new("umount")
+                .arg("-l")
+                .arg(&at)
+                .status()
+                .is_ok_and(|s| s.success());
+        if unmounted {
+            gone.push(at);
+        }
+    }
+    gone
+}
+
 impl Disk {
     /// Mounts an empty power-cut file system at `at` (an existing, empty directory). Needs
     /// `/dev/fuse` and root (or `fusermount3`).
