@@ -118,6 +118,29 @@ pub struct StoreError {
     pub damaged: bool,
 }
 
+/// Whether a failure says the file is damaged. The callers pass redb's errors of every kind,
+/// io errors and messages alike: only redb's say it, as `Corrupted` (which the row checksums of
+/// record.rs also use), directly or as the storage error under a table, transaction or commit.
+fn is_damage(e: &dyn std::any::Any) -> bool {
+    use redb::{CommitError, StorageError, TableError, TransactionError};
+    let storage = e
+        .downcast_ref::<StorageError>()
+        .or_else(|| match e.downcast_ref::<TableError>() {
+            Some(TableError::Storage(s)) => Some(s),
+            _ => None,
+        })
+        .or_else(|| match e.downcast_ref::<TransactionError>() {
+            Some(TransactionError::Storage(s)) => Some(s),
+            _ => None,
+        })
+        .or_else(|| match e.downcast_ref::<CommitError>() {
+            Some(CommitError::Storage(s)) => Some(s),
+            _ => None,
+        });
+    matches!(storage, Some(StorageError::Corrupted(_)))
+        || matches!(e.downcast_ref(), Some(redb::Error::Corrupted(_)))
+}
+
 /// What applying a batch of entries did.
 #[derive(Debug, Default)]
 pub struct Outcome {
@@ -255,16 +278,10 @@ impl Mvcc {
     }
 
     fn fail<E: std::fmt::Display + 'static>(&self, e: E) -> StoreError {
-        // (the callers pass redb's errors, io errors and messages alike: only redb's say
-        // whether the file is damaged, and `Corrupted` is how redb and the row checksums
-        // (record.rs) say it)
-        let any = &e as &dyn std::any::Any;
-        let damaged = matches!(any.downcast_ref(), Some(redb::Error::Corrupted(_)))
-            || matches!(any.downcast_ref(), Some(redb::StorageError::Corrupted(_)));
         StoreError {
             path: self.path.clone(),
             message: e.to_string(),
-            damaged,
+            damaged: is_damage(&e),
         }
     }
 
@@ -404,10 +421,9 @@ impl Mvcc {
         let mut out = Vec::new();
         for row in table.iter().map_err(|e| self.fail(e))? {
             let (_, v) = row.map_err(|e| self.fail(e))?;
-            out.push(
-                PbMember::decode(v.value())
-                    .map_err(|e| self.fail(format!("member record: {e}")))?,
-            );
+            out.push(PbMember::decode(v.value()).map_err(|e| {
+                self.fail(redb::StorageError::Corrupted(format!("member record: {e}")))
+            })?);
         }
         Ok(out)
     }

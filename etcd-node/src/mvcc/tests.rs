@@ -1397,3 +1397,23 @@ fn a_bit_flipped_in_a_value_on_the_disk_is_an_error_naming_the_file_and_the_reco
     // (a failure that is not damage is not marked as damage)
     assert!(!Mvcc::open(_dir.path()).unwrap_err().damaged);
 }
+
+#[test]
+fn damage_is_recognised_under_every_redb_error_that_carries_it() {
+    use redb::{CommitError, StorageError, TableError, TransactionError};
+    let corrupted = || StorageError::Corrupted("a bad page".into());
+    assert!(super::is_damage(&corrupted()));
+    assert!(super::is_damage(&redb::Error::Corrupted("x".into())));
+    assert!(super::is_damage(&TableError::Storage(corrupted())));
+    assert!(super::is_damage(&TransactionError::Storage(corrupted())));
+    assert!(super::is_damage(&CommitError::Storage(corrupted())));
+    // Failures that say nothing about the file's contents are not damage.
+    assert!(!super::is_damage(&StorageError::Io(std::io::Error::other(
+        "EIO"
+    ))));
+    assert!(!super::is_damage(&std::io::Error::other("EIO")));
+    assert!(!super::is_damage(&"a message".to_string()));
+    assert!(!super::is_damage(&TableError::TableDoesNotExist(
+        "t".into()
+    )));
+}

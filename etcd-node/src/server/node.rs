@@ -344,13 +344,14 @@ impl RaftLoop {
             Input::ApplyFailed(why) => self.fx.pending.apply_failed = Some(why),
             Input::RemovedByPeer { by } => self.fx.pending.removed_by = Some(by),
             Input::PeerDown { id } => {
-                if raft.leader() == id && raft.role() == Role::Follower {
+                let following = raft.leader() == id && raft.role() == Role::Follower;
+                raft.report_unreachable(id);
+                if following && raft.role() != Role::Follower {
                     tracing::info!(
                         leader = format!("{id:x}"),
-                        "the leader's peer port refused a dial: campaigning without waiting for the election timeout"
+                        "a dial to the leader's peer port failed: campaigning without waiting for the election timeout"
                     );
                 }
-                raft.report_unreachable(id)
             }
             Input::SnapshotSent {
                 to,

@@ -486,6 +486,8 @@ async fn run_link(
             }
         };
         let connected = std::time::Instant::now();
+        // (a peer that refused the protocol is running: its stream's end is not a death)
+        let mut refused = false;
         let (frames, frames_rx) = mpsc::channel::<Frame>(16);
         let mut call =
             tokio::spawn(async move { client.stream(ReceiverStream::new(frames_rx)).await });
@@ -511,11 +513,12 @@ async fn run_link(
                         if let Ok(mut r) = me.refusals.lock() {
                             r.insert(to, (Instant::now(), status.message().to_string()));
                         }
+                        refused = true;
                     }
                     // Not a death yet: a live peer's connection can end too (a proxy, a reset
-                    // after a heal). The link dials again at once; only a dial that fails
-                    // reports the peer down (above), which costs a dead process one refused
-                    // dial and spares a live leader a needless election.
+                    // after a heal). The link dials again at once; only a dial that fails, or
+                    // one whose stream dies at once (below), reports the peer down, which costs
+                    // a dead process one dial and spares a live leader a needless election.
                     tracing::debug!(peer = %url, result = ?ended.map(|r| r.map(|_| ())), "peer stream ended");
                     break;
                 }
@@ -553,8 +556,13 @@ async fn run_link(
         }
         call.abort();
         if connected.elapsed() < Duration::from_secs(1) {
-            // Accepted, then closed at once (a peer restarting, something else on its port):
-            // back off as after a refused connection, instead of spinning.
+            // Accepted, then closed at once: a proxy in front of a peer that is gone (it
+            // accepts, then finds nothing behind it), a peer restarting, something else on its
+            // port. As good as a refused dial: report it (unless the peer refused the
+            // protocol, which it does running), and back off instead of spinning.
+            if !refused {
+                let _ = reports.send(Input::PeerDown { id: to });
+            }
             while rx.try_recv().is_ok() {}
             tokio::time::sleep(backoff).await;
             backoff = (backoff * 2).min(RECONNECT_MAX);

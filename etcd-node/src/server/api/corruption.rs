@@ -106,6 +106,7 @@ enum Asked {
 async fn check(api: &Api) -> Vec<(NodeId, Outcome)> {
     let revision = match api.mvcc.position() {
         Ok(p) => p.revision,
+        Err(e) if e.damaged => return vec![(api.member_id, Outcome::Damaged(e.to_string()))],
         Err(e) => return vec![(api.member_id, Outcome::Skipped(e.to_string()))],
     };
     let (ours, compacted) = match api.mvcc.hash_kv(revision) {
