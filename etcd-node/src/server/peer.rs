@@ -195,9 +195,37 @@ async fn connect(
         .keep_alive_timeout(Duration::from_secs(3))
         .keep_alive_while_idle(true);
     let channel = dialer.connect(endpoint).await?;
+    tokio::time::timeout(PROVE_LIMIT, prove(channel.clone()))
+        .await
+        .map_err(|_| format!("no gRPC answer within {PROVE_LIMIT:?} of the dial"))??;
     Ok(PeerClient::new(channel)
         .max_encoding_message_size(MAX_FRAME_BYTES)
         .max_decoding_message_size(MAX_FRAME_BYTES))
+}
+
+/// The longest a new connection may take to answer its first request.
+const PROVE_LIMIT: Duration = Duration::from_secs(1);
+
+/// Proves a new connection end to end before the link streams on it: it asks for a method no
+/// member serves, which a live member's gRPC server refuses at once (UNIMPLEMENTED, in every
+/// release) without touching its disk. A dial that a proxy accepted with no member behind it
+/// fails here. Without this, the stream's call waited on tonic's channel, which kept making
+/// new connections to the proxy, and took no frame until the link's stall guard dropped it
+/// (the fault campaign's "stuck link": every time, a peer that was down or cut off behind the
+/// campaign's proxies).
+async fn prove(channel: tonic::transport::Channel) -> Result<(), String> {
+    let mut grpc = tonic::client::Grpc::new(channel);
+    grpc.ready().await.map_err(|e| e.to_string())?;
+    let path = tonic::codegen::http::uri::PathAndQuery::from_static("/etcdnode.peer.Peer/Probe");
+    let codec = tonic_prost::ProstCodec::<MembersRequest, MembersReply>::default();
+    match grpc
+        .unary(Request::new(MembersRequest {}), path, codec)
+        .await
+    {
+        Err(status) if status.code() == tonic::Code::Unimplemented => Ok(()),
+        Err(status) => Err(format!("the peer did not answer: {}", status.message())),
+        Ok(_) => Ok(()),
+    }
 }
 
 /// Streams the snapshots of one link, one at a time.
@@ -439,10 +467,12 @@ const CONNECT_LIMIT: Duration = Duration::from_secs(3);
 /// The longest a link waits to queue a frame on its stream. A healthy stream takes a frame in
 /// microseconds (16 frames of up to [`BATCH`] envelopes are queued ahead of the connection);
 /// one that takes none for this long is stuck, and the link drops the stream and dials again.
-/// A guard, not a proven cure: in seeds 70141 and 20131 of the fault campaign a leader's link
-/// sent nothing for 60 s after a heal while its connection never failed, and the follower,
-/// hearing nothing, could not be elected either; where the stream stuck is not known. The
-/// warning below says when the guard fires (docs/runs/ records how often).
+/// A guard: in seeds 70141 and 20131 of the fault campaign a leader's link sent nothing for
+/// 60 s after a heal while its connection never failed, and the follower, hearing nothing,
+/// could not be elected either. The one firing seen with `call_ended` logged (2026-11-28) was
+/// a call still waiting while the peer behind the campaign's proxy was down, which [`prove`]
+/// now refuses at the dial; the guard stays for whatever else may stick. The warning below says
+/// when it fires (docs/runs/ records how often).
 const STALL_LIMIT: Duration = Duration::from_secs(5);
 
 async fn run_link(
