@@ -435,12 +435,8 @@ pub fn campaign(node_bin: &Path, etcdutl: &Path, o: &Options) -> Result<Report, 
     let started = Instant::now();
     for run in 0..o.runs {
         let seed = o.seed.wrapping_add(run);
-        let ran = one_run(&mut rig, &rt, o, seed, &mut report);
-        // (the members' logs are kept across runs and restarts: count them all again)
-        report.link_stalls = (0..rig.cluster.members.len())
-            .map(|i| rig.cluster.log(i).matches(LINK_STALL).count() as u64)
-            .sum();
-        ran.map_err(|e| {
+        one_run(&mut rig, &rt, o, seed, &mut report).map_err(|e| {
+            report.link_stalls = link_stalls(&rig.cluster);
             format!(
                 "fault run with seed {seed} failed: {e}\n{stalls}replay: {}\nmember logs in {}",
                 replay_command(o, seed),
@@ -454,6 +450,7 @@ pub fn campaign(node_bin: &Path, etcdutl: &Path, o: &Options) -> Result<Report, 
         report.runs += 1;
         if report.runs % 50 == 0 && report.runs < o.runs {
             // Long campaigns: a running summary, so an interrupted one still reports.
+            report.link_stalls = link_stalls(&rig.cluster);
             eprint!(
                 "after {} s: {}",
                 started.elapsed().as_secs(),
@@ -461,7 +458,16 @@ pub fn campaign(node_bin: &Path, etcdutl: &Path, o: &Options) -> Result<Report, 
             );
         }
     }
+    report.link_stalls = link_stalls(&rig.cluster);
     Ok(report)
+}
+
+/// The stuck-link warnings in the members' logs (kept across runs and restarts), counted when
+/// a summary needs them rather than after every run (the logs only grow).
+fn link_stalls(cluster: &Cluster) -> u64 {
+    (0..cluster.members.len())
+        .map(|i| cluster.log(i).matches(LINK_STALL).count() as u64)
+        .sum()
 }
 
 /// The command that runs the failed run's seed again with the campaign's options (alone: the

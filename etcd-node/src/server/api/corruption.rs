@@ -104,16 +104,24 @@ enum Asked {
 
 /// Compares this member's hash with every other member's that announced client URLs.
 async fn check(api: &Api) -> Vec<(NodeId, Outcome)> {
+    // This member's own read failed: damage raises CORRUPT for it, anything else skips the round.
+    let own = |e: crate::mvcc::StoreError| {
+        let why = e.to_string();
+        let outcome = if e.damaged {
+            Outcome::Damaged(why)
+        } else {
+            Outcome::Skipped(why)
+        };
+        vec![(api.member_id, outcome)]
+    };
     let revision = match api.mvcc.position() {
         Ok(p) => p.revision,
-        Err(e) if e.damaged => return vec![(api.member_id, Outcome::Damaged(e.to_string()))],
-        Err(e) => return vec![(api.member_id, Outcome::Skipped(e.to_string()))],
+        Err(e) => return own(e),
     };
     let (ours, compacted) = match api.mvcc.hash_kv(revision) {
         Ok(Ok((hash, compacted, _))) => (hash, compacted),
         Ok(Err(e)) => return vec![(api.member_id, Outcome::Skipped(e.to_string()))],
-        Err(e) if e.damaged => return vec![(api.member_id, Outcome::Damaged(e.to_string()))],
-        Err(e) => return vec![(api.member_id, Outcome::Skipped(e.to_string()))],
+        Err(e) => return own(e),
     };
     let others: Vec<(NodeId, Vec<String>)> = api
         .client_urls
