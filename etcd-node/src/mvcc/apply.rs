@@ -16,7 +16,8 @@ use super::events::event;
 use super::range;
 use super::record::{self, Rows, VALUES};
 use super::request::{Op, Response, needs_space};
-use super::{ALARMS, AUTH, CLUSTER, HISTORY, LEASE_KEYS, LEASES, META, lease_keys_of, meta_get};
+use super::sealed::{self, Writable, meta_get, meta_set};
+use super::{ALARMS, AUTH, CLUSTER, HISTORY, LEASE_KEYS, LEASES, META, lease_keys_of};
 use crate::errors::EtcdError;
 
 /// etcd's alarm types (`AlarmType`).
@@ -29,11 +30,11 @@ pub type Applied = Option<Result<Response, EtcdError>>;
 pub(super) struct Writer<'t> {
     rows: Rows<'t>,
     meta: Table<'t, &'static str, u64>,
-    leases: Table<'t, i64, i64>,
-    lease_keys: Table<'t, (i64, &'static [u8]), ()>,
-    alarms: Table<'t, (u64, i32), ()>,
-    auth: Table<'t, &'static str, &'static [u8]>,
-    cluster: Table<'t, &'static str, &'static [u8]>,
+    leases: Writable<'t, i64>,
+    lease_keys: Writable<'t, (i64, &'static [u8])>,
+    alarms: Writable<'t, (u64, i32)>,
+    auth: Writable<'t, &'static str>,
+    cluster: Writable<'t, &'static str>,
     /// For the tables a batch rarely writes (opened when one is).
     tx: &'t WriteTransaction,
     pub applied: u64,
@@ -83,11 +84,11 @@ impl<'t> Writer<'t> {
         Ok(Writer {
             rows,
             meta,
-            leases: tx.open_table(LEASES)?,
-            lease_keys: tx.open_table(LEASE_KEYS)?,
-            alarms: tx.open_table(ALARMS)?,
-            auth: tx.open_table(AUTH)?,
-            cluster: tx.open_table(CLUSTER)?,
+            leases: sealed::write(tx, LEASES)?,
+            lease_keys: sealed::write(tx, LEASE_KEYS)?,
+            alarms: sealed::write(tx, ALARMS)?,
+            auth: sealed::write(tx, AUTH)?,
+            cluster: sealed::write(tx, CLUSTER)?,
             tx,
             applied,
             revision,
@@ -98,10 +99,10 @@ impl<'t> Writer<'t> {
 
     /// Records the applied index and revisions (in the same transaction as the changes).
     pub fn finish(mut self) -> Result<(), redb::Error> {
-        self.meta.insert("applied", self.applied)?;
-        self.meta.insert("revision", self.revision)?;
-        self.meta.insert("compact", self.compacted)?;
-        self.meta.insert("values", self.rows.last)?;
+        meta_set(&mut self.meta, "applied", self.applied)?;
+        meta_set(&mut self.meta, "revision", self.revision)?;
+        meta_set(&mut self.meta, "compact", self.compacted)?;
+        meta_set(&mut self.meta, "values", self.rows.last)?;
         Ok(())
     }
 
@@ -131,7 +132,7 @@ impl<'t> Writer<'t> {
                 Ok(Response::ClusterParams(None))
             }
             Op::MemberAttrs(a) => {
-                super::set_member_attrs(&mut self.tx.open_table(super::MEMBERS)?, a)?;
+                super::set_member_attrs(self.tx, a)?;
                 Ok(Response::MemberAttrs(None))
             }
             Op::Auth(c) => match &c.op {
@@ -185,7 +186,7 @@ impl<'t> Writer<'t> {
     fn alarm(&mut self, r: &PbAlarmRequest) -> Result<PbAlarmResponse, redb::Error> {
         let key = (r.member_id, r.alarm);
         let changed = match r.action {
-            1 if r.alarm != 0 => self.alarms.insert(key, ())?.is_none(),
+            1 if r.alarm != 0 => self.alarms.insert(key, &[])?.is_none(),
             2 => self.alarms.remove(key)?.is_some(),
             _ => false,
         };
@@ -236,7 +237,7 @@ impl<'t> Writer<'t> {
         if self.leases.get(r.id)?.is_some() {
             return Ok(Err(EtcdError::LEASE_EXIST));
         }
-        self.leases.insert(r.id, r.ttl)?;
+        self.leases.insert(r.id, &r.ttl.to_le_bytes())?;
         Ok(Ok(PbLeaseGrantResponse {
             header: header(self.revision),
             id: r.id,
@@ -309,7 +310,7 @@ impl<'t> Writer<'t> {
                 self.lease_keys.remove((old, key))?;
             }
             if new != 0 {
-                self.lease_keys.insert((new, key), ())?;
+                self.lease_keys.insert((new, key), &[])?;
             }
         }
         Ok(())

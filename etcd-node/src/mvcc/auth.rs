@@ -7,13 +7,13 @@
 //! are stored only as bcrypt hashes, computed by the proposing member (as etcd 3.5 does), so
 //! no entry carries a password in clear.
 
+use super::sealed::Writable;
 use etcd_client::proto::{
     PbAuthRoleAddRequest, PbAuthRoleDeleteRequest, PbAuthRoleGrantPermissionRequest,
     PbAuthRoleRevokePermissionRequest, PbAuthUserAddRequest, PbAuthUserChangePasswordRequest,
     PbAuthUserDeleteRequest, PbAuthUserGrantRoleRequest, PbAuthUserRevokeRoleRequest,
 };
 use prost::Message;
-use redb::{ReadableTable, Table};
 
 use crate::errors::EtcdError;
 
@@ -101,17 +101,17 @@ pub fn decode<T: Message + Default>(bytes: &[u8]) -> Result<T, redb::StorageErro
     T::decode(bytes).map_err(|e| redb::StorageError::Corrupted(format!("auth record: {e}")))
 }
 
-type AuthTable<'t> = Table<'t, &'static str, &'static [u8]>;
+type AuthTable<'t> = Writable<'t, &'static str>;
 
 fn get<T: Message + Default>(t: &AuthTable<'_>, key: &str) -> Result<Option<T>, redb::Error> {
     Ok(match t.get(key)? {
-        Some(v) => Some(decode(v.value())?),
+        Some(v) => Some(decode(&v)?),
         None => None,
     })
 }
 
 fn put<T: Message>(t: &mut AuthTable<'_>, key: &str, value: &T) -> Result<(), redb::Error> {
-    t.insert(key, value.encode_to_vec().as_slice())?;
+    t.insert(key, &value.encode_to_vec())?;
     Ok(())
 }
 
@@ -232,7 +232,7 @@ pub(super) fn apply(
                 let mut changed = Vec::new();
                 for row in t.range("user/".."user0")? {
                     let (k, v) = row?;
-                    let mut u: StoredUser = decode(v.value())?;
+                    let mut u: StoredUser = decode(&v)?;
                     if let Ok(at) = u.roles.binary_search(&r.role) {
                         u.roles.remove(at);
                         changed.push((k.value().to_string(), u));
@@ -298,7 +298,7 @@ pub(super) fn apply(
     }
     let revision = t
         .get("revision")?
-        .and_then(|v| v.value().try_into().ok().map(u64::from_le_bytes))
+        .and_then(|v| v.as_slice().try_into().ok().map(u64::from_le_bytes))
         .unwrap_or(0);
     t.insert("revision", (revision + 1).to_le_bytes().as_slice())?;
     Ok(Ok(()))

@@ -42,6 +42,7 @@ pub mod events;
 mod range;
 mod record;
 pub mod request;
+mod sealed;
 
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -50,9 +51,7 @@ use std::sync::{PoisonError, RwLock, RwLockReadGuard};
 
 use etcd_client::proto::{PbAlarmMember, PbEvent, PbKeyValue, PbMember};
 use prost::Message;
-use redb::{
-    Database, Durability, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition,
-};
+use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinition};
 
 use crate::errors::EtcdError;
 use crate::version::ClusterParams;
@@ -63,6 +62,7 @@ pub use range::RangeOutput;
 pub use request::{
     ClusterParamsSet, MemberAttrsSet, MemberChange, Op, Proposal, Response, check, needs_space,
 };
+use sealed::{meta_get, meta_set};
 
 const HISTORY: TableDefinition<(&[u8], u64), &[u8]> = TableDefinition::new("history");
 /// Formats 2 and 3: key -> the revision of its newest `history` row (dropped when opened: the
@@ -78,13 +78,14 @@ const VALUES_ASIDE: TableDefinition<&str, (&[u8], u64)> = TableDefinition::new("
 /// History rows per transaction of the upgrade to format 3.
 const ASIDE_CHUNK: usize = if cfg!(test) { 5_000 } else { 50_000 };
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
-const MEMBERS: TableDefinition<u64, &[u8]> = TableDefinition::new("members");
-const REMOVED: TableDefinition<u64, ()> = TableDefinition::new("removed");
-const LEASES: TableDefinition<i64, i64> = TableDefinition::new("leases");
-const LEASE_KEYS: TableDefinition<(i64, &[u8]), ()> = TableDefinition::new("lease_keys");
-const ALARMS: TableDefinition<(u64, i32), ()> = TableDefinition::new("alarms");
-const AUTH: TableDefinition<&str, &[u8]> = TableDefinition::new("auth");
-const CLUSTER: TableDefinition<&str, &[u8]> = TableDefinition::new("cluster");
+// The small tables: sealed rows ([`sealed`]), a payload and its checksum.
+const MEMBERS: sealed::Def<u64> = TableDefinition::new("members");
+const REMOVED: sealed::Def<u64> = TableDefinition::new("removed");
+const LEASES: sealed::Def<i64> = TableDefinition::new("leases");
+const LEASE_KEYS: sealed::Def<(i64, &[u8])> = TableDefinition::new("lease_keys");
+const ALARMS: sealed::Def<(u64, i32)> = TableDefinition::new("alarms");
+const AUTH: sealed::Def<&str> = TableDefinition::new("auth");
+const CLUSTER: sealed::Def<&str> = TableDefinition::new("cluster");
 
 /// The key space's page cache unless configured (`--backend-cache-bytes`; redb's own default
 /// is 1 GiB, which made a member's memory grow with its data). 16 MiB: 64 MiB made puts and
@@ -95,8 +96,9 @@ pub const DEFAULT_CACHE_BYTES: usize = 16 << 20;
 /// The key-space file's format. 1: a `current` table held a copy of every live key's record;
 /// 2: `live` holds only the revision of the record in `history` (a record is stored once);
 /// 3: values in a table of their own, appended ([`record`]); 4: no `live` table (a key's
-/// newest `history` row says the same).
-pub const FORMAT: u64 = 4;
+/// newest `history` row says the same); 5: the small tables' rows and `meta`'s carry checksums
+/// ([`sealed`]).
+pub const FORMAT: u64 = 5;
 
 /// What a committed entry asks of the store.
 #[derive(Debug, Clone, PartialEq)]
@@ -116,6 +118,15 @@ pub struct StoreError {
     /// The file is damaged (a checksum failed, or redb found its structure broken): the data
     /// read is wrong, not merely unreachable. The corruption check raises CORRUPT on it.
     pub damaged: bool,
+}
+
+/// `e`, met on the file at `path`, as a [`StoreError`].
+fn store_error<E: std::fmt::Display + 'static>(path: &str, e: E) -> StoreError {
+    StoreError {
+        path: path.to_string(),
+        message: e.to_string(),
+        damaged: is_damage(&e),
+    }
 }
 
 /// Whether a failure says the file is damaged. The callers pass redb's errors of every kind,
@@ -194,15 +205,10 @@ impl Mvcc {
     /// memory (reads beyond come from the file, through the kernel's page cache).
     pub fn open_with_cache(path: &Path, cache_bytes: usize) -> Result<Mvcc, StoreError> {
         let name = path.display().to_string();
-        let err = |e: &dyn std::fmt::Display| StoreError {
-            path: name.clone(),
-            message: e.to_string(),
-            damaged: false,
-        };
         let db = redb::Builder::new()
             .set_cache_size(cache_bytes)
             .create(path)
-            .map_err(|e| err(&e))?;
+            .map_err(|e| store_error(&name, e))?;
         let mvcc = Mvcc {
             db: RwLock::new(db),
             path: name.clone(),
@@ -211,27 +217,29 @@ impl Mvcc {
             removed: RwLock::default(),
             params: RwLock::default(),
         };
-        let tx = mvcc.db().begin_write().map_err(|e| err(&e))?;
+        let tx = mvcc.db().begin_write().map_err(|e| store_error(&name, e))?;
         upgrade(&tx, &name)
-            .map_err(|e| err(&e))?
-            .map_err(|why| err(&why))?;
+            .map_err(|e| store_error(&name, e))?
+            .map_err(|why| store_error(&name, why))?;
         {
-            tx.open_table(HISTORY).map_err(|e| err(&e))?;
-            tx.open_table(record::VALUES).map_err(|e| err(&e))?;
-            tx.open_table(MEMBERS).map_err(|e| err(&e))?;
-            tx.open_table(REMOVED).map_err(|e| err(&e))?;
-            tx.open_table(CLUSTER).map_err(|e| err(&e))?;
-            tx.open_table(LEASES).map_err(|e| err(&e))?;
-            tx.open_table(LEASE_KEYS).map_err(|e| err(&e))?;
-            tx.open_table(ALARMS).map_err(|e| err(&e))?;
-            tx.open_table(AUTH).map_err(|e| err(&e))?;
-            let mut meta = tx.open_table(META).map_err(|e| err(&e))?;
-            if meta.get("revision").map_err(|e| err(&e))?.is_none() {
-                meta.insert("revision", 1).map_err(|e| err(&e))?;
+            tx.open_table(HISTORY).map_err(|e| store_error(&name, e))?;
+            tx.open_table(record::VALUES)
+                .map_err(|e| store_error(&name, e))?;
+            tx.open_table(MEMBERS).map_err(|e| store_error(&name, e))?;
+            tx.open_table(REMOVED).map_err(|e| store_error(&name, e))?;
+            tx.open_table(CLUSTER).map_err(|e| store_error(&name, e))?;
+            tx.open_table(LEASES).map_err(|e| store_error(&name, e))?;
+            tx.open_table(AUTH).map_err(|e| store_error(&name, e))?;
+            tx.open_table(LEASE_KEYS)
+                .map_err(|e| store_error(&name, e))?;
+            tx.open_table(ALARMS).map_err(|e| store_error(&name, e))?;
+            let mut meta = tx.open_table(META).map_err(|e| store_error(&name, e))?;
+            if meta_get(&meta, "revision").map_err(|e| store_error(&name, e))? == 0 {
+                meta_set(&mut meta, "revision", 1).map_err(|e| store_error(&name, e))?;
             }
         }
-        tx.commit().map_err(|e| err(&e))?;
-        values_aside(&mvcc.db(), &name).map_err(|e| err(&e))?;
+        tx.commit().map_err(|e| store_error(&name, e))?;
+        values_aside(&mvcc.db(), &name).map_err(|e| store_error(&name, e))?;
         mvcc.refresh_auth_on()?;
         mvcc.refresh_removed()?;
         mvcc.refresh_params()?;
@@ -278,11 +286,7 @@ impl Mvcc {
     }
 
     fn fail<E: std::fmt::Display + 'static>(&self, e: E) -> StoreError {
-        StoreError {
-            path: self.path.clone(),
-            message: e.to_string(),
-            damaged: is_damage(&e),
-        }
+        store_error(&self.path, e)
     }
 
     /// Revision, compacted revision and applied index.
@@ -290,12 +294,7 @@ impl Mvcc {
         let db = self.db();
         let tx = db.begin_read().map_err(|e| self.fail(e))?;
         let meta = tx.open_table(META).map_err(|e| self.fail(e))?;
-        let get = |k: &str| -> Result<u64, StoreError> {
-            Ok(meta
-                .get(k)
-                .map_err(|e| self.fail(e))?
-                .map_or(0, |v| v.value()))
-        };
+        let get = |k| meta_get(&meta, k).map_err(|e| self.fail(e));
         Ok(Position {
             revision: get("revision")?,
             compacted: get("compact")?,
@@ -327,9 +326,8 @@ impl Mvcc {
     pub fn auth_row(&self, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
         let db = self.db();
         let tx = db.begin_read().map_err(|e| self.fail(e))?;
-        let table = tx.open_table(AUTH).map_err(|e| self.fail(e))?;
-        let row = table.get(key).map_err(|e| self.fail(e))?;
-        Ok(row.map(|v| v.value().to_vec()))
+        let table = sealed::read(&tx, AUTH).map_err(|e| self.fail(e))?;
+        table.get(key).map_err(|e| self.fail(e))
     }
 
     /// The raised alarms, by member.
@@ -356,10 +354,8 @@ impl Mvcc {
             .map_err(|e| self.fail(e))?;
         {
             let mut meta = tx.open_table(META).map_err(|e| self.fail(e))?;
-            meta.insert("member_id", member_id)
-                .map_err(|e| self.fail(e))?;
-            meta.insert("cluster_id", cluster_id)
-                .map_err(|e| self.fail(e))?;
+            meta_set(&mut meta, "member_id", member_id).map_err(|e| self.fail(e))?;
+            meta_set(&mut meta, "cluster_id", cluster_id).map_err(|e| self.fail(e))?;
         }
         tx.commit().map_err(|e| self.fail(e))
     }
@@ -417,11 +413,11 @@ impl Mvcc {
 
     /// The members as `tx` sees them.
     fn read_members(&self, tx: &redb::ReadTransaction) -> Result<Vec<PbMember>, StoreError> {
-        let table = tx.open_table(MEMBERS).map_err(|e| self.fail(e))?;
+        let table = sealed::read(tx, MEMBERS).map_err(|e| self.fail(e))?;
         let mut out = Vec::new();
         for row in table.iter().map_err(|e| self.fail(e))? {
             let (_, v) = row.map_err(|e| self.fail(e))?;
-            out.push(PbMember::decode(v.value()).map_err(|e| {
+            out.push(PbMember::decode(v.as_slice()).map_err(|e| {
                 self.fail(redb::StorageError::Corrupted(format!("member record: {e}")))
             })?);
         }
@@ -436,7 +432,7 @@ impl Mvcc {
         tx.set_durability(Durability::Immediate)
             .map_err(|e| self.fail(e))?;
         {
-            let mut table = tx.open_table(MEMBERS).map_err(|e| self.fail(e))?;
+            let mut table = sealed::write(&tx, MEMBERS).map_err(|e| self.fail(e))?;
             if table.is_empty().map_err(|e| self.fail(e))? {
                 for m in members {
                     table
@@ -475,12 +471,13 @@ impl Mvcc {
                     Command::Member(c) => {
                         if let Some(m) = &c.member {
                             // (opened here, not per batch: membership changes are rare)
-                            let mut members = tx.open_table(MEMBERS).map_err(|e| self.fail(e))?;
+                            let mut members =
+                                sealed::write(&tx, MEMBERS).map_err(|e| self.fail(e))?;
                             if c.remove {
                                 members.remove(m.id).map_err(|e| self.fail(e))?;
                                 let mut removed =
-                                    tx.open_table(REMOVED).map_err(|e| self.fail(e))?;
-                                removed.insert(m.id, ()).map_err(|e| self.fail(e))?;
+                                    sealed::write(&tx, REMOVED).map_err(|e| self.fail(e))?;
+                                removed.insert(m.id, &[]).map_err(|e| self.fail(e))?;
                             } else {
                                 members
                                     .insert(m.id, m.encode_to_vec().as_slice())
@@ -630,11 +627,12 @@ impl Mvcc {
     }
 
     fn read_leases(&self, tx: &redb::ReadTransaction) -> Result<Vec<(i64, i64)>, StoreError> {
-        let table = tx.open_table(LEASES).map_err(|e| self.fail(e))?;
+        let table = sealed::read(tx, LEASES).map_err(|e| self.fail(e))?;
         let rows = table.iter().map_err(|e| self.fail(e))?;
         rows.map(|row| {
             let (k, v) = row.map_err(|e| self.fail(e))?;
-            Ok((k.value(), v.value()))
+            let id = k.value();
+            Ok((id, sealed::ttl(id, &v).map_err(|e| self.fail(e))?))
         })
         .collect()
     }
@@ -644,10 +642,14 @@ impl Mvcc {
         let db = self.db();
         let tx = db.begin_read().map_err(|e| self.fail(e))?;
         let read = || -> Result<Option<LeaseRecord>, redb::Error> {
-            let Some(ttl) = tx.open_table(LEASES)?.get(id)?.map(|v| v.value()) else {
+            let Some(ttl) = sealed::read(&tx, LEASES)?.get(id)? else {
                 return Ok(None);
             };
-            Ok(Some((ttl, lease_keys_of(&tx.open_table(LEASE_KEYS)?, id)?)))
+            let ttl = sealed::ttl(id, &ttl)?;
+            Ok(Some((
+                ttl,
+                lease_keys_of(&sealed::read(&tx, LEASE_KEYS)?, id)?,
+            )))
         };
         read().map_err(|e| self.fail(e))
     }
@@ -824,19 +826,19 @@ impl Mvcc {
         tx.delete_table(ALARMS).map_err(|e| self.fail(e))?;
         tx.delete_table(CLUSTER).map_err(|e| self.fail(e))?;
         {
-            let mut cluster = tx.open_table(CLUSTER).map_err(|e| self.fail(e))?;
-            let mut members = tx.open_table(MEMBERS).map_err(|e| self.fail(e))?;
-            let mut removed = tx.open_table(REMOVED).map_err(|e| self.fail(e))?;
+            let mut cluster = sealed::write(&tx, CLUSTER).map_err(|e| self.fail(e))?;
+            let mut members = sealed::write(&tx, MEMBERS).map_err(|e| self.fail(e))?;
+            let mut removed = sealed::write(&tx, REMOVED).map_err(|e| self.fail(e))?;
             let mut rows = record::Rows {
                 history: tx.open_table(HISTORY).map_err(|e| self.fail(e))?,
                 values: tx.open_table(record::VALUES).map_err(|e| self.fail(e))?,
                 last: 0,
             };
             let mut meta = tx.open_table(META).map_err(|e| self.fail(e))?;
-            let mut leases = tx.open_table(LEASES).map_err(|e| self.fail(e))?;
-            let mut lease_keys = tx.open_table(LEASE_KEYS).map_err(|e| self.fail(e))?;
-            let mut auth = tx.open_table(AUTH).map_err(|e| self.fail(e))?;
-            let mut alarms = tx.open_table(ALARMS).map_err(|e| self.fail(e))?;
+            let mut leases = sealed::write(&tx, LEASES).map_err(|e| self.fail(e))?;
+            let mut lease_keys = sealed::write(&tx, LEASE_KEYS).map_err(|e| self.fail(e))?;
+            let mut auth = sealed::write(&tx, AUTH).map_err(|e| self.fail(e))?;
+            let mut alarms = sealed::write(&tx, ALARMS).map_err(|e| self.fail(e))?;
             let (mut revision, mut compacted) = (0, 0);
             // (a snapshot from before the members table carries none: ours are kept)
             let mut members_replaced = false;
@@ -846,7 +848,7 @@ impl Mvcc {
                     Part::Compacted(c) => compacted = c,
                     Part::Member(m) => {
                         if !members_replaced {
-                            members.retain(|_, _| false).map_err(|e| self.fail(e))?;
+                            members.clear().map_err(|e| self.fail(e))?;
                             members_replaced = true;
                         }
                         members
@@ -854,11 +856,13 @@ impl Mvcc {
                             .map_err(|e| self.fail(e))?;
                     }
                     Part::Lease(l) => {
-                        leases.insert(l.id, l.ttl).map_err(|e| self.fail(e))?;
+                        leases
+                            .insert(l.id, &l.ttl.to_le_bytes())
+                            .map_err(|e| self.fail(e))?;
                     }
                     // (added to what this member knows: a dump from before the table has none)
                     Part::Removed(id) => {
-                        removed.insert(id, ()).map_err(|e| self.fail(e))?;
+                        removed.insert(id, &[]).map_err(|e| self.fail(e))?;
                     }
                     Part::ClusterParams(p) => {
                         cluster
@@ -869,12 +873,12 @@ impl Mvcc {
                             .map_err(|e| self.fail(e))?;
                     }
                     Part::Auth(row) => {
-                        auth.insert(row.key.as_str(), row.value.as_slice())
+                        auth.insert(row.key.as_str(), &row.value)
                             .map_err(|e| self.fail(e))?;
                     }
                     Part::Alarm(a) => {
                         alarms
-                            .insert((a.member_id, a.alarm), ())
+                            .insert((a.member_id, a.alarm), &[])
                             .map_err(|e| self.fail(e))?;
                     }
                     Part::History(e) => {
@@ -888,17 +892,16 @@ impl Mvcc {
             range::scan(&rows.history, &[0], &[0], None, |key, stored| {
                 let (kv, _) = record::decode_meta(key, stored)?;
                 if kv.lease != 0 {
-                    lease_keys.insert((kv.lease, key), ())?;
+                    lease_keys.insert((kv.lease, key), &[])?;
                 }
                 Ok(true)
             })
             .map_err(|e| self.fail(e))?;
-            meta.insert("revision", revision.max(1))
-                .map_err(|e| self.fail(e))?;
-            meta.insert("compact", compacted)
-                .map_err(|e| self.fail(e))?;
-            meta.insert("applied", applied).map_err(|e| self.fail(e))?;
-            meta.insert("values", rows.last).map_err(|e| self.fail(e))?;
+            let mut set = |name, value| meta_set(&mut meta, name, value).map_err(|e| self.fail(e));
+            set("revision", revision.max(1))?;
+            set("compact", compacted)?;
+            set("applied", applied)?;
+            set("values", rows.last)?;
         }
         tx.commit().map_err(|e| self.fail(e))?;
         drop(db); // (see `apply`)
@@ -923,8 +926,7 @@ pub struct DumpSummary {
 /// Brings the file at `path` to [`FORMAT`] inside `tx`; `Ok(Err(why))` refuses a newer format.
 fn upgrade(tx: &redb::WriteTransaction, path: &str) -> Result<Result<(), String>, redb::Error> {
     use redb::TableHandle;
-    let mut meta = tx.open_table(META)?;
-    let format = meta_get(&meta, "format")?;
+    let format = sealed::stored_format(&tx.open_table(META)?)?;
     if format > FORMAT {
         return Ok(Err(format!(
             "the file has format {format}, written by a newer etcd-node; this one reads formats \
@@ -943,8 +945,9 @@ fn upgrade(tx: &redb::WriteTransaction, path: &str) -> Result<Result<(), String>
     if format1 {
         tx.delete_table(FORMAT1_CURRENT)?;
     }
-    if tx.delete_table(LIVE)? || format1 {
-        let from = if format1 { 1 } else { format };
+    tx.delete_table(LIVE)?;
+    let from = if format1 { 1 } else { format };
+    if from > 0 {
         tracing::info!(
             path,
             "key-space file upgraded from format {from} to {FORMAT}"
@@ -957,7 +960,9 @@ fn upgrade(tx: &redb::WriteTransaction, path: &str) -> Result<Result<(), String>
         tx.open_table(VALUES_ASIDE)?;
     }
     tx.open_table(DOWNGRADE_GUARD)?;
-    meta.insert("format", FORMAT)?;
+    tx.open_table(META)?.insert("format", FORMAT)?;
+    // (format 5: the small tables and `meta`, this row included, sealed)
+    sealed::seal_all(tx)?;
     Ok(Ok(()))
 }
 
@@ -1013,7 +1018,7 @@ fn values_aside(db: &Database, path: &str) -> Result<(), redb::Error> {
                 rows.put(key, (*rev, record::sub_revision(old)), &kv)?;
             }
             moved += chunk.len() as u64;
-            meta.insert("values", rows.last)?;
+            meta_set(&mut meta, "values", rows.last)?;
             match chunk.last() {
                 Some((key, rev, _)) if chunk.len() == ASIDE_CHUNK => {
                     aside.insert("after", (key.as_slice(), *rev))?;
@@ -1061,28 +1066,32 @@ fn read_auth(
     prefix: &str,
 ) -> Result<Vec<(String, Vec<u8>)>, redb::Error> {
     let mut out = Vec::new();
-    for row in tx.open_table(AUTH)?.range(prefix..)? {
+    for row in sealed::read(tx, AUTH)?.range(prefix..)? {
         let (k, v) = row?;
         if !k.value().starts_with(prefix) {
             break;
         }
-        out.push((k.value().to_string(), v.value().to_vec()));
+        out.push((k.value().to_string(), v));
     }
     Ok(out)
 }
 
 /// The `cluster` table (None: never recorded).
 fn read_params(tx: &redb::ReadTransaction) -> Result<Option<ClusterParamsSet>, redb::Error> {
-    let table = tx.open_table(CLUSTER)?;
-    let get = |k: &str| -> Result<Option<String>, redb::Error> {
-        Ok(table
-            .get(k)?
-            .map(|v| String::from_utf8_lossy(v.value()).into_owned()))
-    };
-    let Some(version) = get("version")? else {
+    // (every row read, so that a row whose name changed is found damaged, not missing)
+    let (mut version, mut features) = (None, String::new());
+    for row in sealed::read(tx, CLUSTER)?.iter()? {
+        let (name, value) = row?;
+        let value = String::from_utf8_lossy(&value).into_owned();
+        match name.value() {
+            "version" => version = Some(value),
+            "features" => features = value,
+            _ => {}
+        }
+    }
+    let Some(version) = version else {
         return Ok(None);
     };
-    let features = get("features")?.unwrap_or_default();
     Ok(Some(ClusterParamsSet {
         version,
         features: features
@@ -1094,26 +1103,23 @@ fn read_params(tx: &redb::ReadTransaction) -> Result<Option<ClusterParamsSet>, r
 }
 
 /// Records member `a.member_id`'s name and client URLs (nothing when it is no longer a member).
-fn set_member_attrs(
-    members: &mut redb::Table<u64, &[u8]>,
-    a: &MemberAttrsSet,
-) -> Result<(), redb::Error> {
+fn set_member_attrs(tx: &redb::WriteTransaction, a: &MemberAttrsSet) -> Result<(), redb::Error> {
+    let mut members = sealed::write(tx, MEMBERS)?;
     let Some(stored) = members.get(a.member_id)? else {
         return Ok(());
     };
-    let mut member = PbMember::decode(stored.value())
+    let mut member = PbMember::decode(stored.as_slice())
         .map_err(|e| redb::Error::Corrupted(format!("member record {:x}: {e}", a.member_id)))?;
-    drop(stored);
     member.name.clone_from(&a.name);
     member.client_ur_ls.clone_from(&a.client_urls);
-    members.insert(a.member_id, member.encode_to_vec().as_slice())?;
+    members.insert(a.member_id, &member.encode_to_vec())?;
     Ok(())
 }
 
 /// The ids of the removed members.
 fn read_removed(tx: &redb::ReadTransaction) -> Result<Vec<u64>, redb::Error> {
     let mut out = Vec::new();
-    for row in tx.open_table(REMOVED)?.iter()? {
+    for row in sealed::read(tx, REMOVED)?.iter()? {
         out.push(row?.0.value());
     }
     Ok(out)
@@ -1122,7 +1128,7 @@ fn read_removed(tx: &redb::ReadTransaction) -> Result<Vec<u64>, redb::Error> {
 /// The raised alarms, by member.
 fn read_alarms(tx: &redb::ReadTransaction) -> Result<Vec<PbAlarmMember>, redb::Error> {
     let mut out = Vec::new();
-    for row in tx.open_table(ALARMS)?.iter()? {
+    for row in sealed::read(tx, ALARMS)?.iter()? {
         let (member_id, alarm) = row?.0.value();
         out.push(PbAlarmMember { member_id, alarm });
     }
@@ -1130,8 +1136,8 @@ fn read_alarms(tx: &redb::ReadTransaction) -> Result<Vec<PbAlarmMember>, redb::E
 }
 
 /// The keys attached to lease `id`, in key order.
-fn lease_keys_of(
-    table: &impl ReadableTable<(i64, &'static [u8]), ()>,
+fn lease_keys_of<T: ReadableTable<(i64, &'static [u8]), &'static [u8]>>(
+    table: &sealed::Sealed<(i64, &'static [u8]), T>,
     id: i64,
 ) -> Result<Vec<Vec<u8>>, redb::Error> {
     let mut keys = Vec::new();
@@ -1144,14 +1150,6 @@ fn lease_keys_of(
         keys.push(key.to_vec());
     }
     Ok(keys)
-}
-
-/// Reads a `meta` value (0 when unset).
-fn meta_get(
-    meta: &impl ReadableTable<&'static str, u64>,
-    key: &str,
-) -> Result<u64, redb::StorageError> {
-    Ok(meta.get(key)?.map_or(0, |v| v.value()))
 }
 
 #[cfg(test)]

@@ -51,7 +51,7 @@ const ROW_CHECK_FIELD: u32 = 101;
 const VALUE_CHECK_FIELD: u32 = 102;
 
 /// What to say after a checksum fails.
-const RECOVERY: &str = "the key-space file is damaged (a bit flipped on the disk?): replace \
+pub(super) const RECOVERY: &str = "the key-space file is damaged (a bit flipped on the disk?): replace \
      this member (remove it, add it again with an empty data directory: it receives a snapshot \
      from the leader), or restore it from a snapshot (docs/operations.md)";
 

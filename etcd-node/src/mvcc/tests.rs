@@ -6,6 +6,7 @@ use etcd_client::proto::{
 use std::collections::BTreeMap;
 
 use super::*;
+use redb::ReadableTableMetadata;
 
 struct Fixture {
     _dir: tempfile::TempDir,
@@ -1099,6 +1100,262 @@ fn a_format2_file_is_upgraded_with_its_hash_unchanged() {
     assert!(!has_table(&path, "live"), "format 4 has no live table");
 }
 
+/// Turns a file of this release into what the release of format 4 left: the small tables'
+/// rows without checksums, in their types then, and `meta` without its checks.
+fn to_format4(path: &Path) {
+    use redb::Value;
+    use sealed::format4 as f4;
+    fn take<K: redb::Key + 'static>(
+        tx: &redb::WriteTransaction,
+        def: sealed::Def<K>,
+    ) -> Vec<(Vec<u8>, Vec<u8>)> {
+        let rows = {
+            let t = sealed::write(tx, def).unwrap();
+            t.iter()
+                .unwrap()
+                .map(|r| {
+                    let (k, v) = r.unwrap();
+                    (K::as_bytes(&k.value()).as_ref().to_vec(), v)
+                })
+                .collect()
+        };
+        tx.delete_table(def).unwrap();
+        rows
+    }
+    let db = redb::Database::open(path).unwrap();
+    let tx = db.begin_write().unwrap();
+    {
+        let rows = take(&tx, MEMBERS);
+        let mut t = tx.open_table(f4::MEMBERS).unwrap();
+        for (k, v) in rows {
+            t.insert(u64::from_bytes(&k), v.as_slice()).unwrap();
+        }
+        let rows = take(&tx, REMOVED);
+        let mut t = tx.open_table(f4::REMOVED).unwrap();
+        for (k, _) in rows {
+            t.insert(u64::from_bytes(&k), ()).unwrap();
+        }
+        let rows = take(&tx, LEASES);
+        let mut t = tx.open_table(f4::LEASES).unwrap();
+        for (k, v) in rows {
+            let id = i64::from_bytes(&k);
+            t.insert(id, sealed::ttl(id, &v).unwrap()).unwrap();
+        }
+        let rows = take(&tx, LEASE_KEYS);
+        let mut t = tx.open_table(f4::LEASE_KEYS).unwrap();
+        for (k, _) in rows {
+            t.insert(<(i64, &[u8])>::from_bytes(&k), ()).unwrap();
+        }
+        let rows = take(&tx, ALARMS);
+        let mut t = tx.open_table(f4::ALARMS).unwrap();
+        for (k, _) in rows {
+            t.insert(<(u64, i32)>::from_bytes(&k), ()).unwrap();
+        }
+        let rows = take(&tx, AUTH);
+        let mut t = tx.open_table(f4::AUTH).unwrap();
+        for (k, v) in rows {
+            t.insert(<&str>::from_bytes(&k), v.as_slice()).unwrap();
+        }
+        let rows = take(&tx, CLUSTER);
+        let mut t = tx.open_table(f4::CLUSTER).unwrap();
+        for (k, v) in rows {
+            t.insert(<&str>::from_bytes(&k), v.as_slice()).unwrap();
+        }
+        let mut meta = tx.open_table(META).unwrap();
+        meta.retain(|name, _| !name.starts_with("check:")).unwrap();
+        meta.insert("format", 4).unwrap();
+    }
+    tx.commit().unwrap();
+}
+
+/// A file with a row in every small table: a member added and one removed, a lease with a
+/// key, an alarm, auth rows, the cluster's parameters.
+fn every_small_table() -> Fixture {
+    use crate::mvcc::auth::{AuthChange, AuthOp};
+    use etcd_client::proto::{PbAlarmRequest, PbAuthUserAddRequest, PbLeaseGrantRequest};
+    let mut f = fixture();
+    let member = |id: u64, name: &str| PbMember {
+        id,
+        name: name.into(),
+        peer_ur_ls: vec![format!("http://{name}:2380")],
+        ..Default::default()
+    };
+    f.mvcc
+        .seed_members(&[member(1, "a"), member(2, "b")])
+        .unwrap();
+    f.index += 1;
+    let removal = Command::Member(MemberChange {
+        id: 1,
+        member: Some(member(2, "b")),
+        remove: true,
+        witness_generation: 0,
+    });
+    f.mvcc.apply(&[(f.index, removal)], false).unwrap();
+    f.apply(Op::LeaseGrant(PbLeaseGrantRequest { id: 5, ttl: 60 }))
+        .unwrap();
+    f.apply(Op::Put(PbPutRequest {
+        key: b"leased".to_vec(),
+        value: b"v".to_vec(),
+        lease: 5,
+        ..Default::default()
+    }))
+    .unwrap();
+    f.apply(Op::Auth(AuthChange {
+        op: Some(AuthOp::UserAdd(PbAuthUserAddRequest {
+            name: "u".into(),
+            hashed_password: "$2b$hash".into(),
+            ..Default::default()
+        })),
+    }))
+    .unwrap();
+    f.apply(Op::ClusterParams(ClusterParamsSet {
+        version: "3.6.0".into(),
+        features: vec!["f".into()],
+    }))
+    .unwrap();
+    f.apply(Op::Alarm(PbAlarmRequest {
+        action: 1,
+        member_id: 1,
+        alarm: 2,
+    }))
+    .unwrap();
+    f
+}
+
+#[test]
+fn a_format4_file_is_sealed_with_nothing_changed() {
+    let f = every_small_table();
+    let path = f._dir.path().join("kv.redb");
+    let before = f.mvcc.dump().unwrap();
+    let position = f.mvcc.position().unwrap();
+    drop(f.mvcc);
+    to_format4(&path);
+    let mvcc = Mvcc::open(&path).unwrap();
+    assert_eq!(mvcc.dump().unwrap(), before, "every table as it was");
+    assert_eq!(mvcc.position().unwrap(), position);
+    assert_eq!(mvcc.lease(5).unwrap(), Some((60, vec![b"leased".to_vec()])));
+    assert!(mvcc.was_removed(2));
+    drop(mvcc);
+    let db = redb::Database::open(&path).unwrap();
+    let tx = db.begin_read().unwrap();
+    assert_eq!(
+        sealed::stored_format(&tx.open_table(META).unwrap()).unwrap(),
+        FORMAT
+    );
+    // (the tables of format 4's types are gone: these are the sealed ones)
+    assert!(tx.open_table(sealed::format4::LEASES).is_err());
+}
+
+/// Rewrites row `at` (in key order) of `def` as raw bytes: with one bit of its stored value
+/// flipped, or (`key`) moved to a key with one bit flipped. Returns whether the table had it.
+fn flip_row<K: redb::Key + 'static, V: redb::Value + 'static>(
+    path: &Path,
+    def: TableDefinition<K, V>,
+    at: u64,
+    key: bool,
+) -> bool {
+    use redb::ReadableTableMetadata;
+    let db = redb::Database::open(path).unwrap();
+    let tx = db.begin_write().unwrap();
+    {
+        let mut t = tx.open_table(def).unwrap();
+        if at >= t.len().unwrap() {
+            return false;
+        }
+        let (mut k, mut v) = {
+            let (k, v) = t.iter().unwrap().nth(at as usize).unwrap().unwrap();
+            (
+                K::as_bytes(&k.value()).as_ref().to_vec(),
+                V::as_bytes(&v.value()).as_ref().to_vec(),
+            )
+        };
+        t.remove(K::from_bytes(&k)).unwrap();
+        // (the last byte's lowest bit: a key or a text stays valid for its type)
+        let flipped = if key { &mut k } else { &mut v };
+        *flipped.last_mut().unwrap() ^= 1;
+        t.insert(K::from_bytes(&k), V::from_bytes(&v)).unwrap();
+    }
+    tx.commit().unwrap();
+    true
+}
+
+/// Every row of every small table, and of `meta`, with one bit flipped in its value or its
+/// key, makes what a member reads of its store fail as damage, naming the table.
+#[test]
+fn a_flipped_bit_in_any_small_table_row_is_damage() {
+    use etcd_client::proto::{PbAlarmRequest, PbDeleteRequest};
+    let mut f = every_small_table();
+    // (NOSPACE, which lets deletes through, beside the CORRUPT alarm of `every_small_table`)
+    f.apply(Op::Alarm(PbAlarmRequest {
+        action: 1,
+        member_id: 2,
+        alarm: 1,
+    }))
+    .unwrap();
+    let path = f._dir.path().join("kv.redb");
+    drop(f.mvcc);
+    let pristine = std::fs::read(&path).unwrap();
+    // What a member reads of its store: at start, serving, applying.
+    let read_all = |path: &Path| -> Result<(), StoreError> {
+        let m = Mvcc::open(path)?;
+        m.position()?;
+        m.identity()?;
+        m.members()?;
+        m.alarms()?;
+        m.leases()?;
+        m.lease(5)?;
+        m.auth_rows("")?;
+        m.dump()?;
+        let delete = Proposal {
+            id: 1,
+            op: Some(Op::DeleteRange(PbDeleteRequest {
+                key: b"none".to_vec(),
+                ..Default::default()
+            })),
+        };
+        m.apply(&[(1_000, Command::Kv(delete))], false)?;
+        Ok(())
+    };
+    read_all(&path).expect("the file as written reads back");
+    let mut tried = 0;
+    let mut each = |table: &str, flip: &dyn Fn(u64, bool) -> bool| {
+        let mut at = 0;
+        loop {
+            for key in [false, true] {
+                std::fs::write(&path, &pristine).unwrap();
+                if !flip(at, key) {
+                    assert!(at > 0, "table {table} has rows");
+                    return;
+                }
+                let what = format!(
+                    "row {at} of {table}, flipped in its {}",
+                    if key { "key" } else { "value" }
+                );
+                let e = read_all(&path).expect_err(&what);
+                assert!(e.damaged, "{what}: {e}");
+                assert!(
+                    e.message.contains(&format!("of table {table}"))
+                        && e.message.contains("damaged"),
+                    "{what}: {e}"
+                );
+                tried += 1;
+            }
+            at += 1;
+        }
+    };
+    each("members", &|at, key| flip_row(&path, MEMBERS, at, key));
+    each("removed", &|at, key| flip_row(&path, REMOVED, at, key));
+    each("leases", &|at, key| flip_row(&path, LEASES, at, key));
+    each("lease_keys", &|at, key| {
+        flip_row(&path, LEASE_KEYS, at, key)
+    });
+    each("alarms", &|at, key| flip_row(&path, ALARMS, at, key));
+    each("auth", &|at, key| flip_row(&path, AUTH, at, key));
+    each("cluster", &|at, key| flip_row(&path, CLUSTER, at, key));
+    each("meta", &|at, key| flip_row(&path, META, at, key));
+    assert!(tried > 30, "{tried} flips tried");
+}
+
 fn has_table(path: &Path, name: &str) -> bool {
     use redb::TableHandle;
     let db = redb::Database::open(path).unwrap();
@@ -1116,6 +1373,7 @@ fn a_format3_file_loses_its_live_table_and_nothing_else() {
     let path = f._dir.path().join("kv.redb");
     drop(f.mvcc);
     // Format 3 kept `live` (key -> newest revision) beside the same rows.
+    to_format4(&path);
     {
         let db = redb::Database::open(&path).unwrap();
         let tx = db.begin_write().unwrap();
@@ -1160,10 +1418,7 @@ fn an_upgrade_stopped_midway_resumes_where_it_stopped() {
                     .insert((key.as_bytes(), rev), record.as_slice())
                     .unwrap();
             }
-            tx.open_table(META)
-                .unwrap()
-                .insert("revision", 13_001)
-                .unwrap();
+            meta_set(&mut tx.open_table(META).unwrap(), "revision", 13_001).unwrap();
             let mut aside = tx.open_table(VALUES_ASIDE).unwrap();
             aside.insert("after", (&b"a06999"[..], 7_001)).unwrap();
         }
@@ -1277,10 +1532,7 @@ fn a_file_of_a_newer_format_is_refused_with_what_to_do() {
     {
         let db = redb::Database::open(&path).unwrap();
         let tx = db.begin_write().unwrap();
-        tx.open_table(META)
-            .unwrap()
-            .insert("format", FORMAT + 1)
-            .unwrap();
+        meta_set(&mut tx.open_table(META).unwrap(), "format", FORMAT + 1).unwrap();
         tx.commit().unwrap();
     }
     let err = Mvcc::open(&path).unwrap_err().to_string();

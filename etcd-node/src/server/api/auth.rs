@@ -180,8 +180,10 @@ fn sign(secret: &[u8], user: &StoredUser) -> String {
 
 impl Api {
     fn stored<T: prost::Message + Default>(&self, key: &str) -> Result<Option<T>, Status> {
-        match self.mvcc.auth_row(key).map_err(internal)? {
-            Some(bytes) => Ok(Some(decode(&bytes).map_err(internal)?)),
+        match self.mvcc.auth_row(key).map_err(Status::from)? {
+            Some(bytes) => Ok(Some(
+                decode(&bytes).map_err(|e| Status::data_loss(e.to_string()))?,
+            )),
             None => Ok(None),
         }
     }
@@ -231,7 +233,7 @@ impl Api {
             return Ok(None);
         }
         let (Some(secret), Some(stored)) = (
-            self.mvcc.auth_row("secret").map_err(internal)?,
+            self.mvcc.auth_row("secret").map_err(Status::from)?,
             self.stored::<StoredUser>(&user_key(&user))?,
         ) else {
             return Ok(None);
@@ -277,7 +279,7 @@ impl Api {
     ) -> Result<Vec<Vec<u8>>, Status> {
         let mut keys = Vec::new();
         for &id in leases {
-            if let Some((_, attached)) = self.mvcc.lease(id).map_err(internal)? {
+            if let Some((_, attached)) = self.mvcc.lease(id).map_err(Status::from)? {
                 keys.extend(attached);
             }
         }
@@ -298,7 +300,7 @@ impl Api {
         if !self.mvcc.auth_enabled() {
             return Ok(None);
         }
-        let secret = self.mvcc.auth_row("secret").map_err(internal)?;
+        let secret = self.mvcc.auth_row("secret").map_err(Status::from)?;
         let root = self.stored::<StoredUser>(&user_key(ROOT))?;
         Ok(secret.zip(root).map(|(s, u)| sign(&s, &u)))
     }
@@ -379,7 +381,7 @@ impl PbAuthService for Auth {
             .api
             .mvcc
             .auth_row("revision")
-            .map_err(internal)?
+            .map_err(Status::from)?
             .and_then(|v| v.try_into().ok().map(u64::from_le_bytes))
             .unwrap_or(0);
         Ok(Response::new(PbAuthStatusResponse {
@@ -419,7 +421,7 @@ impl PbAuthService for Auth {
             .api
             .mvcc
             .auth_row("secret")
-            .map_err(internal)?
+            .map_err(Status::from)?
             .ok_or_else(|| internal("auth is on but has no token secret"))?;
         Ok(Response::new(PbAuthenticateResponse {
             header: self.api.current_header(),
@@ -614,7 +616,7 @@ impl Api {
         Ok(self
             .mvcc
             .auth_rows(prefix)
-            .map_err(internal)?
+            .map_err(Status::from)?
             .into_iter()
             .map(|(k, _)| k[prefix.len()..].to_string())
             .collect())

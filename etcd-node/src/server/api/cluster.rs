@@ -8,7 +8,7 @@ use tonic::{Request, Response, Status};
 use witness_core::WitnessUrl;
 
 use super::auth::caller_of;
-use super::handle::{Api, internal};
+use super::handle::Api;
 use crate::config::HttpUrl;
 use crate::errors::EtcdError;
 use crate::mvcc::MemberChange;
@@ -33,7 +33,7 @@ impl PbClusterService for Cluster {
                 "no peer URL given; write http://host:port, or a witness: URL for a witness",
             ));
         }
-        let members = self.api.mvcc.members().map_err(internal)?;
+        let members = self.api.mvcc.members().map_err(Status::from)?;
         let mut r = r;
         let witness = match r.peer_ur_ls.as_slice() {
             [u] if WitnessUrl::is_witness(u) => Some(self.api.new_witness(u, &r, &members).await?),
@@ -145,7 +145,7 @@ impl PbClusterService for Cluster {
             }
             HttpUrl::parse("peer-urls", u).map_err(|e| bad_urls(&e))?;
         }
-        let members = self.api.mvcc.members().map_err(internal)?;
+        let members = self.api.mvcc.members().map_err(Status::from)?;
         if members
             .iter()
             .filter(|m| m.id != r.id)
@@ -357,14 +357,14 @@ fn bad_urls(why: &str) -> Status {
 
 impl Api {
     fn revision(&self) -> Result<i64, Status> {
-        Ok(self.mvcc.position().map_err(internal)?.revision as i64)
+        Ok(self.mvcc.position().map_err(Status::from)?.revision as i64)
     }
 
     /// The stored member `id`, or etcd's "member not found".
     fn member(&self, id: u64) -> Result<PbMember, Status> {
         self.mvcc
             .members()
-            .map_err(internal)?
+            .map_err(Status::from)?
             .into_iter()
             .find(|m| m.id == id)
             .ok_or_else(|| Status::from(EtcdError::MEMBER_NOT_FOUND))
@@ -378,7 +378,7 @@ impl Api {
             .lock()
             .map(|m| m.clone())
             .unwrap_or_default();
-        let mut members = self.mvcc.members().map_err(internal)?;
+        let mut members = self.mvcc.members().map_err(Status::from)?;
         for m in &mut members {
             // (a member list written before witness URLs were stored redacted)
             crate::server::contract::redact_witness_url(m);

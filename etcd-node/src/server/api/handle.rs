@@ -219,7 +219,7 @@ impl Api {
                 member_id: self.member_id,
                 alarm: 1,
             };
-            let raised = self.mvcc.alarms().map_err(internal)?;
+            let raised = self.mvcc.alarms().map_err(Status::from)?;
             let mine = |a: &PbAlarmMember| (a.member_id, a.alarm) == (raise.member_id, raise.alarm);
             if !raised.iter().any(mine)
                 && let Err(e) = Box::pin(self.propose(Op::Alarm(raise))).await

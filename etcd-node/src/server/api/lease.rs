@@ -142,7 +142,7 @@ impl PbLeaseService for Lease {
         request: Request<PbLeaseLeasesRequest>,
     ) -> Result<Response<PbLeaseLeasesResponse>, Status> {
         self.api.rights(caller_of(&request).as_ref())?;
-        let leases = self.api.mvcc.leases().map_err(internal)?;
+        let leases = self.api.mvcc.leases().map_err(Status::from)?;
         Ok(Response::new(PbLeaseLeasesResponse {
             header: self.api.current_header(),
             leases: leases

@@ -99,7 +99,7 @@ impl PbMaintenanceService for Maintenance {
             .api
             .mvcc
             .alarms()
-            .map_err(internal)?
+            .map_err(Status::from)?
             .into_iter()
             .filter(|a| req.alarm == 0 || a.alarm == req.alarm)
             .collect();
@@ -114,7 +114,7 @@ impl PbMaintenanceService for Maintenance {
         _: Request<PbStatusRequest>,
     ) -> Result<Response<PbStatusResponse>, Status> {
         let s = *self.api.status.borrow();
-        let pos = self.api.mvcc.position().map_err(internal)?;
+        let pos = self.api.mvcc.position().map_err(Status::from)?;
         let size = self.api.mvcc.db_size() as i64;
         let mut errors = Vec::new();
         if s.leader == 0 {
@@ -134,7 +134,7 @@ impl PbMaintenanceService for Maintenance {
                 }
             }
         }
-        for a in self.api.mvcc.alarms().map_err(internal)? {
+        for a in self.api.mvcc.alarms().map_err(Status::from)? {
             let name =
                 etcd_client::AlarmType::try_from(a.alarm).map_or("UNKNOWN", |t| t.as_str_name());
             errors.push(format!("memberID:{} alarm:{name} ", a.member_id));
@@ -146,7 +146,7 @@ impl PbMaintenanceService for Maintenance {
             .api
             .mvcc
             .members()
-            .map_err(internal)?
+            .map_err(Status::from)?
             .iter()
             .any(|m| m.id == self.api.member_id && m.is_learner);
         Ok(Response::new(PbStatusResponse {
@@ -175,7 +175,7 @@ impl PbMaintenanceService for Maintenance {
         tokio::task::spawn_blocking(move || mvcc.defragment())
             .await
             .map_err(internal)?
-            .map_err(internal)?;
+            .map_err(Status::from)?;
         tracing::info!(before, after = self.api.mvcc.db_size(), "defragmented");
         Ok(Response::new(PbDefragmentResponse {
             header: self.api.current_header(),

@@ -19,7 +19,7 @@ use tokio::sync::{broadcast, mpsc};
 use tonic::{Request, Response, Status, Streaming};
 
 use super::auth::{Caller, Need, caller_of};
-use super::handle::{Api, internal, requires_leader};
+use super::handle::{Api, requires_leader};
 use crate::errors::EtcdError;
 use crate::mvcc::events::{DELETE, PUT};
 use crate::mvcc::request::in_range;
@@ -103,8 +103,9 @@ struct Stream {
     require_leader: bool,
 }
 
-fn store_error(e: impl std::fmt::Display) -> End {
-    End::Failed(internal(e))
+/// A key-space failure ends the stream (DATA_LOSS when the file is damaged).
+fn store_error(e: crate::mvcc::StoreError) -> End {
+    End::Failed(e.into())
 }
 
 impl Stream {
@@ -415,7 +416,7 @@ impl PbWatchService for Watch {
         let (out, rx) = mpsc::channel(STREAM_BUFFER);
         // Subscribe before reading the revision: no batch after it can be missed.
         let hub = self.api.watches.subscribe();
-        let revision = self.api.mvcc.position().map_err(internal)?.revision;
+        let revision = self.api.mvcc.position().map_err(Status::from)?.revision;
         let stream = Stream {
             api: self.api.clone(),
             out: out.clone(),
