@@ -84,6 +84,27 @@ pub(super) enum Part {
     ClusterParams(ClusterParamsSet),
 }
 
+/// Why a dump cannot be read, or rewritten.
+#[derive(Debug, thiserror::Error)]
+pub enum DumpError {
+    /// The dump is damaged, cut short or not a dump.
+    #[error("the key space in the snapshot does not decode (at byte {at}): {why}")]
+    Undecodable { at: u64, why: String },
+    /// A history row's record is not a `KeyValue`.
+    #[error("a record in the snapshot does not decode: {0}")]
+    Record(prost::DecodeError),
+    /// `--bump-revision` would take the revision past [`MAX_BUMPED`].
+    #[error(
+        "--bump-revision {bump} takes the snapshot's revision {revision} past {MAX_BUMPED} (2^62, \
+         half of what etcd's int64 revisions can carry, the rest kept for the writes to come); \
+         give a smaller --bump-revision (etcd's runbook uses 1000000000)"
+    )]
+    BumpTooLarge { bump: u64, revision: u64 },
+    /// The rewritten dump could not be written.
+    #[error("writing the restored key space: {0}")]
+    Write(io::Error),
+}
+
 /// The largest field a dump may hold: a record is at most a request (a few MiB); a larger
 /// length means a damaged dump, and must not be allocated.
 const MAX_FIELD: u64 = 256 << 20;
@@ -100,14 +121,14 @@ impl<R: Read> Parts<R> {
         Parts { input, at: 0 }
     }
 
-    fn bad(&self, why: impl std::fmt::Display) -> String {
-        format!(
-            "the key space in the snapshot does not decode (at byte {}): {why}",
-            self.at
-        )
+    fn bad(&self, why: impl std::fmt::Display) -> DumpError {
+        DumpError::Undecodable {
+            at: self.at,
+            why: why.to_string(),
+        }
     }
 
-    fn fill(&mut self, buf: &mut [u8]) -> Result<(), String> {
+    fn fill(&mut self, buf: &mut [u8]) -> Result<(), DumpError> {
         self.input
             .read_exact(buf)
             .map_err(|e| self.bad(format!("reading: {e}")))?;
@@ -116,7 +137,7 @@ impl<R: Read> Parts<R> {
     }
 
     /// A varint; None at a clean end of the input (only where `may_end`).
-    fn varint(&mut self, may_end: bool) -> Result<Option<u64>, String> {
+    fn varint(&mut self, may_end: bool) -> Result<Option<u64>, DumpError> {
         let mut bytes = Vec::with_capacity(10);
         loop {
             let mut b = [0u8];
@@ -141,7 +162,7 @@ impl<R: Read> Parts<R> {
     }
 
     /// The next part; None at the end.
-    pub fn next_part(&mut self) -> Result<Option<Part>, String> {
+    pub fn next_part(&mut self) -> Result<Option<Part>, DumpError> {
         loop {
             let Some(key) = self.varint(true)? else {
                 return Ok(None);
@@ -211,10 +232,10 @@ pub(super) fn write_part(out: &mut dyn Write, part: &Part) -> io::Result<()> {
 }
 
 /// Whether a stored record is a tombstone (version 0).
-pub(super) fn is_tombstone(record: &[u8]) -> Result<bool, String> {
+pub(super) fn is_tombstone(record: &[u8]) -> Result<bool, DumpError> {
     PbKeyValue::decode(record)
         .map(|kv| kv.version == 0)
-        .map_err(|err| format!("a record in the snapshot does not decode: {err}"))
+        .map_err(DumpError::Record)
 }
 
 /// Follows history rows in (key, revision) order and hands back the newest row of each key
@@ -249,7 +270,7 @@ struct Tally {
 }
 
 impl Tally {
-    fn see(&mut self, part: &Part) -> Result<(), String> {
+    fn see(&mut self, part: &Part) -> Result<(), DumpError> {
         let s = &mut self.summary;
         match part {
             Part::Revision(r) => s.revision = *r,
@@ -285,7 +306,7 @@ impl Tally {
 }
 
 /// Summarises the dump `input` holds.
-pub fn summarize(input: impl Read) -> Result<DumpSummary, String> {
+pub fn summarize(input: impl Read) -> Result<DumpSummary, DumpError> {
     let mut parts = Parts::new(input);
     let mut tally = Tally::default();
     while let Some(part) = parts.next_part()? {
@@ -315,12 +336,12 @@ pub fn rewrite(
     members: &[PbMember],
     bump: u64,
     mark_compacted: bool,
-) -> Result<DumpSummary, String> {
+) -> Result<DumpSummary, DumpError> {
     let mut parts = Parts::new(input);
     let mut tally = Tally::default();
-    let mut put = |part: Part| -> Result<(), String> {
+    let mut put = |part: Part| -> Result<(), DumpError> {
         tally.see(&part)?;
-        write_part(out, &part).map_err(|e| format!("writing the restored key space: {e}"))
+        write_part(out, &part).map_err(DumpError::Write)
     };
     for m in members {
         put(Part::Member(m.clone()))?;
@@ -366,14 +387,7 @@ pub fn rewrite(
     let revision = revision
         .checked_add(bump)
         .filter(|&r| r <= MAX_BUMPED)
-        .ok_or_else(|| {
-            format!(
-                "--bump-revision {bump} takes the snapshot's revision {revision} past \
-                 {MAX_BUMPED} (2^62, half of what etcd's int64 revisions can carry, the rest \
-                 kept for the writes to come); give a smaller --bump-revision (etcd's runbook \
-                 uses 1000000000)"
-            )
-        })?;
+        .ok_or(DumpError::BumpTooLarge { bump, revision })?;
     if mark_compacted {
         compacted = revision;
     }
@@ -521,12 +535,12 @@ mod tests {
         encode_varint(3 << 3 | 2, &mut huge);
         encode_varint(1 << 40, &mut huge);
         let err = summarize(huge.as_slice()).unwrap_err();
-        assert!(err.contains("a field of"), "{err}");
+        assert!(err.to_string().contains("a field of"), "{err}");
         // A known field with another wire type.
         let err = summarize([3 << 3, 1].as_slice()).unwrap_err();
-        assert!(err.contains("wire type"), "{err}");
+        assert!(err.to_string().contains("wire type"), "{err}");
         let err = summarize([0xff; 12].as_slice()).unwrap_err();
-        assert!(err.contains("varint"), "{err}");
+        assert!(err.to_string().contains("varint"), "{err}");
     }
 
     #[test]
@@ -561,6 +575,10 @@ mod tests {
         assert!(d.alarms.is_empty());
         assert_eq!((s.revision, s.keys, s.versions), (16, 2, 2));
         let err = rewrite(dump.as_slice(), &mut Vec::new(), &members, 1 << 62, true).unwrap_err();
-        assert!(err.contains("--bump-revision"), "{err}");
+        assert!(
+            matches!(err, DumpError::BumpTooLarge { .. })
+                && err.to_string().contains("--bump-revision"),
+            "{err}"
+        );
     }
 }

@@ -366,7 +366,7 @@ pub fn export<W: Write + Seek>(
         let mut auth = tx.open_table(AUTH).map_err(scratch)?;
         let mut written = 0;
         while written < BATCH_BYTES {
-            let Some(part) = parts.next_part()? else {
+            let Some(part) = parts.next_part().map_err(|e| e.to_string())? else {
                 return Ok(false);
             };
             match part {
@@ -459,7 +459,7 @@ pub fn export<W: Write + Seek>(
                 } else {
                     (main, 0)
                 };
-                let tombstone = is_tombstone(v.value())?;
+                let tombstone = is_tombstone(v.value()).map_err(|e| e.to_string())?;
                 let kv = if tombstone {
                     PbKeyValue {
                         key: key.to_vec(),

@@ -56,7 +56,7 @@ use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinitio
 use crate::errors::EtcdError;
 use crate::version::ClusterParams;
 pub use apply::Applied;
-pub use dump::{Hashing, rewrite, summarize};
+pub use dump::{DumpError, Hashing, rewrite, summarize};
 use dump::{Part, Parts, PbDump, PbDumpAuthRow, PbDumpEntry, PbDumpLease, write_part};
 pub use range::RangeOutput;
 pub use request::{
@@ -218,9 +218,8 @@ impl Mvcc {
             params: RwLock::default(),
         };
         let tx = mvcc.db().begin_write().map_err(|e| store_error(&name, e))?;
-        upgrade(&tx, &name)
-            .map_err(|e| store_error(&name, e))?
-            .map_err(|why| store_error(&name, why))?;
+        let format = stored_format(&tx, &name)?;
+        upgrade(&tx, &name, format).map_err(|e| store_error(&name, e))?;
         {
             tx.open_table(HISTORY).map_err(|e| store_error(&name, e))?;
             tx.open_table(record::VALUES)
@@ -923,19 +922,32 @@ pub struct DumpSummary {
     pub leases: u64,
 }
 
-/// Brings the file at `path` to [`FORMAT`] inside `tx`; `Ok(Err(why))` refuses a newer format.
-fn upgrade(tx: &redb::WriteTransaction, path: &str) -> Result<Result<(), String>, redb::Error> {
-    use redb::TableHandle;
-    let format = sealed::stored_format(&tx.open_table(META)?)?;
+/// The format of the file at `path` (0: new), refused when newer than [`FORMAT`].
+fn stored_format(tx: &redb::WriteTransaction, path: &str) -> Result<u64, StoreError> {
+    let format = tx
+        .open_table(META)
+        .map_err(redb::Error::from)
+        .and_then(|meta| sealed::stored_format(&meta))
+        .map_err(|e| store_error(path, e))?;
     if format > FORMAT {
-        return Ok(Err(format!(
-            "the file has format {format}, written by a newer etcd-node; this one reads formats \
-             up to {FORMAT}. Run the version that wrote it (a data directory cannot be \
-             downgraded: restore a snapshot into a new one instead)"
-        )));
+        return Err(store_error(
+            path,
+            format!(
+                "the file has format {format}, written by a newer etcd-node; this one reads \
+                 formats up to {FORMAT}. Run the version that wrote it (a data directory cannot \
+                 be downgraded: restore a snapshot into a new one instead)"
+            ),
+        ));
     }
+    Ok(format)
+}
+
+/// Brings the file at `path`, of format `format` (not newer than [`FORMAT`]), to [`FORMAT`]
+/// inside `tx`.
+fn upgrade(tx: &redb::WriteTransaction, path: &str, format: u64) -> Result<(), redb::Error> {
+    use redb::TableHandle;
     if format == FORMAT {
-        return Ok(Ok(()));
+        return Ok(());
     }
     // (from format 2 on, a table of that name is the downgrade guard)
     let format1 = format < 2
@@ -962,8 +974,7 @@ fn upgrade(tx: &redb::WriteTransaction, path: &str) -> Result<Result<(), String>
     tx.open_table(DOWNGRADE_GUARD)?;
     tx.open_table(META)?.insert("format", FORMAT)?;
     // (format 5: the small tables and `meta`, this row included, sealed)
-    sealed::seal_all(tx)?;
-    Ok(Ok(()))
+    sealed::seal_all(tx)
 }
 
 /// Format 2 to 3: every history row's value moved to `values` ([`record`]), in key order,

@@ -759,7 +759,7 @@ fn a_restore_dump_gets_new_members_and_optionally_a_bumped_compacted_revision() 
     let most = (1u64 << 62) - 6;
     assert!(rewritten(&dump, Vec::new(), most, false).is_ok());
     let err = rewritten(&dump, Vec::new(), most + 1, false).unwrap_err();
-    assert!(err.contains("--bump-revision"), "{err}");
+    assert!(err.to_string().contains("--bump-revision"), "{err}");
     assert!(rewritten(&dump, Vec::new(), u64::MAX, false).is_err());
 }
 
@@ -1017,7 +1017,7 @@ fn rewritten(
     members: Vec<PbMember>,
     bump: u64,
     mark_compacted: bool,
-) -> Result<Vec<u8>, String> {
+) -> Result<Vec<u8>, DumpError> {
     let mut out = Vec::new();
     rewrite(dump, &mut out, &members, bump, mark_compacted)?;
     Ok(out)

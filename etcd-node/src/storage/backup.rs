@@ -88,31 +88,23 @@ impl<W: Write> Write for Sealer<W> {
 /// The dump inside `file`: `file` positioned at its start, limited to its length, after
 /// checking the file's format and (unless `check_hash` is false) its hash. The file is read a
 /// piece at a time, never held whole. The error says what is wrong with the file.
-pub fn open<R: Read + Seek>(mut file: R, check_hash: bool) -> Result<io::Take<R>, String> {
-    let io_err = |e: io::Error| format!("reading it: {e}");
-    let size = file.seek(SeekFrom::End(0)).map_err(io_err)?;
-    file.seek(SeekFrom::Start(0)).map_err(io_err)?;
+pub fn open<R: Read + Seek>(
+    mut file: R,
+    check_hash: bool,
+) -> Result<io::Take<R>, SnapshotFileError> {
+    let size = file.seek(SeekFrom::End(0))?;
+    file.seek(SeekFrom::Start(0))?;
     let mut head = [0u8; 20];
-    let got = read_up_to(&mut file, &mut head).map_err(io_err)?;
+    let got = read_up_to(&mut file, &mut head)?;
     if got == head.len() && head[16..20] == BBOLT_MAGIC {
-        return Err(
-            "this is an etcd (bbolt) snapshot, not an etcd-node one (`etcdutl snapshot \
-                    restore` and `status` read both kinds)"
-                .into(),
-        );
+        return Err(SnapshotFileError::EtcdKind);
     }
     if got < MAGIC.len() || &head[..MAGIC.len()] != MAGIC {
-        return Err(
-            "not an etcd-node snapshot file (it does not start with the etcd-node \
-                    snapshot magic; was the save interrupted, or is it another file?)"
-                .into(),
-        );
+        return Err(SnapshotFileError::NotSnapshot);
     }
     let whole = (SECTOR + HASH_BYTES) as u64;
     if size < whole || size % SECTOR as u64 != HASH_BYTES as u64 {
-        return Err(format!(
-            "truncated: {size} bytes is not the size of a whole snapshot (512·n + 32)"
-        ));
+        return Err(SnapshotFileError::Truncated { size });
     }
     let body = size - HASH_BYTES as u64;
     if check_hash {
@@ -125,9 +117,9 @@ pub fn open<R: Read + Seek>(mut file: R, check_hash: bool) -> Result<io::Take<R>
             .expect("8 bytes"),
     );
     if start.checked_add(len).is_none_or(|end| end > body) {
-        return Err("its length field points past its end: the file is damaged".into());
+        return Err(SnapshotFileError::LengthPastEnd);
     }
-    file.seek(SeekFrom::Start(start)).map_err(io_err)?;
+    file.seek(SeekFrom::Start(start))?;
     Ok(file.take(len))
 }
 
@@ -140,6 +132,40 @@ pub fn is_etcd(file: &mut (impl Read + Seek)) -> io::Result<bool> {
     Ok(got == head.len() && &head[..MAGIC.len()] != MAGIC && head[16..20] == BBOLT_MAGIC)
 }
 
+/// Why a snapshot file is refused ([`open`], [`check_etcd`]).
+#[derive(Debug, thiserror::Error)]
+pub enum SnapshotFileError {
+    #[error("reading it: {0}")]
+    Read(#[from] io::Error),
+    #[error(
+        "this is an etcd (bbolt) snapshot, not an etcd-node one (`etcdutl snapshot restore` and \
+         `status` read both kinds)"
+    )]
+    EtcdKind,
+    #[error(
+        "not an etcd-node snapshot file (it does not start with the etcd-node snapshot magic; \
+         was the save interrupted, or is it another file?)"
+    )]
+    NotSnapshot,
+    #[error("truncated: {size} bytes is not the size of a whole snapshot (512·n + 32)")]
+    Truncated { size: u64 },
+    #[error("its length field points past its end: the file is damaged")]
+    LengthPastEnd,
+    #[error(
+        "this etcd file ({size} bytes) does not end with a SHA-256, so it is not a file \
+         `etcdctl snapshot save` wrote whole: a database copied from a data directory \
+         (member/snap/db) has none, and a truncated snapshot has lost its end. Save the \
+         snapshot again with `etcdctl snapshot save`, or, for a database file you know is \
+         whole (copied while its etcd was stopped), add --skip-hash-check"
+    )]
+    NoHash { size: u64 },
+    #[error(
+        "its SHA-256 does not match its contents: the file is damaged or truncated (save it \
+         again; --skip-hash-check restores it anyway, at your own risk)"
+    )]
+    HashMismatch,
+}
+
 /// Checks an etcd file as etcd's restore does: a file `etcdctl snapshot save` wrote is
 /// 512·n + 32 bytes, the database then its SHA-256, which must match; any other size is a
 /// database copied from a data directory (`member/snap/db`), restored only with `check_hash`
@@ -147,9 +173,8 @@ pub fn is_etcd(file: &mut (impl Read + Seek)) -> io::Result<bool> {
 pub fn check_etcd(
     file: &mut (impl Read + Seek),
     check_hash: bool,
-) -> Result<(u64, [u8; 32]), String> {
-    let io_err = |e: io::Error| format!("reading it: {e}");
-    let size = file.seek(SeekFrom::End(0)).map_err(io_err)?;
+) -> Result<(u64, [u8; 32]), SnapshotFileError> {
+    let size = file.seek(SeekFrom::End(0))?;
     let hashed = size % SECTOR as u64 == HASH_BYTES as u64;
     let len = if hashed {
         size - HASH_BYTES as u64
@@ -157,36 +182,29 @@ pub fn check_etcd(
         size
     };
     if !hashed && check_hash {
-        return Err(format!(
-            "this etcd file ({size} bytes) does not end with a SHA-256, so it is not a file \
-             `etcdctl snapshot save` wrote whole: a database copied from a data directory \
-             (member/snap/db) has none, and a truncated snapshot has lost its end. Save the \
-             snapshot again with `etcdctl snapshot save`, or, for a database file you know is \
-             whole (copied while its etcd was stopped), add --skip-hash-check"
-        ));
+        return Err(SnapshotFileError::NoHash { size });
     }
     let sha = hash_body(file, len, hashed && check_hash)?;
-    file.seek(SeekFrom::Start(0)).map_err(io_err)?;
+    file.seek(SeekFrom::Start(0))?;
     Ok((len, sha))
 }
 
 /// The SHA-256 of the first `len` bytes of `file`; with `verify`, the 32 bytes after them
 /// must be that hash (the file is left after them), or the error says the file is damaged.
-fn hash_body(file: &mut (impl Read + Seek), len: u64, verify: bool) -> Result<[u8; 32], String> {
-    let io_err = |e: io::Error| format!("reading it: {e}");
-    file.seek(SeekFrom::Start(0)).map_err(io_err)?;
+fn hash_body(
+    file: &mut (impl Read + Seek),
+    len: u64,
+    verify: bool,
+) -> Result<[u8; 32], SnapshotFileError> {
+    file.seek(SeekFrom::Start(0))?;
     let mut sha = Sha256::new();
-    io::copy(&mut file.take(len), &mut HashInto(&mut sha)).map_err(io_err)?;
+    io::copy(&mut file.take(len), &mut HashInto(&mut sha))?;
     let sha: [u8; 32] = sha.finalize().into();
     if verify {
         let mut stored = [0u8; HASH_BYTES];
-        file.read_exact(&mut stored).map_err(io_err)?;
+        file.read_exact(&mut stored)?;
         if sha != stored {
-            return Err(
-                "its SHA-256 does not match its contents: the file is damaged or truncated \
-                 (save it again; --skip-hash-check restores it anyway, at your own risk)"
-                    .into(),
-            );
+            return Err(SnapshotFileError::HashMismatch);
         }
     }
     Ok(sha)
@@ -236,7 +254,8 @@ mod tests {
     /// The dump `open` finds in `file`.
     fn opened(file: &[u8], check_hash: bool) -> Result<Vec<u8>, String> {
         let mut dump = Vec::new();
-        open(io::Cursor::new(file), check_hash)?
+        open(io::Cursor::new(file), check_hash)
+            .map_err(|e| e.to_string())?
             .read_to_end(&mut dump)
             .map_err(|e| e.to_string())?;
         Ok(dump)

@@ -29,7 +29,7 @@ use std::fs::{self, File, OpenOptions};
 use std::io::{self, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
-use super::codec::{PbEntry, PbHardState, decode, encode};
+use super::codec::{Invalid, PbEntry, PbHardState, decode, encode};
 use crate::raft::{Entry, HardState};
 
 /// Default segment size (etcd uses 64 MiB too).
@@ -495,7 +495,7 @@ fn scan(dir: &Path, keep_covered: bool) -> Result<Scan, WalError> {
                         WalError::Corrupt {
                             path: path.clone(),
                             offset: at as u64,
-                            what,
+                            what: what.to_string(),
                         }
                     })?;
                     at = next;
@@ -593,9 +593,9 @@ fn create_segment(
 }
 
 /// A snapshot marker's (index, term).
-fn parse_snapshot_marker(payload: &[u8]) -> Result<(u64, u64), String> {
+fn parse_snapshot_marker(payload: &[u8]) -> Result<(u64, u64), Invalid> {
     if payload.len() != 16 {
-        return Err("snapshot marker of the wrong size".into());
+        return Err(Invalid("snapshot marker of the wrong size".into()));
     }
     let index = u64::from_le_bytes(payload[..8].try_into().expect("8 bytes"));
     let term = u64::from_le_bytes(payload[8..].try_into().expect("8 bytes"));
@@ -603,13 +603,10 @@ fn parse_snapshot_marker(payload: &[u8]) -> Result<(u64, u64), String> {
 }
 
 /// Applies one recovered record.
-fn apply(rec: &mut Recovered, kind: u8, payload: &[u8], keep_covered: bool) -> Result<(), String> {
+fn apply(rec: &mut Recovered, kind: u8, payload: &[u8], keep_covered: bool) -> Result<(), Invalid> {
     match kind {
         KIND_ENTRY => {
-            let e: Entry = decode::<PbEntry>("entry", payload)
-                .map_err(|e| e.to_string())?
-                .try_into()
-                .map_err(|e: super::codec::Invalid| e.to_string())?;
+            let e: Entry = decode::<PbEntry>("entry", payload)?.try_into()?;
             if e.index <= rec.snapshot.0 && !keep_covered {
                 return Ok(()); // covered by the snapshot
             }
@@ -625,18 +622,23 @@ fn apply(rec: &mut Recovered, kind: u8, payload: &[u8], keep_covered: bool) -> R
                 return Ok(());
             }
             if e.index > next {
-                return Err(format!("entry {} leaves a gap after {}", e.index, next - 1));
+                return Err(Invalid(format!(
+                    "entry {} leaves a gap after {}",
+                    e.index,
+                    next - 1
+                )));
             }
             if e.index < first {
-                return Err(format!("entry {} before the first entry {first}", e.index));
+                return Err(Invalid(format!(
+                    "entry {} before the first entry {first}",
+                    e.index
+                )));
             }
             rec.entries.truncate((e.index - first) as usize);
             rec.entries.push(e);
         }
         KIND_HARD_STATE => {
-            rec.hard_state = decode::<PbHardState>("hard state", payload)
-                .map_err(|e| e.to_string())?
-                .into();
+            rec.hard_state = decode::<PbHardState>("hard state", payload)?.into();
         }
         KIND_SNAPSHOT => {
             let (index, term) = parse_snapshot_marker(payload)?;
@@ -645,7 +647,7 @@ fn apply(rec: &mut Recovered, kind: u8, payload: &[u8], keep_covered: bool) -> R
             }
             rec.snapshot = rec.snapshot.max((index, term));
         }
-        k => return Err(format!("unknown record kind {k}")),
+        k => return Err(Invalid(format!("unknown record kind {k}"))),
     }
     Ok(())
 }
