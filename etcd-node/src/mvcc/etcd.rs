@@ -29,8 +29,10 @@ use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinitio
 use sha2::{Digest, Sha256};
 
 use super::auth::{Perm, StoredRole, StoredUser, role_key, user_key};
-use super::dump::{Part, Parts, PbDumpAuthRow, PbDumpEntry, PbDumpLease, is_tombstone, write_part};
-use crate::storage::bbolt;
+use super::dump::{
+    DumpError, Part, Parts, PbDumpAuthRow, PbDumpEntry, PbDumpLease, is_tombstone, write_part,
+};
+use crate::storage::bbolt::{self, BboltError};
 
 /// etcd's `leasepb.Lease`.
 #[derive(Clone, PartialEq, prost::Message)]
@@ -106,6 +108,38 @@ const AUTH: TableDefinition<&str, &[u8]> = TableDefinition::new("auth");
 /// (up to the request limit), so batches are counted in bytes, not rows.
 const BATCH_BYTES: usize = 16 << 20;
 
+/// Why an etcd file cannot be converted, either way.
+#[derive(Debug, thiserror::Error)]
+pub enum ConvertError {
+    /// It cannot be read as a bbolt file.
+    #[error(transparent)]
+    Bbolt(#[from] BboltError),
+    /// It is a bbolt file, but a bucket or a row is not what etcd writes.
+    #[error("{0}")]
+    NotEtcd(String),
+    /// The etcd-node snapshot's key space does not decode.
+    #[error(transparent)]
+    Dump(#[from] DumpError),
+    /// A row of the etcd-node snapshot does not decode.
+    #[error("{what} in the snapshot: {source}")]
+    Row {
+        what: String,
+        source: prost::DecodeError,
+    },
+    /// The scratch file in the work directory failed.
+    #[error("the scratch file: {0}")]
+    Scratch(String),
+    #[error("writing the {what}: {source}")]
+    Write {
+        what: &'static str,
+        source: std::io::Error,
+    },
+}
+
+fn not_etcd(what: impl Into<String>) -> ConvertError {
+    ConvertError::NotEtcd(what.into())
+}
+
 /// A scratch redb file, deleted on drop.
 struct Scratch {
     db: Option<Database>,
@@ -113,12 +147,12 @@ struct Scratch {
 }
 
 impl Scratch {
-    fn create(dir: &Path) -> Result<Scratch, String> {
+    fn create(dir: &Path) -> Result<Scratch, ConvertError> {
         let path = dir.join(format!("etcd-convert-{}.redb", std::process::id()));
         let db = redb::Builder::new()
             .set_cache_size(64 << 20)
             .create(&path)
-            .map_err(|e| format!("creating the scratch file {}: {e}", path.display()))?;
+            .map_err(|e| ConvertError::Scratch(format!("creating {}: {e}", path.display())))?;
         Ok(Scratch { db: Some(db), path })
     }
 
@@ -129,8 +163,8 @@ impl Scratch {
     /// Runs `fill` with a write transaction at a time: `fill` returns whether it has more.
     fn write(
         &self,
-        mut fill: impl FnMut(&redb::WriteTransaction) -> Result<bool, String>,
-    ) -> Result<(), String> {
+        mut fill: impl FnMut(&redb::WriteTransaction) -> Result<bool, ConvertError>,
+    ) -> Result<(), ConvertError> {
         loop {
             let mut tx = self.db().begin_write().map_err(scratch)?;
             tx.set_durability(Durability::None).map_err(scratch)?;
@@ -150,8 +184,8 @@ impl Drop for Scratch {
     }
 }
 
-fn scratch(e: impl std::fmt::Display) -> String {
-    format!("the scratch file: {e}")
+fn scratch(e: impl std::fmt::Display) -> ConvertError {
+    ConvertError::Scratch(e.to_string())
 }
 
 /// What an etcd file held.
@@ -176,22 +210,27 @@ pub fn import(
     sha: &[u8],
     work: &Path,
     out: &mut dyn Write,
-) -> Result<EtcdFileSummary, String> {
+) -> Result<EtcdFileSummary, ConvertError> {
     let db = bbolt::Reader::open(file, len)?;
     let mut s = EtcdFileSummary::default();
     let bucket = |name: &str| {
         db.bucket(name.as_bytes())
-            .map_err(|e| format!("bucket {name}: {e}"))
+            .map_err(|e| BboltError::Damaged(format!("bucket {name}: {e}")))
     };
     let Some(keys) = bucket("key")? else {
-        return Err("it has no `key` bucket: it is a bbolt file, but not an etcd key space".into());
+        return Err(not_etcd(
+            "it has no `key` bucket: it is a bbolt file, but not an etcd key space",
+        ));
     };
     // The small parts first: compaction, leases, auth.
     if let Some(meta) = bucket("meta")? {
-        db.for_each(&meta, &mut |k, v| {
+        db.for_each::<ConvertError>(&meta, &mut |k, v| {
             if k == b"finishedCompactRev" || k == b"scheduledCompactRev" {
                 let (main, _) = parse_rev(v).ok_or_else(|| {
-                    format!("meta {}: not a revision", String::from_utf8_lossy(k))
+                    not_etcd(format!(
+                        "meta {}: not a revision",
+                        String::from_utf8_lossy(k)
+                    ))
                 })?;
                 s.compacted = s.compacted.max(main);
             }
@@ -199,11 +238,15 @@ pub fn import(
         })?;
     }
     let emit = |out: &mut dyn Write, part: &Part| {
-        write_part(out, part).map_err(|e| format!("writing the converted key space: {e}"))
+        write_part(out, part).map_err(|source| ConvertError::Write {
+            what: "converted key space",
+            source,
+        })
     };
     if let Some(leases) = bucket("lease")? {
-        db.for_each(&leases, &mut |_, v| {
-            let l = EtcdLease::decode(v).map_err(|e| format!("a lease does not decode: {e}"))?;
+        db.for_each::<ConvertError>(&leases, &mut |_, v| {
+            let l = EtcdLease::decode(v)
+                .map_err(|e| not_etcd(format!("a lease does not decode: {e}")))?;
             s.leases += 1;
             emit(
                 out,
@@ -218,7 +261,7 @@ pub fn import(
         emit(out, &Part::Auth(PbDumpAuthRow { key, value }))
     };
     if let Some(auth) = bucket("auth")? {
-        db.for_each(&auth, &mut |k, v| {
+        db.for_each::<ConvertError>(&auth, &mut |k, v| {
             match k {
                 b"authEnabled" if v == [1] => {
                     s.auth_enabled = true;
@@ -232,7 +275,7 @@ pub fn import(
                 b"authRevision" => {
                     let rev = u64::from_be_bytes(
                         v.try_into()
-                            .map_err(|_| "auth authRevision: not 8 bytes".to_string())?,
+                            .map_err(|_| not_etcd("auth authRevision: not 8 bytes"))?,
                     );
                     auth_row(out, "revision".into(), rev.to_le_bytes().to_vec())?;
                 }
@@ -242,11 +285,12 @@ pub fn import(
         })?;
     }
     let utf8 = |what: &str, b: Vec<u8>| {
-        String::from_utf8(b).map_err(|_| format!("{what}: a name that is not UTF-8"))
+        String::from_utf8(b).map_err(|_| not_etcd(format!("{what}: a name that is not UTF-8")))
     };
     if let Some(users) = bucket("authUsers")? {
-        db.for_each(&users, &mut |_, v| {
-            let u = EtcdUser::decode(v).map_err(|e| format!("a user does not decode: {e}"))?;
+        db.for_each::<ConvertError>(&users, &mut |_, v| {
+            let u = EtcdUser::decode(v)
+                .map_err(|e| not_etcd(format!("a user does not decode: {e}")))?;
             let name = utf8("a user", u.name)?;
             let no_password = u.options.is_some_and(|o| o.no_password);
             let mut roles = u.roles;
@@ -265,8 +309,9 @@ pub fn import(
         })?;
     }
     if let Some(roles) = bucket("authRoles")? {
-        db.for_each(&roles, &mut |_, v| {
-            let r = EtcdRole::decode(v).map_err(|e| format!("a role does not decode: {e}"))?;
+        db.for_each::<ConvertError>(&roles, &mut |_, v| {
+            let r = EtcdRole::decode(v)
+                .map_err(|e| not_etcd(format!("a role does not decode: {e}")))?;
             let name = utf8("a role", r.name)?;
             let mut perms = r.key_permission;
             perms.sort_by(|a, b| (&a.key, &a.range_end).cmp(&(&b.key, &b.range_end)));
@@ -292,14 +337,19 @@ pub fn import(
         })
     };
     let mut newest = 0;
-    db.for_each(&keys, &mut |k, v| {
-        let (main, tombstone) =
-            parse_rev(k).ok_or_else(|| format!("key bucket: {k:?} is not an etcd revision"))?;
-        let mut kv = PbKeyValue::decode(v)
-            .map_err(|e| format!("key bucket: the row at revision {main} does not decode: {e}"))?;
+    db.for_each::<ConvertError>(&keys, &mut |k, v| {
+        let (main, tombstone) = parse_rev(k)
+            .ok_or_else(|| not_etcd(format!("key bucket: {k:?} is not an etcd revision")))?;
+        let mut kv = PbKeyValue::decode(v).map_err(|e| {
+            not_etcd(format!(
+                "key bucket: the row at revision {main} does not decode: {e}"
+            ))
+        })?;
         let key = std::mem::take(&mut kv.key);
         if key.is_empty() {
-            return Err(format!("key bucket: the row at revision {main} has no key"));
+            return Err(not_etcd(format!(
+                "key bucket: the row at revision {main} has no key"
+            )));
         }
         let record = if tombstone {
             PbKeyValue {
@@ -307,10 +357,10 @@ pub fn import(
                 ..Default::default()
             }
         } else if kv.version <= 0 || kv.mod_revision != main as i64 {
-            return Err(format!(
+            return Err(not_etcd(format!(
                 "key bucket: the row at revision {main} says version {} and revision {}",
                 kv.version, kv.mod_revision
-            ));
+            )));
         } else {
             kv // (its key taken: the record)
         };
@@ -355,7 +405,7 @@ pub fn export<W: Write + Seek>(
     dump: impl Read,
     out: W,
     work: &Path,
-) -> Result<(EtcdFileSummary, W), String> {
+) -> Result<(EtcdFileSummary, W), ConvertError> {
     let sorter = Scratch::create(work)?;
     let mut s = EtcdFileSummary::default();
     let mut parts = Parts::new(dump);
@@ -366,7 +416,7 @@ pub fn export<W: Write + Seek>(
         let mut auth = tx.open_table(AUTH).map_err(scratch)?;
         let mut written = 0;
         while written < BATCH_BYTES {
-            let Some(part) = parts.next_part().map_err(|e| e.to_string())? else {
+            let Some(part) = parts.next_part()? else {
                 return Ok(false);
             };
             match part {
@@ -392,7 +442,10 @@ pub fn export<W: Write + Seek>(
         }
         Ok(true)
     })?;
-    let io = |e: std::io::Error| format!("writing the etcd file: {e}");
+    let io = |source| ConvertError::Write {
+        what: "etcd file",
+        source,
+    };
     let tx = sorter.db().begin_read().map_err(scratch)?;
     let mut w = bbolt::Writer::new(out).map_err(io)?;
     // Buckets in name order, empty ones too: etcd opens them all.
@@ -411,7 +464,10 @@ pub fn export<W: Write + Seek>(
             .map_err(io)?;
         b.finish().map_err(io)?;
     }
-    let bad = |what: &str, e: prost::DecodeError| format!("{what} in the snapshot: {e}");
+    let bad = |what: &str, source| ConvertError::Row {
+        what: what.to_string(),
+        source,
+    };
     {
         let mut b = w.bucket(b"authRoles");
         for (key, value) in auth_rows.iter().filter(|(k, _)| k.starts_with("role/")) {
@@ -459,7 +515,7 @@ pub fn export<W: Write + Seek>(
                 } else {
                     (main, 0)
                 };
-                let tombstone = is_tombstone(v.value()).map_err(|e| e.to_string())?;
+                let tombstone = is_tombstone(v.value())?;
                 let kv = if tombstone {
                     PbKeyValue {
                         key: key.to_vec(),
@@ -518,7 +574,7 @@ pub fn export<W: Write + Seek>(
 fn open<K: redb::Key + 'static, V: redb::Value + 'static>(
     tx: &redb::ReadTransaction,
     table: TableDefinition<K, V>,
-) -> Result<Option<redb::ReadOnlyTable<K, V>>, String> {
+) -> Result<Option<redb::ReadOnlyTable<K, V>>, ConvertError> {
     match tx.open_table(table) {
         Ok(t) => Ok(Some(t)),
         Err(redb::TableError::TableDoesNotExist(_)) => Ok(None),
@@ -530,7 +586,7 @@ fn open<K: redb::Key + 'static, V: redb::Value + 'static>(
 fn read_all(
     tx: &redb::ReadTransaction,
     table: TableDefinition<&str, &[u8]>,
-) -> Result<Vec<(String, Vec<u8>)>, String> {
+) -> Result<Vec<(String, Vec<u8>)>, ConvertError> {
     let mut rows = Vec::new();
     if let Some(t) = open(tx, table)? {
         for row in t.iter().map_err(scratch)? {
@@ -761,7 +817,10 @@ mod tests {
         let file = w.finish().unwrap();
         let len = file.metadata().unwrap().len();
         let err = import(file, len, b"", work.path(), &mut Vec::new()).unwrap_err();
-        assert!(err.contains("no `key` bucket"), "{err}");
+        assert!(
+            matches!(err, ConvertError::NotEtcd(_)) && err.to_string().contains("no `key` bucket"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -114,10 +114,25 @@ enum Root {
     Inline(Vec<u8>),
 }
 
-/// Called with each key and value of a bucket.
-pub type PairFn<'a> = dyn FnMut(&[u8], &[u8]) -> Result<(), String> + 'a;
+/// A bbolt file that cannot be read.
+#[derive(Debug, thiserror::Error)]
+pub enum BboltError {
+    /// The file is damaged, truncated or not a bbolt file; the message says where and what.
+    #[error("{0}")]
+    Damaged(String),
+    #[error("reading it at byte {at}: {source}")]
+    Read { at: u64, source: io::Error },
+}
+
+fn damaged(what: String) -> BboltError {
+    BboltError::Damaged(what)
+}
+
+/// Called with each key and value of a bucket; its error (`E`, which a [`BboltError`] becomes
+/// too) stops the walk.
+pub type PairFn<'a, E> = dyn FnMut(&[u8], &[u8]) -> Result<(), E> + 'a;
 /// Called with each element of a node: (is a bucket, key, value).
-type VisitFn<'a> = dyn FnMut(bool, &[u8], &[u8]) -> Result<(), String> + 'a;
+type VisitFn<'a, E> = dyn FnMut(bool, &[u8], &[u8]) -> Result<(), E> + 'a;
 
 /// A bucket of a [`Reader`]'s file.
 #[derive(Debug, Clone)]
@@ -135,7 +150,7 @@ enum Element<'a> {
 
 impl Reader {
     /// Opens the bbolt file whose first `len` bytes `file` holds.
-    pub fn open(file: std::fs::File, len: u64) -> Result<Reader, String> {
+    pub fn open(file: std::fs::File, len: u64) -> Result<Reader, BboltError> {
         let mut r = Reader {
             file,
             len,
@@ -168,53 +183,50 @@ impl Reader {
             }
         }
         let Some(meta) = best else {
-            return Err(
-                "neither of its meta pages is valid (a bbolt file starts with two \
-                        meta pages; this one is damaged, or not a bbolt file)"
+            return Err(damaged(
+                "neither of its meta pages is valid (a bbolt file starts with two meta pages; \
+                 this one is damaged, or not a bbolt file)"
                     .into(),
-            );
+            ));
         };
         let size = u64::from(meta.page_size);
         if !(512..=1 << 20).contains(&size) || !size.is_power_of_two() {
-            return Err(format!(
+            return Err(damaged(format!(
                 "its page size {size} is not one bbolt uses: the file is damaged"
-            ));
+            )));
         }
         // (so that every page a tree names lies within the file, and offsets cannot overflow)
         if meta.pages.checked_mul(size).is_none_or(|end| end > len) {
-            return Err(format!(
+            return Err(damaged(format!(
                 "its meta page counts {} pages of {size} bytes, more than its {len} bytes: the \
                  file is truncated or damaged",
                 meta.pages
-            ));
+            )));
         }
         r.meta = meta;
         Ok(r)
     }
 
-    fn read(&self, at: u64, len: usize) -> Result<Vec<u8>, String> {
+    fn read(&self, at: u64, len: usize) -> Result<Vec<u8>, BboltError> {
         use std::os::unix::fs::FileExt;
-        let short = || {
-            format!(
+        if at.checked_add(len as u64).is_none_or(|end| end > self.len) {
+            return Err(damaged(format!(
                 "it ends at byte {} inside a page that starts at byte {at}: the file is \
                  truncated or damaged",
                 self.len
-            )
-        };
-        if at.checked_add(len as u64).is_none_or(|end| end > self.len) {
-            return Err(short());
+            )));
         }
         let mut buf = vec![0u8; len];
         self.file
             .read_exact_at(&mut buf, at)
-            .map_err(|e| format!("reading it at byte {at}: {e}"))?;
+            .map_err(|source| BboltError::Read { at, source })?;
         Ok(buf)
     }
 
     /// Page `id` with its overflow pages.
-    fn page(&self, id: u64, want: u16) -> Result<Vec<u8>, String> {
+    fn page(&self, id: u64, want: u16) -> Result<Vec<u8>, BboltError> {
         let size = u64::from(self.meta.page_size);
-        let bad = |why: String| format!("page {id}: {why}: the file is damaged");
+        let bad = |why: String| damaged(format!("page {id}: {why}: the file is damaged"));
         if id < 2 || id >= self.meta.pages {
             return Err(bad(format!(
                 "a tree points at it, but the file has pages 2 to {}",
@@ -243,7 +255,7 @@ impl Reader {
     }
 
     /// The bucket `name` of the file, if it has one.
-    pub fn bucket(&self, name: &[u8]) -> Result<Option<Bucket>, String> {
+    pub fn bucket(&self, name: &[u8]) -> Result<Option<Bucket>, BboltError> {
         let mut found = None;
         self.walk(&self.top(), &mut |bucket, key, value| {
             if bucket && key == name {
@@ -255,13 +267,17 @@ impl Reader {
     }
 
     /// Calls `f` with every key and value of `bucket`, in key order, skipping nested buckets.
-    pub fn for_each(&self, bucket: &Bucket, f: &mut PairFn<'_>) -> Result<(), String> {
+    pub fn for_each<E: From<BboltError>>(
+        &self,
+        bucket: &Bucket,
+        f: &mut PairFn<'_, E>,
+    ) -> Result<(), E> {
         self.walk(bucket, &mut |nested, k, v| {
             if nested { Ok(()) } else { f(k, v) }
         })
     }
 
-    fn walk(&self, bucket: &Bucket, f: &mut VisitFn<'_>) -> Result<(), String> {
+    fn walk<E: From<BboltError>>(&self, bucket: &Bucket, f: &mut VisitFn<'_, E>) -> Result<(), E> {
         match &bucket.0 {
             Root::Page(id) => self.walk_page(*id, 0, &mut HashSet::new(), f),
             Root::Inline(node) => visit(node, f),
@@ -270,31 +286,31 @@ impl Reader {
 
     /// Walks the tree at page `id`; `seen` holds the pages walked so far (a tree reaches each
     /// page once: a damaged file whose pages point back at each other must not loop).
-    fn walk_page(
+    fn walk_page<E: From<BboltError>>(
         &self,
         id: u64,
         depth: usize,
         seen: &mut HashSet<u64>,
-        f: &mut VisitFn<'_>,
-    ) -> Result<(), String> {
+        f: &mut VisitFn<'_, E>,
+    ) -> Result<(), E> {
         if depth > MAX_DEPTH {
-            return Err(format!(
+            return Err(damaged(format!(
                 "page {id}: a tree deeper than {MAX_DEPTH} levels: the file is damaged"
-            ));
+            ))
+            .into());
         }
         if !seen.insert(id) {
-            return Err(format!("page {id} is reached twice: the file is damaged"));
+            return Err(damaged(format!("page {id} is reached twice: the file is damaged")).into());
         }
         let page = self.page(id, BRANCH | LEAF)?;
         let mut children = Vec::new();
-        elements(&page, &mut |e| {
+        elements::<E>(&format!("page {id}"), &page, &mut |e| {
             match e {
                 Element::Child(child) => children.push(child),
                 Element::Pair { bucket, key, value } => f(bucket, key, value)?,
             }
             Ok(())
-        })
-        .map_err(|e| format!("page {id}: {e}"))?;
+        })?;
         for child in children {
             self.walk_page(child, depth + 1, seen, f)?;
         }
@@ -303,12 +319,12 @@ impl Reader {
 }
 
 impl Bucket {
-    fn from_value(value: &[u8]) -> Result<Bucket, String> {
+    fn from_value(value: &[u8]) -> Result<Bucket, BboltError> {
         if value.len() < 16 {
-            return Err(format!(
+            return Err(damaged(format!(
                 "a bucket's value of {} bytes (at least 16): the file is damaged",
                 value.len()
-            ));
+            )));
         }
         Ok(Bucket(match u64_at(value, 0) {
             0 => Root::Inline(value[16..].to_vec()),
@@ -318,28 +334,36 @@ impl Bucket {
 }
 
 /// Calls `f` with the pairs of an inline leaf node.
-fn visit(node: &[u8], f: &mut VisitFn<'_>) -> Result<(), String> {
-    elements(node, &mut |e| match e {
+fn visit<E: From<BboltError>>(node: &[u8], f: &mut VisitFn<'_, E>) -> Result<(), E> {
+    elements("an inline bucket", node, &mut |e| match e {
         Element::Pair { bucket, key, value } => f(bucket, key, value),
-        Element::Child(_) => Err("an inline bucket with a branch node".into()),
+        Element::Child(_) => Err(damaged("an inline bucket with a branch node".into()).into()),
     })
-    .map_err(|e| format!("an inline bucket: {e}"))
 }
 
-/// The elements of the node `node` (header first), every offset checked.
-fn elements(
+/// The elements of the node `node` (header first), every offset checked; `place` names the
+/// node in messages.
+fn elements<E: From<BboltError>>(
+    place: &str,
     node: &[u8],
-    f: &mut dyn FnMut(Element<'_>) -> Result<(), String>,
-) -> Result<(), String> {
-    let damaged = |what: &str| format!("{what} out of the node's bounds: the file is damaged");
+    f: &mut dyn FnMut(Element<'_>) -> Result<(), E>,
+) -> Result<(), E> {
+    let damaged = |what: &str| {
+        damaged(format!(
+            "{place}: {what} out of the node's bounds: the file is damaged"
+        ))
+    };
     if node.len() < HEADER {
-        return Err(damaged("a node header"));
+        return Err(damaged("a node header").into());
     }
     let flags = u16_at(node, 8);
     let count = usize::from(u16_at(node, 10));
     let leaf = flags & LEAF != 0;
     if !leaf && flags & BRANCH == 0 {
-        return Err(format!("flags {flags:#x} where a tree node was expected"));
+        return Err(BboltError::Damaged(format!(
+            "{place}: flags {flags:#x} where a tree node was expected"
+        ))
+        .into());
     }
     for i in 0..count {
         let at = HEADER + i * ELEMENT;
@@ -654,7 +678,7 @@ mod tests {
         file
     }
 
-    fn read(file: &std::fs::File, names: &[Vec<u8>]) -> Result<Buckets, String> {
+    fn read(file: &std::fs::File, names: &[Vec<u8>]) -> Result<Buckets, BboltError> {
         let len = file.metadata().unwrap().len();
         let r = Reader::open(file.try_clone().unwrap(), len)?;
         let mut out = Vec::new();
@@ -728,7 +752,7 @@ mod tests {
         bytes[40] ^= 1;
         std::fs::write(file.path(), &bytes).unwrap();
         let err = read(file.as_file(), &names).unwrap_err();
-        assert!(err.contains("meta pages"), "{err}");
+        assert!(err.to_string().contains("meta pages"), "{err}");
     }
 
     #[test]
@@ -737,7 +761,7 @@ mod tests {
         let bytes = std::fs::read(file.path()).unwrap();
         std::fs::write(file.path(), &bytes[..bytes.len() - PAGE_SIZE]).unwrap();
         let err = read(file.as_file(), &[b"key".to_vec()]).unwrap_err();
-        assert!(err.contains("truncated"), "{err}");
+        assert!(err.to_string().contains("truncated"), "{err}");
     }
 
     /// bbolt stores a small bucket inline, in its parent's leaf (etcd's `meta`, `auth`, ...):
