@@ -6,6 +6,8 @@
 
 use serde_norway::{Mapping, Value};
 
+use super::InvalidConfig;
+
 /// Accepted and ignored: (name, whether the flag takes a value).
 const NO_EFFECT: &[(&str, bool)] = &[
     ("wal-dir", true),
@@ -157,13 +159,13 @@ fn value_is_set(v: &Value) -> bool {
     }
 }
 
-fn refuse(key: &str, why: &str) -> String {
-    format!("{key} is set, but {why}")
+fn refuse(key: &str, why: &str) -> InvalidConfig {
+    InvalidConfig(format!("{key} is set, but {why}"))
 }
 
 /// Removes etcd's ignored flags from a command line (refusing the refused ones), and names
 /// the ignored ones that were set there or in `ETCD_*` variables.
-pub fn strip_args(args: Vec<String>) -> Result<(Vec<String>, Vec<String>), String> {
+pub fn strip_args(args: Vec<String>) -> Result<(Vec<String>, Vec<String>), InvalidConfig> {
     let mut kept = Vec::with_capacity(args.len());
     let mut ignored = Vec::new();
     let mut it = args.into_iter();
@@ -208,7 +210,7 @@ pub fn strip_args(args: Vec<String>) -> Result<(Vec<String>, Vec<String>), Strin
 /// Turns an etcd YAML config into etcd-node's keys: sections flattened, ignored keys taken
 /// out (and named), refused ones refused, empty values dropped (etcd's sample file leaves
 /// many keys empty). Unknown keys stay, for the parser to refuse by name.
-pub fn flatten_file(text: &str) -> Result<(Mapping, Vec<String>), String> {
+pub fn flatten_file(text: &str) -> Result<(Mapping, Vec<String>), InvalidConfig> {
     let doc: Value = serde_norway::from_str(text).map_err(|e| e.to_string())?;
     let top = match doc {
         Value::Mapping(m) => m,
@@ -227,9 +229,9 @@ pub fn flatten_file(text: &str) -> Result<(Mapping, Vec<String>), String> {
         if let Some(prefix) = section {
             let Value::Mapping(fields) = v else {
                 if value_is_set(&v) {
-                    return Err(format!(
-                        "{key} must be a mapping (cert-file: ..., key-file: ...)"
-                    ));
+                    return Err(
+                        format!("{key} must be a mapping (cert-file: ..., key-file: ...)").into(),
+                    );
                 }
                 continue;
             };
@@ -261,14 +263,15 @@ pub fn flatten_file(text: &str) -> Result<(Mapping, Vec<String>), String> {
                     _ => {
                         return Err(format!(
                             "{name}: not a key etcd-node knows (or honours); remove it"
-                        ));
+                        )
+                        .into());
                     }
                 };
                 let fv = match fv {
                     // (etcd 3.5 takes lists for the allowed names; one is what a member has)
                     Value::Sequence(mut s) if s.len() <= 1 => s.pop().unwrap_or(Value::Null),
                     Value::Sequence(_) => {
-                        return Err(format!("{name}: give one name (etcd-node checks one)"));
+                        return Err(format!("{name}: give one name (etcd-node checks one)").into());
                     }
                     other => other,
                 };

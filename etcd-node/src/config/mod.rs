@@ -262,6 +262,24 @@ impl Default for Flags {
     }
 }
 
+/// A refused configuration: the message names the flag (or the file) and what to write
+/// instead. It stops a member at start, or refuses an etcdutl argument; no client sees it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct InvalidConfig(pub String);
+
+impl From<String> for InvalidConfig {
+    fn from(message: String) -> Self {
+        InvalidConfig(message)
+    }
+}
+
+impl From<&str> for InvalidConfig {
+    fn from(message: &str) -> Self {
+        InvalidConfig(message.to_string())
+    }
+}
+
 /// A `http://host:port` or `https://host:port` URL as given, with the address it names.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HttpUrl {
@@ -274,7 +292,7 @@ pub struct HttpUrl {
 }
 
 impl HttpUrl {
-    pub fn parse(flag: &str, s: &str) -> Result<Self, String> {
+    pub fn parse(flag: &str, s: &str) -> Result<Self, InvalidConfig> {
         let bad = |why: &str| format!("--{flag}: {s:?} {why}");
         let parsed = url::Url::parse(s)
             .map_err(|e| bad(&format!("is not a URL ({e}); write http://host:port")))?;
@@ -284,9 +302,10 @@ impl HttpUrl {
             "unix" | "unixs" => {
                 return Err(bad(
                     "is a unix socket, which etcd-node does not serve; use http:// or https://",
-                ));
+                )
+                .into());
             }
-            _ => return Err(bad("must be an http://host:port or https://host:port URL")),
+            _ => return Err(bad("must be an http://host:port or https://host:port URL").into()),
         };
         let host = parsed
             .host_str()
@@ -298,7 +317,7 @@ impl HttpUrl {
             .port()
             .ok_or_else(|| bad("has no port; write http://host:port"))?;
         if !matches!(parsed.path(), "" | "/") || parsed.query().is_some() {
-            return Err(bad("must not have a path or query; write http://host:port"));
+            return Err(bad("must not have a path or query; write http://host:port").into());
         }
         Ok(HttpUrl {
             text: s.to_string(),
@@ -309,11 +328,11 @@ impl HttpUrl {
     }
 
     /// The socket addresses to bind or dial.
-    pub fn socket_addrs(&self) -> Result<Vec<SocketAddr>, String> {
+    pub fn socket_addrs(&self) -> Result<Vec<SocketAddr>, InvalidConfig> {
         (self.host.as_str(), self.port)
             .to_socket_addrs()
             .map(Iterator::collect)
-            .map_err(|e| format!("cannot resolve {}: {e}", self.text))
+            .map_err(|e| InvalidConfig(format!("cannot resolve {}: {e}", self.text)))
     }
 }
 
@@ -398,7 +417,10 @@ pub enum AutoCompaction {
     Revision(u64),
 }
 
-fn parse_auto_compaction(mode: &str, retention: &str) -> Result<Option<AutoCompaction>, String> {
+fn parse_auto_compaction(
+    mode: &str,
+    retention: &str,
+) -> Result<Option<AutoCompaction>, InvalidConfig> {
     let retention = retention.trim();
     let off = retention.is_empty() || retention.parse::<f64>().is_ok_and(|n| n == 0.0);
     match mode {
@@ -417,23 +439,23 @@ fn parse_auto_compaction(mode: &str, retention: &str) -> Result<Option<AutoCompa
             .parse::<u64>()
             .map(|n| Some(AutoCompaction::Revision(n)))
             .map_err(|_| {
-                format!(
+                InvalidConfig(format!(
                     "--auto-compaction-retention: {retention:?} is not a number of revisions (--auto-compaction-mode revision)"
-                )
+                ))
             }),
         other => Err(format!(
             "--auto-compaction-mode: {other:?} is neither \"periodic\" nor \"revision\""
-        )),
+        ).into()),
     }
 }
 
 /// A Go duration (`10m`, `1m30s`, `500ms`, `2h`): what etcd's duration flags take.
-pub fn parse_go_duration(flag: &str, s: &str) -> Result<Duration, String> {
+pub fn parse_go_duration(flag: &str, s: &str) -> Result<Duration, InvalidConfig> {
     let bad =
         || format!("--{flag}: {s:?} is not a duration; write it as Go does, e.g. 10m, 30s, 500ms");
     let mut rest = s.trim();
     if rest.is_empty() {
-        return Err(bad());
+        return Err(bad().into());
     }
     let mut total = Duration::ZERO;
     while !rest.is_empty() {
@@ -452,7 +474,7 @@ pub fn parse_go_duration(flag: &str, s: &str) -> Result<Duration, String> {
             "s" => 1.0,
             "m" => 60.0,
             "h" => 3600.0,
-            _ => return Err(bad()),
+            _ => return Err(bad().into()),
         };
         total += Duration::try_from_secs_f64(n * seconds).map_err(|_| bad())?;
         rest = &rest[unit_len..];
@@ -467,7 +489,7 @@ pub const MAX_REQUEST_BYTES_LIMIT: usize = 64 * 1024 * 1024;
 /// etcd's default backend quota.
 pub const DEFAULT_QUOTA_BYTES: u64 = 2 * 1024 * 1024 * 1024;
 
-fn url_list(flag: &str, s: &str) -> Result<Vec<HttpUrl>, String> {
+fn url_list(flag: &str, s: &str) -> Result<Vec<HttpUrl>, InvalidConfig> {
     let urls: Vec<HttpUrl> = s
         .split(',')
         .map(str::trim)
@@ -476,7 +498,7 @@ fn url_list(flag: &str, s: &str) -> Result<Vec<HttpUrl>, String> {
             if WitnessUrl::is_witness(u) {
                 Err(format!(
                     "--{flag}: {u:?} is a witness URL; a witness is storage, not a listener: name it only in --initial-cluster"
-                ))
+                ).into())
             } else {
                 HttpUrl::parse(flag, u)
             }
@@ -485,7 +507,7 @@ fn url_list(flag: &str, s: &str) -> Result<Vec<HttpUrl>, String> {
     Ok(urls)
 }
 
-fn parse_initial_cluster(s: &str, token: &str) -> Result<Vec<InitialMember>, String> {
+fn parse_initial_cluster(s: &str, token: &str) -> Result<Vec<InitialMember>, InvalidConfig> {
     let mut members: Vec<InitialMember> = Vec::new();
     for item in s.split(',').map(str::trim).filter(|i| !i.is_empty()) {
         let (name, url) = item.split_once('=').ok_or_else(|| {
@@ -493,9 +515,7 @@ fn parse_initial_cluster(s: &str, token: &str) -> Result<Vec<InitialMember>, Str
         })?;
         let (name, url) = (name.trim(), url.trim());
         if name.is_empty() {
-            return Err(format!(
-                "--initial-cluster: {item:?} has an empty member name"
-            ));
+            return Err(format!("--initial-cluster: {item:?} has an empty member name").into());
         }
         let peer = if WitnessUrl::is_witness(url) {
             let w = WitnessUrl::parse(url)
@@ -514,7 +534,7 @@ fn parse_initial_cluster(s: &str, token: &str) -> Result<Vec<InitialMember>, Str
             (Some(_), _) => {
                 return Err(format!(
                     "--initial-cluster: member {name:?} has a witness URL and another URL; a witness has exactly one URL"
-                ));
+                ).into());
             }
             (None, peer) => members.push(InitialMember {
                 name: name.to_string(),
@@ -541,7 +561,7 @@ fn parse_initial_cluster(s: &str, token: &str) -> Result<Vec<InitialMember>, Str
 
 impl ServerConfig {
     /// Parses the command line (and environment, or the config file) and validates it.
-    pub fn from_args(args: impl IntoIterator<Item = String>) -> Result<Self, String> {
+    pub fn from_args(args: impl IntoIterator<Item = String>) -> Result<Self, InvalidConfig> {
         let (args, ignored) = strip_etcd_args(args.into_iter().collect())?;
         let flags = Flags::try_parse_from(args).map_err(|e| e.to_string())?;
         Self::from_flags(flags, ignored)
@@ -549,7 +569,7 @@ impl ServerConfig {
 
     /// The configuration the flags give (or their `--config-file`); `ignored`: the etcd flags
     /// [`strip_etcd_args`] took out.
-    pub fn from_flags(flags: Flags, ignored: Vec<String>) -> Result<Self, String> {
+    pub fn from_flags(flags: Flags, ignored: Vec<String>) -> Result<Self, InvalidConfig> {
         match &flags.config_file {
             Some(path) => Self::from_file(path),
             None => Self::validate(flags).map(|c| c.also_ignored(ignored)),
@@ -557,12 +577,12 @@ impl ServerConfig {
     }
 
     /// Reads a YAML config file with etcd's keys.
-    pub fn from_file(path: &std::path::Path) -> Result<Self, String> {
-        let bad = |e: String| format!("--config-file {}: {e}", path.display());
-        let text = std::fs::read_to_string(path).map_err(|e| bad(e.to_string()))?;
-        let (keys, ignored) = etcd_keys::flatten_file(&text).map_err(bad)?;
-        let flags: Flags = serde_norway::from_value(serde_norway::Value::Mapping(keys))
-            .map_err(|e| bad(e.to_string()))?;
+    pub fn from_file(path: &std::path::Path) -> Result<Self, InvalidConfig> {
+        let bad = |e: &dyn std::fmt::Display| format!("--config-file {}: {e}", path.display());
+        let text = std::fs::read_to_string(path).map_err(|e| bad(&e))?;
+        let (keys, ignored) = etcd_keys::flatten_file(&text).map_err(|e| bad(&e))?;
+        let flags: Flags =
+            serde_norway::from_value(serde_norway::Value::Mapping(keys)).map_err(|e| bad(&e))?;
         Self::validate(flags).map(|c| c.also_ignored(ignored))
     }
 
@@ -573,7 +593,7 @@ impl ServerConfig {
     }
 
     /// Checks a set of flags; the error names the flag and the fix.
-    pub fn validate(f: Flags) -> Result<Self, String> {
+    pub fn validate(f: Flags) -> Result<Self, InvalidConfig> {
         if f.name.trim().is_empty() {
             return Err("--name must not be empty".into());
         }
@@ -583,14 +603,16 @@ impl ServerConfig {
             other => {
                 return Err(format!(
                     "--initial-cluster-state: {other:?} is neither \"new\" nor \"existing\""
-                ));
+                )
+                .into());
             }
         };
         if !matches!(f.log_level.as_str(), "debug" | "info" | "warn" | "error") {
             return Err(format!(
                 "--log-level: {:?} is not one of debug, info, warn, error",
                 f.log_level
-            ));
+            )
+            .into());
         }
         if f.heartbeat_interval == 0 {
             return Err("--heartbeat-interval must be at least 1 (milliseconds)".into());
@@ -599,7 +621,8 @@ impl ServerConfig {
             return Err(format!(
                 "--election-timeout ({} ms) must be at least 5 times --heartbeat-interval ({} ms)",
                 f.election_timeout, f.heartbeat_interval
-            ));
+            )
+            .into());
         }
         if f.snapshot_count == 0 {
             return Err("--snapshot-count must be at least 1".into());
@@ -648,7 +671,7 @@ impl ServerConfig {
                 return Err(format!(
                     "--{flag}: {} is https://, which needs --{p}cert-file and --{p}key-file (or --{p}auto-tls)",
                     u.text
-                ));
+                ).into());
             }
         }
         let cipher_suites: Vec<String> = f
@@ -676,7 +699,7 @@ impl ServerConfig {
             ("initial-advertise-peer-urls", &initial_advertise_peer_urls),
         ] {
             if urls.is_empty() {
-                return Err(format!("--{flag} needs at least one http://host:port URL"));
+                return Err(format!("--{flag} needs at least one http://host:port URL").into());
             }
         }
         let (members, member_id, ids) =
@@ -739,7 +762,7 @@ impl ServerConfig {
 }
 
 /// The client and the peer side's TLS settings from their flags, each checked.
-fn tls_sides(f: &Flags) -> Result<(tls::Side, tls::Side), String> {
+fn tls_sides(f: &Flags) -> Result<(tls::Side, tls::Side), InvalidConfig> {
     let client_tls = tls::Side {
         name: "client",
         prefix: "",
@@ -776,7 +799,7 @@ fn initial_members(
     f: &Flags,
     initial_advertise_peer_urls: &[HttpUrl],
     peer_tls: &tls::Side,
-) -> Result<(Vec<InitialMember>, u64, Vec<u64>), String> {
+) -> Result<(Vec<InitialMember>, u64, Vec<u64>), InvalidConfig> {
     let initial = f.initial_cluster.clone().unwrap_or_else(|| {
         initial_advertise_peer_urls
             .iter()
@@ -795,7 +818,7 @@ fn initial_members(
         return Err(format!(
             "--name {:?} is the witness in --initial-cluster; the witness runs inside the regular members, not as a process: give this node a regular member's name",
             f.name
-        ));
+        ).into());
     };
     let mut mine: Vec<&str> = my_urls.iter().map(|u| u.text.as_str()).collect();
     let mut advertised: Vec<&str> = initial_advertise_peer_urls
@@ -808,7 +831,7 @@ fn initial_members(
         return Err(format!(
             "--initial-cluster has {:?}={mine:?} but --initial-advertise-peer-urls is {advertised:?}; they must match",
             f.name
-        ));
+        ).into());
     }
     let witnesses: Vec<&InitialMember> = members
         .iter()
@@ -824,7 +847,8 @@ fn initial_members(
                 .map(|w| w.name.as_str())
                 .collect::<Vec<_>>()
                 .join(", ")
-        ));
+        )
+        .into());
     }
     if !witnesses.is_empty() && regular < 2 {
         return Err("--initial-cluster: a witness needs at least two regular members beside it (with one, it could never acknowledge anything)".into());
@@ -839,7 +863,7 @@ fn initial_members(
         return Err(format!(
             "--initial-cluster: member {:?} has an https:// peer URL; give --peer-trusted-ca-file (the CA that signed the members' certificates) to verify it, or --peer-auto-tls",
             m.name
-        ));
+        ).into());
     }
     let mut ids: Vec<u64> = members.iter().map(|m| m.id).collect();
     ids.sort_unstable();
@@ -854,7 +878,7 @@ fn initial_members(
 mod tests {
     use super::*;
 
-    fn parse(args: &[&str]) -> Result<ServerConfig, String> {
+    fn parse(args: &[&str]) -> Result<ServerConfig, InvalidConfig> {
         ServerConfig::from_args(
             std::iter::once("etcd-node")
                 .chain(args.iter().copied())
@@ -936,7 +960,7 @@ mod tests {
             c.ignored
         );
         assert_eq!(limit("0").unwrap().backend_sync.every, default, "etcd's 0");
-        let e = limit("many").unwrap_err();
+        let e = limit("many").unwrap_err().0;
         assert!(e.contains("--backend-batch-limit"), "{e}");
     }
 
@@ -956,7 +980,7 @@ mod tests {
         );
         assert_eq!(interval("0").unwrap().0, None);
         assert_eq!(interval("0s").unwrap().0, None);
-        let e = interval("100").unwrap_err();
+        let e = interval("100").unwrap_err().0;
         assert!(
             e.contains("--backend-batch-interval") && e.contains("500ms"),
             "{e}"
@@ -974,7 +998,7 @@ mod tests {
 
     fn err(args: Vec<String>) -> String {
         let refs: Vec<&str> = args.iter().map(String::as_str).collect();
-        parse(&refs).unwrap_err()
+        parse(&refs).unwrap_err().0
     }
 
     #[test]
@@ -1181,7 +1205,9 @@ mod tests {
             "same members and token, same cluster id"
         );
         std::fs::write(&path, "name: x\nlisten-client-urlz: http://a:1\n").unwrap();
-        let e = parse(&["--config-file", path.to_str().unwrap()]).unwrap_err();
+        let e = parse(&["--config-file", path.to_str().unwrap()])
+            .unwrap_err()
+            .0;
         assert!(e.contains("listen-client-urlz"), "{e}");
         // A narrowing key etcd-node does not honour is refused, not ignored.
         std::fs::write(
@@ -1189,7 +1215,9 @@ mod tests {
             "name: x\nclient-transport-security:\n  allowed-cn: admin\n",
         )
         .unwrap();
-        let e = parse(&["--config-file", path.to_str().unwrap()]).unwrap_err();
+        let e = parse(&["--config-file", path.to_str().unwrap()])
+            .unwrap_err()
+            .0;
         assert!(e.contains("client-transport-security.allowed-cn"), "{e}");
         std::fs::write(
             &path,

@@ -44,7 +44,7 @@ impl PbClusterService for Cluster {
                             "etcdserver: a witness has exactly one peer URL, its witness: URL",
                         ));
                     }
-                    HttpUrl::parse("peer-urls", u).map_err(|e| bad_urls(&e))?;
+                    HttpUrl::parse("peer-urls", u).map_err(|e| bad_urls(&e.0))?;
                 }
                 None
             }
@@ -143,7 +143,7 @@ impl PbClusterService for Cluster {
                     "a regular member's peer URLs are http:// or https:// URLs, not witness: ones",
                 ));
             }
-            HttpUrl::parse("peer-urls", u).map_err(|e| bad_urls(&e))?;
+            HttpUrl::parse("peer-urls", u).map_err(|e| bad_urls(&e.0))?;
         }
         let members = self.api.mvcc.members().map_err(Status::from)?;
         if members
