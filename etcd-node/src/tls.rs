@@ -38,6 +38,32 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::server::Connected;
 use tonic::transport::{Channel, Endpoint};
 
+/// A TLS failure.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TlsError {
+    /// The flags, or the certificate, key or CA files they name, cannot be used: the message
+    /// names the flag and the fix. It stops a member at start; after a change of the files
+    /// at run time the previous ones stay in use.
+    #[error("{0}")]
+    Setting(String),
+    /// One connection refused: its handshake failed, or the other end is not the one allowed
+    /// (that connection ends; the listener goes on).
+    #[error("{0}")]
+    Connection(String),
+}
+
+impl From<String> for TlsError {
+    fn from(message: String) -> Self {
+        TlsError::Setting(message)
+    }
+}
+
+impl From<&str> for TlsError {
+    fn from(message: &str) -> Self {
+        TlsError::Setting(message.to_string())
+    }
+}
+
 /// How often, at most, the files are checked for a change.
 pub const RECHECK: Duration = Duration::from_secs(1);
 /// How long a client has to finish its TLS handshake.
@@ -69,23 +95,23 @@ impl Side {
     }
 
     /// Checks the combination of flags (not the files, which [`ServerTls::new`] reads).
-    pub fn check(&self) -> Result<(), String> {
+    pub fn check(&self) -> Result<(), TlsError> {
         let p = self.prefix;
         match (&self.cert_file, &self.key_file) {
-            (Some(_), None) => return Err(format!("--{p}cert-file needs --{p}key-file")),
-            (None, Some(_)) => return Err(format!("--{p}key-file needs --{p}cert-file")),
+            (Some(_), None) => return Err(format!("--{p}cert-file needs --{p}key-file").into()),
+            (None, Some(_)) => return Err(format!("--{p}key-file needs --{p}cert-file").into()),
             _ => {}
         }
         if self.client_cert_auth && self.trusted_ca_file.is_none() {
             return Err(format!(
                 "--{p}client-cert-auth needs --{p}trusted-ca-file (the CA that signs the certificates to accept)"
-            ));
+            ).into());
         }
         if self.crl_file.is_some() && self.trusted_ca_file.is_none() {
             return Err(format!(
                 "--{}crl-file needs --{p}trusted-ca-file (revocation applies to the certificates it signs)",
                 if p.is_empty() { "client-" } else { p }
-            ));
+            ).into());
         }
         if self.allowed_cn.is_some() && self.allowed_hostname.is_some() {
             return Err(
@@ -110,17 +136,19 @@ pub struct Policy {
 }
 
 impl Policy {
-    pub fn new(cipher_suites: &[String], min: &str, max: &str) -> Result<Self, String> {
-        let version = |flag: &str, v: &str, default: u8| match v {
+    pub fn new(cipher_suites: &[String], min: &str, max: &str) -> Result<Self, TlsError> {
+        let version = |flag: &str, v: &str, default: u8| -> Result<u8, TlsError> {
+            match v {
             "" => Ok(default),
             "TLS1.2" => Ok(2),
             "TLS1.3" => Ok(3),
             "TLS1.0" | "TLS1.1" => Err(format!(
                 "--{flag}: {v} is not supported (it is insecure, and rustls does not speak it); use TLS1.2 or TLS1.3"
-            )),
+            ).into()),
             other => Err(format!(
                 "--{flag}: {other:?} is not a TLS version; write TLS1.2 or TLS1.3"
-            )),
+            ).into()),
+            }
         };
         let (min, max) = (
             version("tls-min-version", min, 2)?,
@@ -147,7 +175,7 @@ impl Policy {
                 return Err(format!(
                     "--cipher-suites: {bad:?} is not a supported TLS 1.2 cipher suite; supported: {}",
                     known.join(",")
-                ));
+                ).into());
             }
             // (as in etcd, the list applies to TLS 1.2; TLS 1.3's suites are all kept)
             provider.cipher_suites.retain(|s| {
@@ -167,8 +195,9 @@ impl Default for Policy {
     }
 }
 
-fn read_certs(flag: &str, path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
-    let bad = |e: &dyn std::fmt::Display| format!("--{flag} {}: {e}", path.display());
+fn read_certs(flag: &str, path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+    let bad =
+        |e: &dyn std::fmt::Display| TlsError::Setting(format!("--{flag} {}: {e}", path.display()));
     let certs = CertificateDer::pem_file_iter(path)
         .map_err(|e| bad(&e))?
         .collect::<Result<Vec<_>, _>>()
@@ -181,16 +210,16 @@ fn read_certs(flag: &str, path: &Path) -> Result<Vec<CertificateDer<'static>>, S
     Ok(certs)
 }
 
-fn read_key(flag: &str, path: &Path) -> Result<PrivateKeyDer<'static>, String> {
+fn read_key(flag: &str, path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
     PrivateKeyDer::from_pem_file(path).map_err(|e| {
-        format!(
+        TlsError::Setting(format!(
             "--{flag} {}: {e} (a PEM private key: PKCS#8, PKCS#1 or SEC1)",
             path.display()
-        )
+        ))
     })
 }
 
-fn read_roots(flag: &str, path: &Path) -> Result<Arc<RootCertStore>, String> {
+fn read_roots(flag: &str, path: &Path) -> Result<Arc<RootCertStore>, TlsError> {
     let mut roots = RootCertStore::empty();
     for c in read_certs(flag, path)? {
         roots
@@ -205,7 +234,7 @@ struct Reloading<T> {
     what: String,
     paths: Vec<PathBuf>,
     recheck: Duration,
-    build: Box<dyn Fn() -> Result<T, String> + Send + Sync>,
+    build: Box<dyn Fn() -> Result<T, TlsError> + Send + Sync>,
     state: Mutex<Loaded<T>>,
 }
 
@@ -230,8 +259,8 @@ impl<T> Reloading<T> {
         what: String,
         paths: Vec<PathBuf>,
         recheck: Duration,
-        build: impl Fn() -> Result<T, String> + Send + Sync + 'static,
-    ) -> Result<Self, String> {
+        build: impl Fn() -> Result<T, TlsError> + Send + Sync + 'static,
+    ) -> Result<Self, TlsError> {
         let stamps = stamps(&paths);
         let value = Arc::new(build()?);
         Ok(Reloading {
@@ -309,14 +338,15 @@ impl ServerTls {
         policy: &Policy,
         alpn: &[&[u8]],
         recheck: Duration,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, TlsError> {
         side.check()?;
         let p = side.prefix;
         let (Some(cert), Some(key)) = (side.cert_file.clone(), side.key_file.clone()) else {
             return Err(format!(
                 "an https:// {} URL needs --{p}cert-file and --{p}key-file (or --{p}auto-tls)",
                 side.name
-            ));
+            )
+            .into());
         };
         let (s, policy) = (side.clone(), policy.clone());
         let alpn: Vec<Vec<u8>> = alpn.iter().map(|a| a.to_vec()).collect();
@@ -366,9 +396,12 @@ impl ServerTls {
     }
 
     /// Completes the handshake of an accepted connection and checks the other end.
-    async fn accept(&self, tcp: TcpStream, remote: SocketAddr) -> Result<TlsConn, String> {
+    async fn accept(&self, tcp: TcpStream, remote: SocketAddr) -> Result<TlsConn, TlsError> {
         let acceptor = tokio_rustls::TlsAcceptor::from(self.config.current());
-        let stream = acceptor.accept(tcp).await.map_err(|e| e.to_string())?;
+        let stream = acceptor
+            .accept(tcp)
+            .await
+            .map_err(|e| TlsError::Connection(e.to_string()))?;
         let leaf = stream
             .get_ref()
             .1
@@ -379,16 +412,16 @@ impl ServerTls {
         if let Some(allowed) = &self.side.allowed_cn
             && common_name.as_deref() != Some(allowed.as_str())
         {
-            return Err(format!(
+            return Err(TlsError::Connection(format!(
                 "its certificate's CommonName is {common_name:?}, --peer-cert-allowed-cn is {allowed:?}"
-            ));
+            )));
         }
         if let Some(allowed) = &self.side.allowed_hostname {
             let names = leaf.as_deref().map(dns_names).unwrap_or_default();
             if !names.iter().any(|n| n.eq_ignore_ascii_case(allowed)) {
-                return Err(format!(
+                return Err(TlsError::Connection(format!(
                     "its certificate names {names:?}, not --peer-cert-allowed-hostname {allowed:?}"
-                ));
+                )));
             }
         }
         Ok(TlsConn {
@@ -512,7 +545,7 @@ pub fn incoming(
                     Ok(Err(why)) => tracing::warn!(
                         side = tls.side.name,
                         %remote,
-                        why,
+                        %why,
                         "refused a TLS connection"
                     ),
                     Err(_) => tracing::debug!(%remote, "a TLS handshake timed out"),
@@ -540,7 +573,7 @@ impl Dialer {
     /// The side's dialer: presents the side's certificate (peer listeners that require one
     /// accept it); verifies servers with the side's trusted CA, or not at all with auto-TLS
     /// and no CA (etcd's rule). Without either, it cannot dial `https://` URLs.
-    pub fn new(side: &Side, policy: &Policy, recheck: Duration) -> Result<Self, String> {
+    pub fn new(side: &Side, policy: &Policy, recheck: Duration) -> Result<Self, TlsError> {
         let what = match side.name {
             "peer" => "peer",
             _ => "client",
@@ -589,16 +622,19 @@ impl Dialer {
     }
 
     /// Connects `endpoint` (whose URL decides plain or TLS).
-    pub async fn connect(&self, endpoint: Endpoint) -> Result<Channel, String> {
+    pub async fn connect(&self, endpoint: Endpoint) -> Result<Channel, TlsError> {
         if endpoint.uri().scheme_str() != Some("https") {
-            return endpoint.connect().await.map_err(|e| e.to_string());
+            return endpoint
+                .connect()
+                .await
+                .map_err(|e| TlsError::Connection(e.to_string()));
         }
         let Some(config) = self.config.clone() else {
-            return Err(format!(
+            return Err(TlsError::Setting(format!(
                 "{} is an https:// URL, but this member has no CA to verify it: give --{}trusted-ca-file",
                 endpoint.uri(),
                 if self.what == "peer" { "peer-" } else { "" }
-            ));
+            )));
         };
         let connector = tower::service_fn(move |uri: tonic::codegen::http::Uri| {
             let config = config.current();
@@ -625,10 +661,10 @@ impl Dialer {
             .await
             .map_err(|e| {
                 use std::error::Error as _;
-                match e.source() {
+                TlsError::Connection(match e.source() {
                     Some(s) => format!("{e}: {s}"),
                     None => e.to_string(),
-                }
+                })
             })
     }
 }
@@ -685,7 +721,11 @@ impl ServerCertVerifier for Unverified {
 
 /// The certificate and key `--auto-tls`/`--peer-auto-tls` use, in `dir`: made (self-signed,
 /// for `hosts`, valid `years`) unless a usable pair is there already, as etcd keeps its own.
-pub fn self_signed(dir: &Path, hosts: &[String], years: u32) -> Result<(PathBuf, PathBuf), String> {
+pub fn self_signed(
+    dir: &Path,
+    hosts: &[String],
+    years: u32,
+) -> Result<(PathBuf, PathBuf), TlsError> {
     let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
     if read_certs("auto-tls", &cert).is_ok() && read_key("auto-tls", &key).is_ok() {
         return Ok((cert, key));

@@ -274,6 +274,12 @@ impl From<String> for InvalidConfig {
     }
 }
 
+impl From<tls::TlsError> for InvalidConfig {
+    fn from(e: tls::TlsError) -> Self {
+        InvalidConfig(e.to_string())
+    }
+}
+
 impl From<&str> for InvalidConfig {
     fn from(message: &str) -> Self {
         InvalidConfig(message.to_string())

@@ -194,7 +194,7 @@ async fn connect(
         .http2_keep_alive_interval(Duration::from_secs(1))
         .keep_alive_timeout(Duration::from_secs(3))
         .keep_alive_while_idle(true);
-    let channel = dialer.connect(endpoint).await?;
+    let channel = dialer.connect(endpoint).await.map_err(|e| e.to_string())?;
     tokio::time::timeout(PROVE_LIMIT, prove(channel.clone()))
         .await
         .map_err(|_| format!("no gRPC answer within {PROVE_LIMIT:?} of the dial"))??;
@@ -437,7 +437,7 @@ pub async fn fetch_members(
         .map_err(|e| e.to_string())?
         .connect_timeout(Duration::from_secs(2))
         .timeout(Duration::from_secs(5));
-    let channel = dialer.connect(endpoint).await?;
+    let channel = dialer.connect(endpoint).await.map_err(|e| e.to_string())?;
     let reply = PeerClient::new(channel)
         .members(MembersRequest {})
         .await

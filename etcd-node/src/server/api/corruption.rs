@@ -209,7 +209,7 @@ async fn ask_one(
         .map_err(|e| e.to_string())?
         .connect_timeout(timeout)
         .timeout(timeout);
-    let channel = dialer.connect(endpoint).await?;
+    let channel = dialer.connect(endpoint).await.map_err(|e| e.to_string())?;
     let mut grpc = tonic::client::Grpc::new(channel);
     grpc.ready().await.map_err(|e| e.to_string())?;
     let mut request = tonic::Request::new(PbHashKvRequest {
