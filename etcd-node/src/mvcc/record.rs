@@ -87,22 +87,32 @@ fn encode(key: &[u8], number: u64, kv: &PbKeyValue, sub: Option<u64>) -> Vec<u8>
     out
 }
 
+/// Why a row's checksums cannot be read, or fail.
+#[derive(Debug, thiserror::Error)]
+enum BadRow {
+    #[error("{0}")]
+    Decode(#[from] prost::DecodeError),
+    #[error("a checksum cut short")]
+    CutShort,
+    #[error("the row fails its checksum; {}", RECOVERY)]
+    Mismatch,
+}
+
 /// Checks the row checksum of `stored` (the row of `key`) if it has one, and returns its
 /// value's checksum if it has one.
-fn checks(key: &[u8], stored: &[u8]) -> Result<Option<u32>, String> {
+fn checks(key: &[u8], stored: &[u8]) -> Result<Option<u32>, BadRow> {
     let mut bytes = stored;
-    decode_varint(&mut bytes).map_err(|e| e.to_string())?;
+    decode_varint(&mut bytes)?;
     let mut value_check = None;
     while !bytes.is_empty() {
         let start = stored.len() - bytes.len();
-        let (tag, wire_type) =
-            prost::encoding::decode_key(&mut bytes).map_err(|e| e.to_string())?;
+        let (tag, wire_type) = prost::encoding::decode_key(&mut bytes)?;
         let fixed = wire_type == prost::encoding::WireType::ThirtyTwoBit;
         if fixed && (tag == ROW_CHECK_FIELD || tag == VALUE_CHECK_FIELD) {
             let word: [u8; 4] = bytes
                 .get(..4)
                 .and_then(|b| b.try_into().ok())
-                .ok_or("a checksum cut short")?;
+                .ok_or(BadRow::CutShort)?;
             bytes = &bytes[4..];
             let check = u32::from_le_bytes(word);
             if tag == VALUE_CHECK_FIELD {
@@ -110,12 +120,11 @@ fn checks(key: &[u8], stored: &[u8]) -> Result<Option<u32>, String> {
                 continue;
             }
             if crc32c::crc32c_append(crc32c::crc32c(key), &stored[..start]) != check {
-                return Err(format!("the row fails its checksum; {RECOVERY}"));
+                return Err(BadRow::Mismatch);
             }
             return Ok(value_check);
         }
-        prost::encoding::skip_field(wire_type, tag, &mut bytes, Default::default())
-            .map_err(|e| e.to_string())?;
+        prost::encoding::skip_field(wire_type, tag, &mut bytes, Default::default())?;
     }
     Ok(value_check)
 }

@@ -189,7 +189,7 @@ type Record<'a> = (u8, &'a [u8], usize);
 
 /// The record at an offset: Ok(Some(record)), Ok(None) at the end, Err(why) when the bytes
 /// there are not a valid record.
-fn read_record(data: &[u8], at: usize) -> Result<Option<Record<'_>>, String> {
+fn read_record(data: &[u8], at: usize) -> Result<Option<Record<'_>>, Invalid> {
     if at + HEADER > data.len() {
         return Ok(None);
     }
@@ -199,18 +199,18 @@ fn read_record(data: &[u8], at: usize) -> Result<Option<Record<'_>>, String> {
         return if crc == 0 {
             Ok(None)
         } else {
-            Err("zero length with a checksum".into())
+            Err(Invalid("zero length with a checksum".into()))
         };
     }
     let end = at + pad(len);
     if at + HEADER + len > data.len() || end > data.len() {
-        return Err(format!(
+        return Err(Invalid(format!(
             "record of {len} bytes runs past the end of the file"
-        ));
+        )));
     }
     let body = &data[at + HEADER..at + HEADER + len];
     if crc32c::crc32c(body) != crc {
-        return Err("checksum mismatch".into());
+        return Err(Invalid("checksum mismatch".into()));
     }
     Ok(Some((body[0], &body[1..], end)))
 }
@@ -506,7 +506,7 @@ fn scan(dir: &Path, keep_covered: bool) -> Result<Scan, WalError> {
                         return Err(WalError::Corrupt {
                             path: path.clone(),
                             offset: at as u64,
-                            what,
+                            what: what.to_string(),
                         });
                     }
                     torn = data[at..]
