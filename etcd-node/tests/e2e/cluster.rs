@@ -2588,8 +2588,8 @@ enum Tamper {
 }
 
 /// Changes `key`'s live value in a stopped member's key space behind Raft's back: the value
-/// of its newest row (docs/formats.md, unchanged since format 4: `history` (key, revision) -> the number of
-/// the value's row in `values`, then the rest of the record).
+/// of its newest row (docs/formats.md, unchanged since format 4: `history` (key, revision) ->
+/// the number of the value's row in `values`, then the rest of the record).
 fn tamper(db_path: &Path, key: &[u8], value: &[u8], how: Tamper) {
     use redb::{ReadableTable, TableDefinition};
     let history: TableDefinition<(&[u8], u64), &[u8]> = TableDefinition::new("history");
