@@ -33,8 +33,8 @@ pub(super) struct Writer<'t> {
     leases: Writable<'t, i64>,
     lease_keys: Writable<'t, (i64, &'static [u8])>,
     alarms: Writable<'t, (u64, i32)>,
-    auth: Writable<'t, &'static str>,
-    cluster: Writable<'t, &'static str>,
+    auth: Writable<'t, &'static [u8]>,
+    cluster: Writable<'t, &'static [u8]>,
     /// For the tables a batch rarely writes (opened when one is).
     tx: &'t WriteTransaction,
     pub applied: u64,
@@ -126,9 +126,10 @@ impl<'t> Writer<'t> {
         let out = match op {
             Op::Alarm(r) => Ok(Response::Alarm(self.alarm(r)?)),
             Op::ClusterParams(p) => {
-                self.cluster.insert("version", p.version.as_bytes())?;
                 self.cluster
-                    .insert("features", p.features.join(",").as_bytes())?;
+                    .insert("version".as_bytes(), p.version.as_bytes())?;
+                self.cluster
+                    .insert("features".as_bytes(), p.features.join(",").as_bytes())?;
                 Ok(Response::ClusterParams(None))
             }
             Op::MemberAttrs(a) => {

@@ -101,17 +101,17 @@ pub fn decode<T: Message + Default>(bytes: &[u8]) -> Result<T, redb::StorageErro
     T::decode(bytes).map_err(|e| redb::StorageError::Corrupted(format!("auth record: {e}")))
 }
 
-type AuthTable<'t> = Writable<'t, &'static str>;
+type AuthTable<'t> = Writable<'t, &'static [u8]>;
 
 fn get<T: Message + Default>(t: &AuthTable<'_>, key: &str) -> Result<Option<T>, redb::Error> {
-    Ok(match t.get(key)? {
+    Ok(match t.get(key.as_bytes())? {
         Some(v) => Some(decode(&v)?),
         None => None,
     })
 }
 
 fn put<T: Message>(t: &mut AuthTable<'_>, key: &str, value: &T) -> Result<(), redb::Error> {
-    t.insert(key, &value.encode_to_vec())?;
+    t.insert(key.as_bytes(), &value.encode_to_vec())?;
     Ok(())
 }
 
@@ -120,28 +120,28 @@ pub(super) fn apply(
     t: &mut AuthTable<'_>,
     op: &AuthOp,
 ) -> Result<Result<(), EtcdError>, redb::Error> {
-    let enabled = t.get("enabled")?.is_some();
+    let enabled = t.get("enabled".as_bytes())?.is_some();
     let refused = match op {
         AuthOp::Enable(secret) => match get::<StoredUser>(t, &user_key(ROOT))? {
             None => Some(EtcdError::ROOT_USER_NOT_EXIST),
             Some(u) if !u.roles.iter().any(|r| r == ROOT) => Some(EtcdError::ROOT_ROLE_NOT_EXIST),
             Some(_) => {
                 if !enabled {
-                    t.insert("secret", secret.as_slice())?;
-                    t.insert("enabled", [1u8].as_slice())?;
+                    t.insert("secret".as_bytes(), secret.as_slice())?;
+                    t.insert("enabled".as_bytes(), [1u8].as_slice())?;
                 }
                 None
             }
         },
         AuthOp::Disable(_) => {
-            t.remove("enabled")?;
+            t.remove("enabled".as_bytes())?;
             None
         }
         AuthOp::UserAdd(r) => {
             let key = user_key(&r.name);
             if r.name.is_empty() {
                 Some(EtcdError::USER_EMPTY)
-            } else if t.get(key.as_str())?.is_some() {
+            } else if t.get(key.as_bytes())?.is_some() {
                 Some(EtcdError::USER_ALREADY_EXIST)
             } else {
                 let user = StoredUser {
@@ -157,7 +157,7 @@ pub(super) fn apply(
             let key = user_key(&r.name);
             if enabled && r.name == ROOT {
                 Some(EtcdError::INVALID_AUTH_MGMT)
-            } else if t.remove(key.as_str())?.is_none() {
+            } else if t.remove(key.as_bytes())?.is_none() {
                 Some(EtcdError::USER_NOT_FOUND)
             } else {
                 None
@@ -178,7 +178,7 @@ pub(super) fn apply(
             let key = user_key(&r.user);
             match get::<StoredUser>(t, &key)? {
                 None => Some(EtcdError::USER_NOT_FOUND),
-                Some(_) if r.role != ROOT && t.get(role_key(&r.role).as_str())?.is_none() => {
+                Some(_) if r.role != ROOT && t.get(role_key(&r.role).as_bytes())?.is_none() => {
                     Some(EtcdError::ROLE_NOT_FOUND)
                 }
                 Some(mut u) => {
@@ -211,7 +211,7 @@ pub(super) fn apply(
             let key = role_key(&r.name);
             if r.name.is_empty() {
                 Some(EtcdError::ROLE_EMPTY)
-            } else if t.get(key.as_str())?.is_some() {
+            } else if t.get(key.as_bytes())?.is_some() {
                 Some(EtcdError::ROLE_ALREADY_EXIST)
             } else {
                 let role = StoredRole {
@@ -225,17 +225,17 @@ pub(super) fn apply(
         AuthOp::RoleDelete(r) => {
             if enabled && r.role == ROOT {
                 Some(EtcdError::INVALID_AUTH_MGMT)
-            } else if t.remove(role_key(&r.role).as_str())?.is_none() {
+            } else if t.remove(role_key(&r.role).as_bytes())?.is_none() {
                 Some(EtcdError::ROLE_NOT_FOUND)
             } else {
                 // Taken from every user that had it.
                 let mut changed = Vec::new();
-                for row in t.range("user/".."user0")? {
+                for row in t.range("user/".as_bytes().."user0".as_bytes())? {
                     let (k, v) = row?;
                     let mut u: StoredUser = decode(&v)?;
                     if let Ok(at) = u.roles.binary_search(&r.role) {
                         u.roles.remove(at);
-                        changed.push((k.value().to_string(), u));
+                        changed.push((String::from_utf8_lossy(k.value()).into_owned(), u));
                     }
                 }
                 for (k, u) in changed {
@@ -297,10 +297,13 @@ pub(super) fn apply(
         return Ok(Err(e));
     }
     let revision = t
-        .get("revision")?
+        .get("revision".as_bytes())?
         .and_then(|v| v.as_slice().try_into().ok().map(u64::from_le_bytes))
         .unwrap_or(0);
-    t.insert("revision", (revision + 1).to_le_bytes().as_slice())?;
+    t.insert(
+        "revision".as_bytes(),
+        (revision + 1).to_le_bytes().as_slice(),
+    )?;
     Ok(Ok(()))
 }
 

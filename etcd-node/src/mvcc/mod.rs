@@ -84,8 +84,10 @@ const REMOVED: sealed::Def<u64> = TableDefinition::new("removed");
 const LEASES: sealed::Def<i64> = TableDefinition::new("leases");
 const LEASE_KEYS: sealed::Def<(i64, &[u8])> = TableDefinition::new("lease_keys");
 const ALARMS: sealed::Def<(u64, i32)> = TableDefinition::new("alarms");
-const AUTH: sealed::Def<&str> = TableDefinition::new("auth");
-const CLUSTER: sealed::Def<&str> = TableDefinition::new("cluster");
+// (text keys as bytes: a damaged key is then found by its checksum, where redb's `&str` would
+// panic decoding it)
+const AUTH: sealed::Def<&[u8]> = TableDefinition::new("auth");
+const CLUSTER: sealed::Def<&[u8]> = TableDefinition::new("cluster");
 
 /// The key space's page cache unless configured (`--backend-cache-bytes`; redb's own default
 /// is 1 GiB, which made a member's memory grow with its data). 16 MiB: 64 MiB made puts and
@@ -263,7 +265,9 @@ impl Mvcc {
     }
 
     fn refresh_auth_on(&self) -> Result<(), StoreError> {
-        let on = self.auth_row("enabled")?.is_some();
+        // (every row read, and so checked: a flipped bit in the `enabled` row's key must not
+        // turn auth off unseen)
+        let on = self.auth_rows("")?.iter().any(|(key, _)| key == "enabled");
         self.auth_on.store(on, Ordering::Release);
         Ok(())
     }
@@ -326,7 +330,7 @@ impl Mvcc {
         let db = self.db();
         let tx = db.begin_read().map_err(|e| self.fail(e))?;
         let table = sealed::read(&tx, AUTH).map_err(|e| self.fail(e))?;
-        table.get(key).map_err(|e| self.fail(e))
+        table.get(key.as_bytes()).map_err(|e| self.fail(e))
     }
 
     /// The raised alarms, by member.
@@ -865,14 +869,14 @@ impl Mvcc {
                     }
                     Part::ClusterParams(p) => {
                         cluster
-                            .insert("version", p.version.as_bytes())
+                            .insert("version".as_bytes(), p.version.as_bytes())
                             .map_err(|e| self.fail(e))?;
                         cluster
-                            .insert("features", p.features.join(",").as_bytes())
+                            .insert("features".as_bytes(), p.features.join(",").as_bytes())
                             .map_err(|e| self.fail(e))?;
                     }
                     Part::Auth(row) => {
-                        auth.insert(row.key.as_str(), &row.value)
+                        auth.insert(row.key.as_bytes(), &row.value)
                             .map_err(|e| self.fail(e))?;
                     }
                     Part::Alarm(a) => {
@@ -1077,12 +1081,13 @@ fn read_auth(
     prefix: &str,
 ) -> Result<Vec<(String, Vec<u8>)>, redb::Error> {
     let mut out = Vec::new();
-    for row in sealed::read(tx, AUTH)?.range(prefix..)? {
+    for row in sealed::read(tx, AUTH)?.range(prefix.as_bytes()..)? {
         let (k, v) = row?;
-        if !k.value().starts_with(prefix) {
+        if !k.value().starts_with(prefix.as_bytes()) {
             break;
         }
-        out.push((k.value().to_string(), v));
+        // (checked: the bytes are the text that was written)
+        out.push((String::from_utf8_lossy(k.value()).into_owned(), v));
     }
     Ok(out)
 }
@@ -1095,8 +1100,8 @@ fn read_params(tx: &redb::ReadTransaction) -> Result<Option<ClusterParamsSet>, r
         let (name, value) = row?;
         let value = String::from_utf8_lossy(&value).into_owned();
         match name.value() {
-            "version" => version = Some(value),
-            "features" => features = value,
+            b"version" => version = Some(value),
+            b"features" => features = value,
             _ => {}
         }
     }
