@@ -9,16 +9,23 @@
 //! (`ENOSPC`) or a failing one (`EIO`). `FAILPOINTS` (the `fail` crate's syntax, `name=actions;...`) configures them freely.
 //! The names are listed in `docs/formats.md`.
 
+/// Failpoints asked for that cannot be armed; the message names the variable.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct BadFailpoints(String);
+
 /// Arms the failpoints the environment asks for; call once, at start. An error names the
 /// variable: a malformed one, or one set for a build without failpoints (it would silently
 /// test nothing).
-pub fn setup() -> Result<(), String> {
+pub fn setup() -> Result<(), BadFailpoints> {
     let mut wanted: Vec<(String, String)> = Vec::new();
     if let Ok(spec) = std::env::var("FAILPOINTS") {
         for one in spec.split(';').map(str::trim).filter(|s| !s.is_empty()) {
-            let (name, actions) = one
-                .split_once('=')
-                .ok_or_else(|| format!("FAILPOINTS={spec}: expected name=actions in {one:?}"))?;
+            let (name, actions) = one.split_once('=').ok_or_else(|| {
+                BadFailpoints(format!(
+                    "FAILPOINTS={spec}: expected name=actions in {one:?}"
+                ))
+            })?;
             wanted.push((name.trim().into(), actions.trim().into()));
         }
     }
@@ -27,7 +34,9 @@ pub fn setup() -> Result<(), String> {
             Some((name, n)) => (
                 name,
                 n.parse::<u64>().ok().filter(|&n| n > 0).ok_or_else(|| {
-                    format!("ETCD_NODE_FAILPOINT={spec}: the count after ':' must be 1 or more")
+                    BadFailpoints(format!(
+                        "ETCD_NODE_FAILPOINT={spec}: the count after ':' must be 1 or more"
+                    ))
                 })?,
             ),
             None => (spec.as_str(), 1),
@@ -42,14 +51,15 @@ pub fn setup() -> Result<(), String> {
         return Ok(());
     }
     if !cfg!(feature = "failpoints") {
-        return Err(format!(
+        return Err(BadFailpoints(format!(
             "failpoint {} asked for (ETCD_NODE_FAILPOINT or FAILPOINTS), but this build has \
              none: build etcd-node with --features failpoints",
             wanted[0].0
-        ));
+        )));
     }
     for (name, actions) in wanted {
-        fail::cfg(name.as_str(), &actions).map_err(|e| format!("failpoint {name}: {e}"))?;
+        fail::cfg(name.as_str(), &actions)
+            .map_err(|e| BadFailpoints(format!("failpoint {name}: {e}")))?;
     }
     Ok(())
 }

@@ -122,9 +122,20 @@ pub const FEATURES: &[Feature] = &[Feature {
     doc: "snapshots sent to other members are deflate-compressed, chunk by chunk",
 }];
 
+/// A `--feature-gates` value that cannot be used; the message names the fix.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BadGate {
+    #[error("--feature-gates: {item:?} is not Name=true or Name=false (known: {known})")]
+    NotAssignment { item: String, known: String },
+    #[error("--feature-gates: unknown feature {name:?} (known: {known})")]
+    Unknown { name: String, known: String },
+    #[error("--feature-gates: {name}={value}: the value is true or false")]
+    Value { name: String, value: String },
+}
+
 /// `--feature-gates`: `Name=true,Other=false` (etcd's and Kubernetes' syntax); the features it
 /// turns on. Every name must be a known feature.
-pub fn parse_gates(flag: &str) -> Result<(BTreeSet<String>, Vec<String>), String> {
+pub fn parse_gates(flag: &str) -> Result<(BTreeSet<String>, Vec<String>), BadGate> {
     let mut on = BTreeSet::new();
     let mut etcds = Vec::new();
     for item in flag.split(',').map(str::trim).filter(|s| !s.is_empty()) {
@@ -134,9 +145,10 @@ pub fn parse_gates(flag: &str) -> Result<(BTreeSet<String>, Vec<String>), String
             .collect::<Vec<_>>()
             .join(", ");
         let Some((name, value)) = item.split_once('=') else {
-            return Err(format!(
-                "--feature-gates: {item:?} is not Name=true or Name=false (known: {known})"
-            ));
+            return Err(BadGate::NotAssignment {
+                item: item.to_string(),
+                known,
+            });
         };
         let name = name.trim();
         if ETCD_GATES.contains(&name) {
@@ -144,17 +156,19 @@ pub fn parse_gates(flag: &str) -> Result<(BTreeSet<String>, Vec<String>), String
             continue;
         }
         if !FEATURES.iter().any(|f| f.name == name) {
-            return Err(format!(
-                "--feature-gates: unknown feature {name:?} (known: {known})"
-            ));
+            return Err(BadGate::Unknown {
+                name: name.to_string(),
+                known,
+            });
         }
         match value.trim() {
             "true" => on.insert(name.to_string()),
             "false" => on.remove(name),
             other => {
-                return Err(format!(
-                    "--feature-gates: {name}={other}: the value is true or false"
-                ));
+                return Err(BadGate::Value {
+                    name: name.to_string(),
+                    value: other.to_string(),
+                });
             }
         };
     }
@@ -276,16 +290,18 @@ mod tests {
         // etcd 3.6's own gates (kubeadm's) are taken and named, with no effect
         let (on, etcds) = parse_gates("InitialCorruptCheck=true").unwrap();
         assert!(on.is_empty() && etcds == ["InitialCorruptCheck=true"]);
-        let err = parse_gates("Nope=true").unwrap_err();
+        let err = parse_gates("Nope=true").unwrap_err().to_string();
         assert!(err.contains("unknown feature \"Nope\"") && err.contains("SnapshotCompression"));
         assert!(
             parse_gates("SnapshotCompression")
                 .unwrap_err()
+                .to_string()
                 .contains("Name=true")
         );
         assert!(
             parse_gates("SnapshotCompression=yes")
                 .unwrap_err()
+                .to_string()
                 .contains("true or false")
         );
     }

@@ -710,7 +710,8 @@ impl ServerConfig {
         }
         let (members, member_id, ids) =
             initial_members(&f, &initial_advertise_peer_urls, &peer_tls)?;
-        let (feature_gates, etcd_gates) = crate::version::parse_gates(&f.feature_gates)?;
+        let (feature_gates, etcd_gates) = crate::version::parse_gates(&f.feature_gates)
+            .map_err(|e| InvalidConfig(e.to_string()))?;
         Ok(ServerConfig {
             member_id,
             cluster_id: cluster_id(&ids),

@@ -44,12 +44,12 @@ use tokio::sync::watch;
 
 use super::contract::{Input, LeaseApplied, Status};
 use super::metrics::Metrics;
-use super::node::{LoopError, WriteWaiter};
+use super::node::{ApplierError, LoopError, WriteWaiter};
 use super::reads::Waiter as _;
 use super::watch_hub::WatchHub;
 use crate::config::SyncPolicy;
 use crate::errors::EtcdError;
-use crate::mvcc::{Command, Mvcc, Op, Outcome};
+use crate::mvcc::{Command, Mvcc, Op, Outcome, StoreError};
 
 /// Batches handed over and not applied yet, at most.
 const QUEUE: usize = 256;
@@ -134,7 +134,7 @@ impl Applier {
         let thread = std::thread::Builder::new()
             .name("apply".into())
             .spawn(move || t.run(queue))
-            .map_err(|e| LoopError::Applier(format!("cannot start its thread: {e}")))?;
+            .map_err(ApplierError::Thread)?;
         Ok(Applier {
             work: Some(work),
             thread: Some(thread),
@@ -146,7 +146,7 @@ impl Applier {
         self.work
             .as_ref()
             .and_then(|w| w.send(work).ok())
-            .ok_or_else(|| LoopError::Applier("the applier stopped".into()))
+            .ok_or(ApplierError::Stopped.into())
     }
 
     /// Hands over committed entries (waits while the queue is full).
@@ -162,8 +162,7 @@ impl Applier {
     pub fn barrier(&self) -> Result<(), LoopError> {
         let (done, wait) = sync_channel(1);
         self.send(Work::Barrier { done })?;
-        wait.recv()
-            .map_err(|_| LoopError::Applier("the applier stopped".into()))
+        wait.recv().map_err(|_| ApplierError::Stopped.into())
     }
 
     /// Has the snapshot thread of `reached` and `opened` dump the key space as it is once
@@ -240,7 +239,7 @@ impl Thread {
     }
 
     /// Does the work handed over until the loop lets go of the queue.
-    fn serve(&mut self, queue: &Receiver<Work>) -> Result<(), String> {
+    fn serve(&mut self, queue: &Receiver<Work>) -> Result<(), StoreError> {
         // (work taken from the queue while merging batches, and not a batch)
         let mut next = None;
         loop {
@@ -281,7 +280,7 @@ impl Thread {
     /// The next work handed over (`None`: the loop let go of the queue). While applied entries
     /// wait for a durable commit, none comes before their interval runs out: the key space is
     /// made durable then, as etcd commits its backend on a quiet cluster too.
-    fn next_work(&mut self, queue: &Receiver<Work>) -> Result<Option<Work>, String> {
+    fn next_work(&mut self, queue: &Receiver<Work>) -> Result<Option<Work>, StoreError> {
         loop {
             let Some(interval) = self.sync.interval.filter(|_| self.unsynced > 0) else {
                 return Ok(queue.recv().ok());
@@ -297,9 +296,9 @@ impl Thread {
 
     /// Commits the key space with an fsync: what was applied before survives a crash without
     /// the WAL's entries being applied again.
-    fn make_durable(&mut self) -> Result<(), String> {
+    fn make_durable(&mut self) -> Result<(), StoreError> {
         let started = Instant::now();
-        self.mvcc.sync().map_err(|e| e.to_string())?;
+        self.mvcc.sync()?;
         let took = started.elapsed();
         self.metrics.backend_commit(took);
         if took > SLOW_SYNC {
@@ -317,12 +316,12 @@ impl Thread {
         &mut self,
         batch: Vec<(u64, Command)>,
         waiters: Vec<(usize, WriteWaiter)>,
-    ) -> Result<(), String> {
+    ) -> Result<(), StoreError> {
         let Some(&(last, _)) = batch.last() else {
             return Ok(());
         };
         let started = Instant::now();
-        let outcome = self.mvcc.apply(&batch, false).map_err(|e| e.to_string())?;
+        let outcome = self.mvcc.apply(&batch, false)?;
         let took = started.elapsed();
         self.metrics.backend_commit(took);
         if took > SLOW_APPLY {

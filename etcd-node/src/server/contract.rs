@@ -55,7 +55,7 @@ pub enum Input {
     /// The applier applied lease grants or revokes (sent before their clients are answered).
     LeasesApplied(Vec<LeaseApplied>),
     /// The applier failed to apply to the key space (the member must stop).
-    ApplyFailed(String),
+    ApplyFailed(crate::mvcc::StoreError),
     /// Member `by` refused this member's messages: it applied this member's removal.
     RemovedByPeer {
         by: NodeId,
@@ -66,7 +66,7 @@ pub enum Input {
         id: NodeId,
     },
     /// The loop's snapshot thread saved a snapshot of the key space, or why it could not.
-    SnapshotSaved(Result<SavedSnapshot, String>),
+    SnapshotSaved(Result<SavedSnapshot, SnapshotError>),
     /// The transport's outcome of sending snapshot `index` to `to`.
     SnapshotSent {
         to: NodeId,
@@ -74,6 +74,20 @@ pub enum Input {
         delivered: bool,
     },
     Stop,
+}
+
+/// Why a snapshot of the key space could not be saved or read.
+#[derive(Debug, thiserror::Error)]
+pub enum SnapshotError {
+    /// (before what: reaching the snapshot's index, making the key space durable)
+    #[error("the applier stopped before {0}")]
+    ApplierStopped(&'static str),
+    #[error(transparent)]
+    Saving(#[from] crate::storage::StorageError),
+    #[error("cannot start its thread: {0}")]
+    Thread(std::io::Error),
+    #[error("reading the received snapshot: {0}")]
+    Reading(std::io::Error),
 }
 
 /// A snapshot of the key space the loop's snapshot thread saved.

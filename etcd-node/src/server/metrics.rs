@@ -515,16 +515,16 @@ impl Metrics {
         }
     }
 
-    /// Records what a probe of the witness found. Returns the previous failure, if any (the
-    /// caller logs changes).
-    pub fn witness_probed(&self, result: Result<(), String>) -> Option<String> {
+    /// Records what a probe of the witness found: why it failed, or `None` when it passed.
+    /// Returns the previous failure, if any (the caller logs changes).
+    pub fn witness_probed(&self, failed: Option<String>) -> Option<String> {
         let mut p = self.witness_probe.lock().unwrap_or_else(|e| e.into_inner());
-        match result {
-            Ok(()) => {
+        match failed {
+            None => {
                 p.last_ok = Some(SystemTime::now());
                 p.failing.take()
             }
-            Err(why) => p.failing.replace(why),
+            Some(why) => p.failing.replace(why),
         }
     }
 

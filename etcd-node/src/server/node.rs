@@ -15,7 +15,8 @@ use witness_core::rules::Refusal;
 
 use super::applier::Applier;
 use super::contract::{
-    Input, LeaseAnswer, LeaseApplied, SavedSnapshot, Status, refused, regular_peer_url,
+    Input, LeaseAnswer, LeaseApplied, SavedSnapshot, SnapshotError, Status, refused,
+    regular_peer_url,
 };
 use super::driver::{Driver, World};
 use super::lessor::Lessor;
@@ -88,13 +89,13 @@ pub struct Pending {
     /// The index of the last snapshot of the key space (taken or installed).
     last_snapshot: u64,
     /// Why the applier failed, once it did.
-    apply_failed: Option<String>,
+    apply_failed: Option<crate::mvcc::StoreError>,
     /// A member that refused this member's messages, as removed.
     removed_by: Option<NodeId>,
     /// The thread saving a snapshot of the key space, while it runs.
     snapshotting: Option<std::thread::JoinHandle<()>>,
     /// What it saved, or why it failed.
-    snapshot_saved: Option<Result<SavedSnapshot, String>>,
+    snapshot_saved: Option<Result<SavedSnapshot, SnapshotError>>,
     /// The leader and term last logged (a change is logged once, as etcd does).
     seen_leader: (NodeId, u64),
     /// A change removing this member, asked while it led: it handed leadership over and
@@ -131,13 +132,24 @@ pub enum LoopError {
     #[error("the key space: {0}")]
     KeySpace(#[from] crate::mvcc::StoreError),
     #[error("a snapshot of the key space: {0}")]
-    Snapshot(String),
+    Snapshot(#[from] SnapshotError),
     #[error("applying to the key space: {0}")]
-    Applier(String),
+    Applier(#[from] ApplierError),
     /// Not a storage failure: member `by` applied this member's removal and refuses its
     /// messages.
     #[error("member {by:x} refuses this member's messages: it was removed from the cluster")]
     Removed { by: NodeId },
+}
+
+/// Why the applier failed, or could not be reached.
+#[derive(Debug, thiserror::Error)]
+pub enum ApplierError {
+    #[error(transparent)]
+    KeySpace(#[from] crate::mvcc::StoreError),
+    #[error("cannot start its thread: {0}")]
+    Thread(std::io::Error),
+    #[error("the applier stopped")]
+    Stopped,
 }
 
 impl RaftLoop {
@@ -190,7 +202,7 @@ impl RaftLoop {
                 Err(RecvTimeoutError::Disconnected) => return Ok(()),
             }
             if let Some(why) = self.fx.pending.apply_failed.take() {
-                return Err(LoopError::Applier(why));
+                return Err(ApplierError::KeySpace(why).into());
             }
             if let Some(by) = self.fx.pending.removed_by {
                 // A member that applied our removal holds every entry before it, and entries
@@ -404,7 +416,7 @@ impl RaftLoop {
             if let Some(saving) = self.fx.pending.snapshotting.take() {
                 let _ = saving.join();
             }
-            let SavedSnapshot { meta, in_place } = saved.map_err(LoopError::Snapshot)?;
+            let SavedSnapshot { meta, in_place } = saved?;
             let snapshot = Snapshot {
                 meta,
                 data: bytes::Bytes::new(),
@@ -457,19 +469,21 @@ impl RaftLoop {
         let durable = move || {
             synced
                 .recv()
-                .map_err(|_| "the applier stopped before the key space was durable".to_string())
+                .map_err(|_| SnapshotError::ApplierStopped("the key space was durable"))
         };
         let in_place = !wanted;
         let saving = std::thread::Builder::new()
             .name("snapshot".into())
             .spawn(move || {
                 let saved = if reached.recv().is_err() {
-                    Err("the applier stopped before it reached the snapshot's index".into())
+                    Err(SnapshotError::ApplierStopped(
+                        "it reached the snapshot's index",
+                    ))
                 } else if in_place {
                     let _ = opened_tx.send(());
                     durable().and_then(|()| {
                         crate::crash!("snapshot-before-save");
-                        save_in_place(&snaps, &meta).map_err(|e| e.to_string())
+                        Ok(save_in_place(&snaps, &meta)?)
                     })
                 } else {
                     // The dump goes straight into the file: memory does not grow with the key
@@ -483,13 +497,13 @@ impl RaftLoop {
                             .map(drop)
                             .map_err(std::io::Error::other)
                     })
-                    .map_err(|e| e.to_string())
+                    .map_err(SnapshotError::from)
                     .and_then(|()| durable())
                 };
                 let saved = saved.map(|()| SavedSnapshot { meta, in_place });
                 let _ = feedback.send(Input::SnapshotSaved(saved));
             })
-            .map_err(|e| LoopError::Snapshot(format!("cannot start its thread: {e}")))?;
+            .map_err(SnapshotError::Thread)?;
         self.fx
             .applier
             .snapshot_here(reached_tx, opened, synced_tx)?;
@@ -631,7 +645,7 @@ impl Effects {
         let io = match slot.begin_io() {
             Ok(permit) => permit,
             Err(why) => {
-                metrics.witness_unavailable(why);
+                metrics.witness_unavailable(why.to_string());
                 let _ = feedback.send(Input::Witness(WitnessResponse::Failed { request }));
                 return;
             }
@@ -644,7 +658,7 @@ impl Effects {
             let witness = match got {
                 Some((w, Ok(client))) if w == id => client,
                 Some((w, Err(why))) if w == id => {
-                    metrics.witness_unavailable(why);
+                    metrics.witness_unavailable(why.to_string());
                     let _ = feedback.send(Input::Witness(WitnessResponse::Failed { request }));
                     return;
                 }
@@ -719,7 +733,7 @@ impl World for Effects {
         self.applier.barrier()?;
         // (received, its data is in its file: read a piece at a time)
         let data = DataReader::open(self.disk.snap_dir(), &snapshot.meta)
-            .map_err(|e| LoopError::Snapshot(format!("reading the received snapshot: {e}")))?;
+            .map_err(SnapshotError::Reading)?;
         if data.data_len == 0 {
             return Ok(()); // (a new member's empty starting point)
         }

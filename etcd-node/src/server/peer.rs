@@ -181,26 +181,68 @@ impl Peers {
     }
 }
 
+/// Why a peer could not be reached, or a transfer to it failed.
+#[derive(Debug, thiserror::Error)]
+pub enum PeerError {
+    #[error("bad peer URL {url}: {source}")]
+    BadUrl {
+        url: String,
+        source: tonic::transport::Error,
+    },
+    /// The dial (TCP, TLS, HTTP/2) failed.
+    #[error(transparent)]
+    Dial(#[from] crate::tls::TlsError),
+    #[error(transparent)]
+    Transport(#[from] tonic::transport::Error),
+    #[error("no gRPC answer within {PROVE_LIMIT:?} of the dial")]
+    Unproven,
+    /// A call failed: the peer's (or the transport's) message.
+    #[error("{}", .0.message())]
+    Call(#[from] Status),
+    #[error("the peer did not answer: {}", .0.message())]
+    NoAnswer(Status),
+    #[error("snapshot {index} in {dir}: {source}")]
+    SnapshotFile {
+        index: u64,
+        dir: String,
+        source: std::io::Error,
+    },
+    /// Reading the snapshot's file as it was sent.
+    #[error(transparent)]
+    Reading(#[from] std::io::Error),
+    #[error("the snapshot's reader stopped: {0}")]
+    Reader(#[from] tokio::task::JoinError),
+    #[error("the peer's member list: {0}")]
+    Members(#[from] prost::DecodeError),
+}
+
 /// Connects to the peer at `url`, with HTTP/2 pings that find a connection that died without
 /// a reset (a peer cut off or paused, a middlebox that dropped it).
 async fn connect(
     dialer: &Dialer,
     url: &str,
-) -> Result<PeerClient<tonic::transport::Channel>, String> {
-    let endpoint = tonic::transport::Endpoint::from_shared(url.to_string())
-        .map_err(|e| format!("bad peer URL {url}: {e}"))?
+) -> Result<PeerClient<tonic::transport::Channel>, PeerError> {
+    let endpoint = endpoint(url)?
         .connect_timeout(Duration::from_secs(1))
         .tcp_nodelay(true)
         .http2_keep_alive_interval(Duration::from_secs(1))
         .keep_alive_timeout(Duration::from_secs(3))
         .keep_alive_while_idle(true);
-    let channel = dialer.connect(endpoint).await.map_err(|e| e.to_string())?;
+    let channel = dialer.connect(endpoint).await?;
     tokio::time::timeout(PROVE_LIMIT, prove(channel.clone()))
         .await
-        .map_err(|_| format!("no gRPC answer within {PROVE_LIMIT:?} of the dial"))??;
+        .map_err(|_| PeerError::Unproven)??;
     Ok(PeerClient::new(channel)
         .max_encoding_message_size(MAX_FRAME_BYTES)
         .max_decoding_message_size(MAX_FRAME_BYTES))
+}
+
+/// `url` as an endpoint to dial.
+fn endpoint(url: &str) -> Result<tonic::transport::Endpoint, PeerError> {
+    tonic::transport::Endpoint::from_shared(url.to_string()).map_err(|source| PeerError::BadUrl {
+        url: url.to_string(),
+        source,
+    })
 }
 
 /// The longest a new connection may take to answer its first request.
@@ -213,9 +255,9 @@ const PROVE_LIMIT: Duration = Duration::from_secs(1);
 /// new connections to the proxy, and took no frame until the link's stall guard dropped it
 /// (the fault campaign's "stuck link": every time, a peer that was down or cut off behind the
 /// campaign's proxies).
-async fn prove(channel: tonic::transport::Channel) -> Result<(), String> {
+async fn prove(channel: tonic::transport::Channel) -> Result<(), PeerError> {
     let mut grpc = tonic::client::Grpc::new(channel);
-    grpc.ready().await.map_err(|e| e.to_string())?;
+    grpc.ready().await?;
     let path = tonic::codegen::http::uri::PathAndQuery::from_static("/etcdnode.peer.Peer/Probe");
     let codec = tonic_prost::ProstCodec::<MembersRequest, MembersReply>::default();
     match grpc
@@ -223,7 +265,7 @@ async fn prove(channel: tonic::transport::Channel) -> Result<(), String> {
         .await
     {
         Err(status) if status.code() == tonic::Code::Unimplemented => Ok(()),
-        Err(status) => Err(format!("the peer did not answer: {}", status.message())),
+        Err(status) => Err(PeerError::NoAnswer(status)),
         Ok(_) => Ok(()),
     }
 }
@@ -295,7 +337,7 @@ impl SnapshotSender {
     }
 
     /// Sends the snapshot; (its data length, whether it went compressed).
-    async fn send(&self, m: &Message, snapshot: &Snapshot) -> Result<(u64, bool), String> {
+    async fn send(&self, m: &Message, snapshot: &Snapshot) -> Result<(u64, bool), PeerError> {
         let mut client = connect(&self.me.dialer, &self.url).await?;
         let head = Message {
             body: Body::Snapshot {
@@ -309,12 +351,12 @@ impl SnapshotSender {
         // No data in memory: the loop released it, and the file has it. A missing file is an
         // error, never an empty snapshot (the follower would install an empty key space).
         let reader = if snapshot.data.is_empty() {
-            let r = DataReader::open(&self.snap_dir, &snapshot.meta).map_err(|e| {
-                format!(
-                    "snapshot {} in {}: {e}",
-                    snapshot.meta.index,
-                    self.snap_dir.display()
-                )
+            let r = DataReader::open(&self.snap_dir, &snapshot.meta).map_err(|source| {
+                PeerError::SnapshotFile {
+                    index: snapshot.meta.index,
+                    dir: self.snap_dir.display().to_string(),
+                    source,
+                }
             })?;
             Some(r)
         } else {
@@ -343,10 +385,7 @@ impl SnapshotSender {
                 let reading =
                     tokio::task::spawn_blocking(move || read_pieces(reader, first, compress, &tx));
                 let sent = client.snapshot(ReceiverStream::new(rx)).await;
-                reading
-                    .await
-                    .map_err(|e| e.to_string())?
-                    .map_err(|e| e.to_string())?;
+                reading.await??;
                 sent
             }
             // From memory: slices of the shared buffer.
@@ -364,9 +403,7 @@ impl SnapshotSender {
                 client.snapshot(tokio_stream::iter(chunks)).await
             }
         };
-        outcome
-            .map(|_| (length, compress))
-            .map_err(|s| s.message().to_string())
+        Ok(outcome.map(|_| (length, compress))?)
     }
 }
 
@@ -381,15 +418,17 @@ fn deflate(piece: &[u8]) -> bytes::Bytes {
 
 /// A compressed piece back, refusing one that inflates past a chunk (damage, or a sender
 /// that does not keep to the chunk size).
-fn inflate(piece: &[u8]) -> Result<bytes::Bytes, String> {
+fn inflate(piece: &[u8]) -> std::io::Result<bytes::Bytes> {
     use std::io::Read as _;
     let mut out = Vec::new();
     flate2::read::DeflateDecoder::new(piece)
         .take(CHUNK as u64 + 1)
         .read_to_end(&mut out)
-        .map_err(|e| format!("a compressed chunk does not inflate: {e}"))?;
+        .map_err(|e| std::io::Error::other(format!("a compressed chunk does not inflate: {e}")))?;
     if out.len() > CHUNK {
-        return Err(format!("a compressed chunk inflates past {CHUNK} bytes"));
+        return Err(std::io::Error::other(format!(
+            "a compressed chunk inflates past {CHUNK} bytes"
+        )));
     }
     Ok(out.into())
 }
@@ -431,22 +470,20 @@ fn read_pieces(
 pub async fn fetch_members(
     dialer: &Dialer,
     url: &str,
-) -> Result<(u64, Vec<etcd_client::proto::PbMember>), String> {
+) -> Result<(u64, Vec<etcd_client::proto::PbMember>), PeerError> {
     use prost::Message as _;
-    let endpoint = tonic::transport::Endpoint::from_shared(url.to_string())
-        .map_err(|e| e.to_string())?
+    let endpoint = endpoint(url)?
         .connect_timeout(Duration::from_secs(2))
         .timeout(Duration::from_secs(5));
-    let channel = dialer.connect(endpoint).await.map_err(|e| e.to_string())?;
+    let channel = dialer.connect(endpoint).await?;
     let reply = PeerClient::new(channel)
         .members(MembersRequest {})
-        .await
-        .map_err(|e| e.message().to_string())?
+        .await?
         .into_inner();
     let members = reply
         .members
         .iter()
-        .map(|b| etcd_client::proto::PbMember::decode(b.as_slice()).map_err(|e| e.to_string()))
+        .map(|b| etcd_client::proto::PbMember::decode(b.as_slice()))
         .collect::<Result<_, _>>()?;
     Ok((reply.cluster_id, members))
 }
@@ -737,7 +774,7 @@ impl Peer for PeerService {
         };
         loop {
             let piece = if chunk.compressed {
-                inflate(&chunk.data).map_err(&bad)?
+                inflate(&chunk.data).map_err(|e| bad(e.to_string()))?
             } else {
                 std::mem::take(&mut chunk.data)
             };

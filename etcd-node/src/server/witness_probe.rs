@@ -17,7 +17,7 @@ use witness_core::{Error, WitnessStore};
 
 use super::contract::Status;
 use super::metrics::Metrics;
-use super::witness_slot::WitnessSlot;
+use super::witness_slot::{WitnessProblem, WitnessSlot};
 
 /// A failure that lasts is logged again this often.
 const REPEAT_WARNING: Duration = Duration::from_secs(60);
@@ -65,9 +65,11 @@ pub async fn run(
         let (location, result) = match tokio::time::timeout(limit, probing).await {
             Err(_) => (
                 format!("{id:x}"),
-                Err(format!(
-                    "the witness storage did not answer within {limit:?} (a hung mount?)"
-                )),
+                Err(WitnessProblem::Slow {
+                    location: String::new(),
+                    limit,
+                    hint: " (a hung mount?)",
+                }),
             ),
             Ok(Ok(Some(found))) => found,
             Ok(_) => continue,
@@ -82,16 +84,17 @@ fn report(
     metrics: &Metrics,
     warned: &mut Option<Instant>,
     location: String,
-    result: Result<(), String>,
+    result: Result<(), WitnessProblem>,
 ) {
-    let before = metrics.witness_probed(result.clone());
-    match (result, before) {
-        (Ok(()), Some(_)) => {
+    let failed = result.err().map(|e| e.to_string());
+    let before = metrics.witness_probed(failed.clone());
+    match (failed, before) {
+        (None, Some(_)) => {
             *warned = None;
             tracing::info!(witness = %location, "the witness is well again");
         }
-        (Ok(()), None) => {}
-        (Err(why), before) => {
+        (None, None) => {}
+        (Some(why), before) => {
             let again = before.as_deref() != Some(why.as_str())
                 || warned.is_none_or(|at| at.elapsed() >= REPEAT_WARNING);
             if again {
@@ -107,16 +110,20 @@ pub async fn probe(
     store: &Arc<dyn WitnessStore>,
     caller: Caller,
     every: Duration,
-) -> Result<(), String> {
+) -> Result<(), WitnessProblem> {
     let location = store.location();
     let limit = every.max(Duration::from_secs(1));
     let loaded = tokio::time::timeout(limit, store.load())
         .await
-        .map_err(|_| format!("the witness storage {location} did not answer within {limit:?}"))?;
+        .map_err(|_| WitnessProblem::Slow {
+            location: format!("{location} "),
+            limit,
+            hint: "",
+        })?;
     let outcome = match loaded {
         Ok(Some(l)) => rules::read_term(&l.state, caller, &location).map(drop),
         Ok(None) => Err(Error::NotInitialised { location }.for_member(&caller.seen)),
         Err(e) => Err(e),
     };
-    outcome.map_err(|e| e.to_string())
+    outcome.map_err(|e| WitnessProblem::Witness(e.to_string()))
 }

@@ -52,26 +52,54 @@ pub struct Credentials {
     pub initial: Option<WitnessUrl>,
 }
 
+/// Why this member cannot use the witness's storage right now; the message names the fix.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum WitnessProblem {
+    /// Its stored URL, or this member's SAS token for it (the message names the flag).
+    #[error("{0}")]
+    Credentials(String),
+    #[error("the witness storage {url} cannot be opened on this member: {why}")]
+    Open { url: String, why: String },
+    #[error(
+        "{WITNESS_IO_LIMIT} operations on the witness storage have not returned: the share (or \
+         blob endpoint) hangs; check the mount on this machine (`stat` of the witness directory \
+         should answer at once) and its network"
+    )]
+    Hung,
+    /// A probe that did not return in time (the storage's location when known).
+    #[error("the witness storage {location}did not answer within {limit:?}{hint}")]
+    Slow {
+        location: String,
+        limit: Duration,
+        hint: &'static str,
+    },
+    /// What the witness's record, or its storage, said (witness-core's error).
+    #[error("{0}")]
+    Witness(String),
+}
+
 impl Credentials {
     /// The URL to open for a witness URL as stored (its signature possibly redacted): the
     /// same URL for a mount; for a blob, the stored blob with this member's SAS token.
-    pub fn resolve(&self, stored: &WitnessUrl) -> Result<WitnessUrl, String> {
+    pub fn resolve(&self, stored: &WitnessUrl) -> Result<WitnessUrl, WitnessProblem> {
+        use WitnessProblem::Credentials as Bad;
         let WitnessUrl::AzBlob { uri } = stored else {
             return Ok(stored.clone());
         };
         if let Some(file) = &self.sas_file {
             let flag = || format!("--witness-sas-file {}", file.display());
-            let text = std::fs::read_to_string(file).map_err(|e| format!("{}: {e}", flag()))?;
+            let text =
+                std::fs::read_to_string(file).map_err(|e| Bad(format!("{}: {e}", flag())))?;
             let text = text.trim();
             let sas = if text.starts_with("http://") || text.starts_with("https://") {
-                let given = BlobSasUri::parse(text).map_err(|e| format!("{}: {e}", flag()))?;
+                let given = BlobSasUri::parse(text).map_err(|e| Bad(format!("{}: {e}", flag())))?;
                 if !given.same_blob(uri) {
-                    return Err(format!(
+                    return Err(Bad(format!(
                         "{}: names the blob {}, but the witness is {uri}; write the SAS token \
                          of the witness's blob",
                         flag(),
                         given.redacted()
-                    ));
+                    )));
                 }
                 given.sas_query().to_string()
             } else {
@@ -80,7 +108,7 @@ impl Credentials {
             return uri
                 .with_sas(&sas)
                 .map(|uri| WitnessUrl::AzBlob { uri })
-                .map_err(|e| format!("{}: {e}", flag()));
+                .map_err(|e| Bad(format!("{}: {e}", flag())));
         }
         if let Some(WitnessUrl::AzBlob { uri: full }) = &self.initial
             && full.same_blob(uri)
@@ -92,11 +120,11 @@ impl Credentials {
             // A member list written before signatures were redacted.
             return Ok(stored.clone());
         }
-        Err(format!(
+        Err(Bad(format!(
             "the witness blob {uri} needs its SAS token on this member: write the token to a \
              file only etcd-node can read and pass --witness-sas-file FILE (docs/operations.md, \
              \"The witness's secret\")"
-        ))
+        )))
     }
 }
 
@@ -131,7 +159,7 @@ struct Current {
     /// The open client; None before the first open, or after one that failed.
     client: Option<SharedWitness>,
     /// The last failure to open, when it was tried, and when it was last logged.
-    failed: Option<(String, Instant, Option<Instant>)>,
+    failed: Option<(WitnessProblem, Instant, Option<Instant>)>,
 }
 
 fn digest(s: &str) -> u64 {
@@ -152,14 +180,11 @@ impl WitnessSlot {
 
     /// The permit of one operation on the witness's storage, to hold until it returns; an
     /// error when [`WITNESS_IO_LIMIT`] of them have not returned yet (a share that hangs).
-    pub fn begin_io(&self) -> Result<OwnedSemaphorePermit, String> {
-        self.io.clone().try_acquire_owned().map_err(|_| {
-            format!(
-                "{WITNESS_IO_LIMIT} operations on the witness storage have not returned: the \
-                 share (or blob endpoint) hangs; check the mount on this machine (`stat` of the \
-                 witness directory should answer at once) and its network"
-            )
-        })
+    pub fn begin_io(&self) -> Result<OwnedSemaphorePermit, WitnessProblem> {
+        self.io
+            .clone()
+            .try_acquire_owned()
+            .map_err(|_| WitnessProblem::Hung)
     }
 
     /// Follows `members`: notes the witness it names, or forgets the witness that left. No I/O
@@ -207,7 +232,7 @@ impl WitnessSlot {
     /// so call it off the Raft thread. A blob witness's SAS token is looked up again each time:
     /// a changed one reopens the client; a token that cannot be read keeps the open client.
     /// A failed open is tried again after [`REOPEN_AFTER`].
-    pub fn get(&self) -> Option<(NodeId, Result<SharedWitness, String>)> {
+    pub fn get(&self) -> Option<(NodeId, Result<SharedWitness, WitnessProblem>)> {
         // (a share that stops answering: tests arm this with a sleep, and every use blocks)
         fail::fail_point!("witness-io-hang");
         let (id, url, opened, client, failed) = {
@@ -222,7 +247,7 @@ impl WitnessSlot {
             )
         };
         let resolved = WitnessUrl::parse(&url)
-            .map_err(|e| e.to_string())
+            .map_err(|e| WitnessProblem::Credentials(e.to_string()))
             .and_then(|stored| self.credentials.resolve(&stored));
         let attempt = match (&resolved, client, &failed) {
             // The same URL and token as the open client: use it.
@@ -302,10 +327,13 @@ impl WitnessSlot {
 const USABLE_WINDOW: Duration = Duration::from_secs(30);
 
 /// Opens the storage a witness URL names.
-fn open(url: &WitnessUrl) -> Result<SharedWitness, String> {
+fn open(url: &WitnessUrl) -> Result<SharedWitness, WitnessProblem> {
     open_store(url)
         .map(|store| Arc::new(Witness::new(store)))
-        .map_err(|e| format!("the witness storage {url} cannot be opened on this member: {e}"))
+        .map_err(|e| WitnessProblem::Open {
+            url: url.to_string(),
+            why: e.to_string(),
+        })
 }
 
 #[cfg(test)]
@@ -335,13 +363,13 @@ mod tests {
             sas_file: Some(file.clone()),
             initial: Some(blob(BLOB)),
         };
-        let e = with_file.resolve(&stored()).unwrap_err();
+        let e = with_file.resolve(&stored()).unwrap_err().to_string();
         assert!(e.contains("--witness-sas-file"), "{e}");
         std::fs::write(&file, "?sv=2&sp=rw&sig=NEWSIG\n").unwrap();
         let got = with_file.resolve(&stored()).unwrap().to_url_string();
         assert!(got.contains("NEWSIG") && !got.contains("OLDSIG"), "{got}");
         std::fs::write(&file, "https://acct.blob.core.windows.net/cont/other?sig=X").unwrap();
-        let e = with_file.resolve(&stored()).unwrap_err();
+        let e = with_file.resolve(&stored()).unwrap_err().to_string();
         assert!(e.contains("names the blob") && !e.contains("sig=X"), "{e}");
 
         let from_flags = Credentials {
@@ -350,7 +378,10 @@ mod tests {
         };
         let got = from_flags.resolve(&stored()).unwrap().to_url_string();
         assert!(got.contains("OLDSIG"), "{got}");
-        let e = Credentials::default().resolve(&stored()).unwrap_err();
+        let e = Credentials::default()
+            .resolve(&stored())
+            .unwrap_err()
+            .to_string();
         assert!(
             e.contains("needs its SAS token") && e.contains("--witness-sas-file"),
             "{e}"

@@ -14,5 +14,5 @@ pub mod trace;
 
 pub use cluster::{Cluster, Faults, Stats};
 pub use invariants::Violation;
-pub use random::{RandomRun, run_seed};
+pub use random::{RandomRun, SeedFailed, run_seed};
 pub use trace::Trace;

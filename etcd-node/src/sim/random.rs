@@ -137,14 +137,20 @@ impl RandomRun {
     }
 }
 
+/// A seed whose run broke a rule or panicked: what happened, the seed and the command that
+/// replays it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct SeedFailed(pub String);
+
 /// Runs one seed. On a violation, or a panic in the node or the harness, the error names the
 /// seed and the replay command.
-pub fn run_seed(seed: u64, run: &RandomRun) -> Result<Stats, String> {
+pub fn run_seed(seed: u64, run: &RandomRun) -> Result<Stats, SeedFailed> {
     let fail = |what: String| {
-        format!(
+        SeedFailed(format!(
             "seed {seed} ({run:?}): {what}\nreplay: {}",
             run.replay_command(seed)
-        )
+        ))
     };
     // (the cluster is dropped with the panic: nothing of it is used afterwards)
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
@@ -164,8 +170,8 @@ pub fn run_seed(seed: u64, run: &RandomRun) -> Result<Stats, String> {
 fn run_checked(
     seed: u64,
     run: &RandomRun,
-    fail: &dyn Fn(String) -> String,
-) -> Result<Stats, String> {
+    fail: &dyn Fn(String) -> SeedFailed,
+) -> Result<Stats, SeedFailed> {
     let mut c = Cluster::with_config(run.regular, run.witness, seed, |cfg| {
         cfg.check_quorum = run.check_quorum;
         #[cfg(feature = "mutations")]
@@ -303,8 +309,8 @@ fn commits_within(
     c: &mut Cluster,
     marker: &[u8],
     ticks: u64,
-    fail: &dyn Fn(String) -> String,
-) -> Result<bool, String> {
+    fail: &dyn Fn(String) -> SeedFailed,
+) -> Result<bool, SeedFailed> {
     let marker = EntryData::Normal(marker.to_vec());
     // (leader, index) of the marker's latest proposal.
     let mut proposed: Option<(u64, u64)> = None;

@@ -252,12 +252,9 @@ mod tests {
     use super::*;
 
     /// The dump `open` finds in `file`.
-    fn opened(file: &[u8], check_hash: bool) -> Result<Vec<u8>, String> {
+    fn opened(file: &[u8], check_hash: bool) -> Result<Vec<u8>, Box<dyn std::error::Error>> {
         let mut dump = Vec::new();
-        open(io::Cursor::new(file), check_hash)
-            .map_err(|e| e.to_string())?
-            .read_to_end(&mut dump)
-            .map_err(|e| e.to_string())?;
+        open(io::Cursor::new(file), check_hash)?.read_to_end(&mut dump)?;
         Ok(dump)
     }
 
@@ -284,12 +281,17 @@ mod tests {
         for i in MAGIC.len()..file.len() {
             let mut bad = file.clone();
             bad[i] ^= 0x40;
-            let err = opened(&bad, true).unwrap_err();
+            let err = opened(&bad, true).unwrap_err().to_string();
             assert!(err.contains("SHA-256"), "byte {i}: {err}");
         }
         let mut bad = file.clone();
         bad[MAGIC.len() + 7] = 0xff; // a length past the end
-        assert!(opened(&bad, false).unwrap_err().contains("length"));
+        assert!(
+            opened(&bad, false)
+                .unwrap_err()
+                .to_string()
+                .contains("length")
+        );
         for len in 0..file.len() {
             assert!(opened(&file[..len], true).is_err(), "truncated to {len}");
         }
@@ -303,10 +305,16 @@ mod tests {
     fn an_etcd_bbolt_snapshot_is_named_as_such() {
         let mut bbolt = vec![0u8; 4096];
         bbolt[16..20].copy_from_slice(&BBOLT_MAGIC);
-        assert!(opened(&bbolt, true).unwrap_err().contains("bbolt"));
+        assert!(
+            opened(&bbolt, true)
+                .unwrap_err()
+                .to_string()
+                .contains("bbolt")
+        );
         assert!(
             opened(b"hello", true)
                 .unwrap_err()
+                .to_string()
                 .contains("not an etcd-node")
         );
     }

@@ -34,24 +34,24 @@ pub struct InitReport {
 }
 
 /// Checks a member name as etcd's `--initial-cluster` needs it.
-fn check_name(name: &str) -> Result<(), String> {
+fn check_name(name: &str) -> anyhow::Result<()> {
     if name.is_empty() {
-        return Err("--name must not be empty".into());
+        anyhow::bail!("--name must not be empty");
     }
     if let Some(c) = name
         .chars()
         .find(|c| c.is_whitespace() || *c == ',' || *c == '=')
     {
-        return Err(format!(
+        anyhow::bail!(
             "--name {name:?} contains {c:?}; a member name cannot contain whitespace, ',' or '=' (they separate --initial-cluster entries)"
-        ));
+        );
     }
     Ok(())
 }
 
 /// Initialises a witness. See the module invariants.
 pub async fn init(opts: &InitOptions) -> anyhow::Result<InitReport> {
-    check_name(&opts.name).map_err(anyhow::Error::msg)?;
+    check_name(&opts.name)?;
     let mut warnings = Vec::new();
     let fs = match &opts.url {
         WitnessUrl::Mount { path } => {

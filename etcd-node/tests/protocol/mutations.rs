@@ -17,7 +17,7 @@ fn first_failure(mutation: Mutation, regular: u64, max: u64) -> Option<(u64, Str
         ),
         ..RandomRun::new(regular, true)
     };
-    (0..max).find_map(|seed| run_seed(seed, &run).err().map(|e| (seed, e)))
+    (0..max).find_map(|seed| run_seed(seed, &run).err().map(|e| (seed, e.0)))
 }
 
 /// Checks that `mutation` is caught within `max` seeds as one of the violations `expect` names

@@ -62,25 +62,34 @@ pub(super) struct Method {
     client_streaming: bool,
     server_streaming: bool,
     /// JSON in, protobuf out (or what is wrong with the JSON).
-    request: fn(&[u8]) -> Result<Vec<u8>, String>,
+    request: fn(&[u8]) -> Result<Vec<u8>, Transcode>,
     /// Protobuf in, JSON out.
-    response: fn(&[u8]) -> Result<String, String>,
+    response: fn(&[u8]) -> Result<String, Transcode>,
+}
+
+/// A message that could not be carried between JSON and protobuf.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum Transcode {
+    #[error(transparent)]
+    Json(#[from] serde_json::Error),
+    #[error(transparent)]
+    Protobuf(#[from] prost::DecodeError),
 }
 
 include!(concat!(env!("OUT_DIR"), "/gateway/methods.rs"));
 
 fn json_to_proto<T: prost::Message + serde::de::DeserializeOwned>(
     json: &[u8],
-) -> Result<Vec<u8>, String> {
-    let message: T = serde_json::from_slice(json).map_err(|e| e.to_string())?;
+) -> Result<Vec<u8>, Transcode> {
+    let message: T = serde_json::from_slice(json)?;
     Ok(message.encode_to_vec())
 }
 
 fn proto_to_json<T: prost::Message + Default + serde::Serialize>(
     bytes: &[u8],
-) -> Result<String, String> {
-    let message = T::decode(bytes).map_err(|e| e.to_string())?;
-    serde_json::to_string(&message).map_err(|e| e.to_string())
+) -> Result<String, Transcode> {
+    let message = T::decode(bytes)?;
+    Ok(serde_json::to_string(&message)?)
 }
 
 /// The prefixes under which etcd's gateway serves the same paths (3.4 and 3.6 alike: not
@@ -289,7 +298,7 @@ async fn one_request(
     } else {
         &bytes
     };
-    (method.request)(json).map_err(tonic::Status::invalid_argument)
+    (method.request)(json).map_err(|e| tonic::Status::invalid_argument(e.to_string()))
 }
 
 /// The requests of a client-streaming call: JSON values one after another in the body, each
@@ -314,7 +323,7 @@ fn stream_requests(method: &'static Method, body: Body, max_body: usize) -> Body
                 let value = buf.split_to(end);
                 let message = match (method.request)(&value) {
                     Ok(message) => message,
-                    Err(e) => return malformed(method, &e),
+                    Err(e) => return malformed(method, &e.to_string()),
                 };
                 if tx.send(Ok(frame(&message))).await.is_err() {
                     return;
@@ -353,7 +362,7 @@ async fn one_response(method: &Method, response: Response<Body>) -> Response<Bod
     };
     match (method.response)(&message) {
         Ok(json) => json_response(StatusCode::OK, json),
-        Err(e) => error(&tonic::Status::internal(e)),
+        Err(e) => error(&tonic::Status::internal(e.to_string())),
     }
 }
 
@@ -379,7 +388,7 @@ fn stream_responses(method: &'static Method, response: Response<Body>) -> Respon
             while let Some(message) = deframe(&mut buf) {
                 let line = match (method.response)(&message) {
                     Ok(json) => format!("{{\"result\":{json}}}\n"),
-                    Err(e) => stream_error(&tonic::Status::internal(e)),
+                    Err(e) => stream_error(&tonic::Status::internal(e.to_string())),
                 };
                 if tx.send(Ok(Bytes::from(line))).await.is_err() {
                     return;
@@ -429,12 +438,7 @@ mod tests {
     fn json_is_etcds_mapping_both_ways() {
         let range = method_of("/v3/kv/range").unwrap();
         let bytes = (range.request)(br#"{"key":"Zm9v","rangeEnd":"Zm9w","limit":"5"}"#).unwrap();
-        let back = (|| -> Result<String, String> {
-            let m = <pb::etcdserverpb::RangeRequest as prost::Message>::decode(&bytes[..])
-                .map_err(|e| e.to_string())?;
-            serde_json::to_string(&m).map_err(|e| e.to_string())
-        })()
-        .unwrap();
+        let back = proto_to_json::<pb::etcdserverpb::RangeRequest>(&bytes).unwrap();
         assert_eq!(back, r#"{"key":"Zm9v","range_end":"Zm9w","limit":"5"}"#);
         assert!((range.request)(br#"{"key":1}"#).is_err());
         assert!((range.request)(br#"{"key":"Zm9v","unknown":1}"#).is_ok());

@@ -106,9 +106,29 @@ impl Query {
     }
 }
 
+/// Why a check failed, in etcd's words where etcd has them.
+#[derive(Debug, thiserror::Error)]
+enum CheckFailed {
+    #[error(transparent)]
+    Store(#[from] crate::mvcc::StoreError),
+    /// The read was refused (the key space answered an error).
+    #[error(transparent)]
+    Refused(#[from] crate::errors::EtcdError),
+    /// No linearizable read: the leader could not be reached, or confirm it leads.
+    #[error("{}", .0.message())]
+    Barrier(tonic::Status),
+    #[error("alarm activated: CORRUPT")]
+    Corrupt,
+    #[error("not supported for learner")]
+    Learner,
+    /// What the metrics say of the witness.
+    #[error("{0}")]
+    Witness(String),
+}
+
 impl Api {
     /// A read of this member's key space, as etcd's probes make it (one key, keys only).
-    fn local_read(&self) -> Result<(), String> {
+    fn local_read(&self) -> Result<(), CheckFailed> {
         let req = PbRangeRequest {
             key: b"health".to_vec(),
             keys_only: true,
@@ -116,37 +136,34 @@ impl Api {
             serializable: true,
             ..Default::default()
         };
-        match self.mvcc.range(&req) {
-            Ok(Ok(_)) => Ok(()),
-            Ok(Err(e)) => Err(e.to_string()),
-            Err(e) => Err(e.to_string()),
-        }
+        self.mvcc.range(&req)??;
+        Ok(())
     }
 
-    fn active_alarms(&self) -> Result<Vec<i32>, String> {
-        let alarms = self.mvcc.alarms().map_err(|e| e.to_string())?;
+    fn active_alarms(&self) -> Result<Vec<i32>, crate::mvcc::StoreError> {
+        let alarms = self.mvcc.alarms()?;
         Ok(alarms.into_iter().map(|a| a.alarm).collect())
     }
 
-    async fn run(&self, check: Check) -> Result<(), String> {
+    async fn run(&self, check: Check) -> Result<(), CheckFailed> {
         match check {
             Check::DataCorruption => {
                 match self.active_alarms()?.contains(&(AlarmType::Corrupt as i32)) {
-                    true => Err("alarm activated: CORRUPT".into()),
+                    true => Err(CheckFailed::Corrupt),
                     false => Ok(()),
                 }
             }
             Check::SerializableRead => self.local_read(),
             Check::LinearizableRead => {
-                self.barrier().await.map_err(|s| s.message().to_string())?;
+                self.barrier().await.map_err(CheckFailed::Barrier)?;
                 self.local_read()
             }
             Check::NonLearner => match self.status.borrow().is_learner {
-                true => Err("not supported for learner".into()),
+                true => Err(CheckFailed::Learner),
                 false => Ok(()),
             },
             Check::Witness => match self.metrics.witness_problem(WITNESS_ERROR_WINDOW) {
-                Some(why) => Err(why),
+                Some(why) => Err(CheckFailed::Witness(why)),
                 None => Ok(()),
             },
         }
@@ -178,7 +195,7 @@ impl Api {
     /// cluster has lost its tie-breaker, which it needs as soon as a member fails.
     async fn health_json(&self, q: &Query) -> (bool, String) {
         match self.active_alarms() {
-            Err(e) => return (false, e),
+            Err(e) => return (false, e.to_string()),
             Ok(alarms) => {
                 // (etcd's names, as Status lists them)
                 let named = |a: i32| AlarmType::try_from(a).map_or("UNKNOWN", |t| t.as_str_name());
