@@ -63,20 +63,30 @@ const ETCD_PROTOS: &[&str] = &[
 /// The etcd-client crate's `proto/` directory, from `cargo metadata` (the version Cargo.lock
 /// pins, wherever Cargo unpacked it).
 fn etcd_client_protos() -> std::path::PathBuf {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let out = std::process::Command::new(cargo)
-        .args(["metadata", "--format-version", "1", "--locked", "--offline"])
-        // (only what this platform builds: Cargo has downloaded exactly that)
-        .args([
-            "--filter-platform",
-            &std::env::var("TARGET").expect("TARGET"),
-        ])
-        .current_dir(std::env::var("CARGO_MANIFEST_DIR").expect("CARGO_MANIFEST_DIR"))
-        .output()
-        .unwrap_or_else(|e| panic!("cargo metadata (to find etcd-client's protos): {e}"));
+    let metadata = |offline: bool| {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        std::process::Command::new(cargo)
+            .args(["metadata", "--format-version", "1", "--locked"])
+            .args(offline.then_some("--offline"))
+            .args([
+                "--filter-platform",
+                &std::env::var("TARGET").expect("TARGET"),
+            ])
+            .current_dir(std::env::var("CARGO_MANIFEST_DIR").expect("CARGO_MANIFEST_DIR"))
+            .output()
+            .unwrap_or_else(|e| panic!("cargo metadata (to find etcd-client's protos): {e}"))
+    };
+    // Offline first. The workspace's metadata names every member's dependencies, dev ones
+    // included, and a build of this package alone (`cargo build -p etcd-node` on a new
+    // machine) has not downloaded them all: then Cargo may fetch them.
+    let mut out = metadata(true);
+    if !out.status.success() {
+        out = metadata(false);
+    }
     assert!(
         out.status.success(),
-        "cargo metadata (to find etcd-client's protos) failed: {}",
+        "cargo metadata (to find etcd-client's protos) failed: {}\nhelp: run `cargo fetch \
+         --locked` (it downloads every package the workspace names), then build again",
         String::from_utf8_lossy(&out.stderr)
     );
     let meta: serde_json::Value = serde_json::from_slice(&out.stdout).expect("cargo metadata JSON");
