@@ -138,6 +138,11 @@ enum Op {
     Failover {
         #[arg(long, default_value_t = 20)]
         duration: u64,
+        /// Also writes the time of every acknowledgement there (seconds since the Unix epoch,
+        /// one a line, in order; the run's start and end count as two), to find the gap at a
+        /// given moment (a kill's).
+        #[arg(long)]
+        acks: Option<std::path::PathBuf>,
     },
 }
 
@@ -200,8 +205,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Op::Put { writes } => (writes.total, "put"),
         Op::Range { total, .. } => (*total, "range"),
         Op::TxnPut { writes, .. } => (writes.total, "txn-put"),
-        Op::Failover { duration } => {
-            return failover(&cli, Duration::from_secs(*duration)).await;
+        Op::Failover { duration, acks } => {
+            return failover(&cli, Duration::from_secs(*duration), acks.as_deref()).await;
         }
         Op::WatchFanout { watchers, puts } => {
             return watch_fanout(&cli, *watchers, *puts).await;
@@ -624,7 +629,11 @@ async fn lease_churn(cli: &Cli, total: u64, ttl: i64) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn failover(cli: &Cli, duration: Duration) -> anyhow::Result<()> {
+async fn failover(
+    cli: &Cli,
+    duration: Duration,
+    acks_file: Option<&std::path::Path>,
+) -> anyhow::Result<()> {
     // --clients writers, each with its own connection and no timeout of its own on a put: the
     // longest gap between two acknowledged writes (of any writer) is what a leader kill costs.
     let started = Instant::now();
@@ -668,6 +677,16 @@ async fn failover(cli: &Cli, duration: Duration) -> anyhow::Result<()> {
         .map(|w| w[1] - w[0])
         .max()
         .unwrap_or_default();
+    if let Some(path) = acks_file {
+        // (on the wall clock, to set beside a kill's time and the members' logs)
+        let (now, wall) = (Instant::now(), std::time::SystemTime::now());
+        let unix = wall.duration_since(std::time::UNIX_EPOCH)?;
+        let lines: String = acks
+            .iter()
+            .map(|a| format!("{:.6}\n", (unix - (now - *a)).as_secs_f64()))
+            .collect();
+        std::fs::write(path, lines)?;
+    }
     println!(
         "RESULT op=failover clients={} acked={} longest_gap_ms={:.0}",
         cli.clients,
