@@ -195,12 +195,10 @@ impl Drop for Azurite {
     fn drop(&mut self) {
         // SIGTERM, then wait: Azurite persists its metadata on a clean stop.
         let _ = kill(Pid::from_raw(self.child.id() as i32), Signal::SIGTERM);
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(50));
+        if crate::within(Duration::from_secs(20), || {
+            matches!(self.child.try_wait(), Ok(Some(_)))
+        }) {
+            return;
         }
         eprintln!("Azurite did not stop within 20 s of SIGTERM; leaving it to the OS");
     }

@@ -87,16 +87,14 @@ impl SshServer {
             .spawn()
             .expect("start sshd");
         let mut server = SshServer { child, port, dir };
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while TcpStream::connect((ip, port)).is_err() {
+        crate::eventually(Duration::from_secs(20), "sshd listening", || {
             if let Ok(Some(status)) = server.child.try_wait() {
                 let log =
                     std::fs::read_to_string(server.dir.path().join("sshd.log")).unwrap_or_default();
                 panic!("sshd exited at start-up ({status}): {log}");
             }
-            assert!(Instant::now() < deadline, "sshd did not listen within 20 s");
-            std::thread::sleep(Duration::from_millis(50));
-        }
+            TcpStream::connect((ip, port)).is_ok()
+        });
         server
     }
 

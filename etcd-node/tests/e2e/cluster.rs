@@ -1107,18 +1107,16 @@ fn catch_up_from_a_snapshot(crash_on_install: bool) {
     assert_eq!(a, b, "records (key, value, version, create, mod) differ");
     // The leader dumped its key space for the follower; with the follower past it, the dump
     // gives way to a snapshot in place instead of staying until the next --snapshot-count.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
+    let in_place = || {
         let kept = snapshot_files(&c.data_dir(leader));
-        if kept.len() == 1 && kept[0].1.starts_with(b"SNP2") {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
+        kept.len() == 1 && kept[0].1.starts_with(b"SNP2")
+    };
+    if !within(Duration::from_secs(20), in_place) {
+        let kept = snapshot_files(&c.data_dir(leader));
+        panic!(
             "the leader still keeps a dump: {:?}",
             kept.iter().map(|(p, b)| (p, b.len())).collect::<Vec<_>>()
         );
-        std::thread::sleep(Duration::from_millis(100));
     }
 }
 

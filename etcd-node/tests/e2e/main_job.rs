@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use crate::ok;
 use e2e_tests::cluster::etcdctl;
-use e2e_tests::free_port;
+use e2e_tests::{free_port, within};
 
 /// A running main job and what it printed so far.
 struct Job {
@@ -117,11 +117,10 @@ impl Drop for Job {
         let _ = Command::new("kill")
             .args(["-TERM", &self.child.id().to_string()])
             .status();
-        for _ in 0..100 {
-            if !matches!(self.child.try_wait(), Ok(None)) {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(100));
+        if within(Duration::from_secs(10), || {
+            !matches!(self.child.try_wait(), Ok(None))
+        }) {
+            return;
         }
         let _ = self.child.kill();
         let _ = self.child.wait();
