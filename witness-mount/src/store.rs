@@ -17,7 +17,8 @@
 //!   reports a conflict (a writer stalled for a long time can never overwrite history);
 //! - the latest version is found by opening names forward from the last one seen (open by name
 //!   revalidates on NFS); the directory listing is used only when there is no hint and for
-//!   clean-up.
+//!   clean-up, and a listing with no version (perhaps cached from before the witness existed)
+//!   makes the names be tried from version 0 before the witness counts as absent.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Write};
@@ -87,6 +88,10 @@ struct Inner {
     /// How many times the directory was listed (tests).
     #[cfg(test)]
     listings: AtomicU64,
+    /// Listings show no version, as a directory cache from before the witness was initialised
+    /// would (tests).
+    #[cfg(test)]
+    empty_listings: std::sync::atomic::AtomicBool,
 }
 
 /// How many names past a missing version `find_latest` tries before listing the directory
@@ -157,6 +162,8 @@ impl MountStore {
                 hint: AtomicU64::new(NO_HINT),
                 #[cfg(test)]
                 listings: AtomicU64::new(0),
+                #[cfg(test)]
+                empty_listings: std::sync::atomic::AtomicBool::new(false),
             }),
         })
     }
@@ -196,6 +203,10 @@ impl Inner {
     fn list(&self) -> Result<(Vec<u64>, Vec<String>)> {
         #[cfg(test)]
         self.listings.fetch_add(1, Ordering::Relaxed);
+        #[cfg(test)]
+        if self.empty_listings.load(Ordering::Relaxed) {
+            return Ok((Vec::new(), Vec::new()));
+        }
         let mut versions = Vec::new();
         let mut temps = Vec::new();
         let entries = fs::read_dir(&self.dir).map_err(|e| match e.kind() {
@@ -240,12 +251,16 @@ impl Inner {
     /// Finds and reads the newest version by probing forward from the hint.
     fn find_latest(&self) -> Result<Option<Found>> {
         for _ in 0..8 {
-            let start = match self.hint.load(Ordering::Acquire) {
+            // A listing with no version may be a directory cache from before the witness was
+            // initialised (an NFS client's or sshfs's, for up to a minute; seen as a spurious
+            // "not initialised" on a cached sshfs mount): the names are tried from the first
+            // version on before the witness counts as absent.
+            let (start, listed_none) = match self.hint.load(Ordering::Acquire) {
                 NO_HINT => match self.list()?.0.last() {
-                    Some(&seq) => seq,
-                    None => return Ok(None),
+                    Some(&seq) => (seq, false),
+                    None => (0, true),
                 },
-                seq => seq,
+                seq => (seq, false),
             };
             // Missing: removed by clean-up (we are behind: newer versions follow it) or the
             // directory was reset. Look a little further first, then list again.
@@ -258,6 +273,9 @@ impl Inner {
                 }
             }
             let Some((mut seq, mut file)) = found else {
+                if listed_none {
+                    return Ok(None);
+                }
                 self.hint.store(NO_HINT, Ordering::Release);
                 continue;
             };
@@ -520,6 +538,36 @@ mod tests {
             listed,
             "no listing"
         );
+    }
+
+    /// A listing that shows no version (a directory cache from before the witness was
+    /// initialised) does not make a witness with versions count as absent: its names are found
+    /// from the first one on.
+    #[tokio::test]
+    async fn a_listing_cached_from_before_init_does_not_hide_the_witness() {
+        let dir = tempfile::tempdir().unwrap();
+        let writer = MountStore::open(dir.path(), MountOptions::default()).unwrap();
+        let state = || WitnessState::new(7, "w", "witness:x").with_fresh_nonce();
+        let CasOutcome::Written(mut version) = writer.create(&state()).await.unwrap() else {
+            panic!("created");
+        };
+        for term in 1..20u64 {
+            let next = WitnessState { term, ..state() };
+            let CasOutcome::Written(v) = writer.compare_and_swap(&version, &next).await.unwrap()
+            else {
+                panic!("written");
+            };
+            version = v;
+        }
+        let reader = MountStore::open(dir.path(), MountOptions::default()).unwrap();
+        reader.inner.empty_listings.store(true, Ordering::Relaxed);
+        let loaded = reader.load().await.unwrap().expect("the witness is found");
+        assert_eq!((loaded.state.term, loaded.version), (19, version));
+        // An empty directory still has no witness.
+        let empty = tempfile::tempdir().unwrap();
+        let none = MountStore::open(empty.path(), MountOptions::default()).unwrap();
+        none.inner.empty_listings.store(true, Ordering::Relaxed);
+        assert!(none.load().await.unwrap().is_none());
     }
 
     #[test]
