@@ -42,7 +42,7 @@ fn damaged(table: &str, key: &dyn std::fmt::Debug, what: &str) -> redb::Error {
 }
 
 /// `payload` sealed as the row `key` (its bytes) of `table`.
-pub(super) fn seal(table: &str, key: &[u8], payload: &[u8]) -> Vec<u8> {
+fn seal(table: &str, key: &[u8], payload: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(payload.len() + 4);
     out.extend_from_slice(payload);
     out.extend_from_slice(&check(table, key, payload).to_le_bytes());
@@ -113,10 +113,10 @@ impl<K: Key + 'static, T: ReadableTable<K, &'static [u8]>> Sealed<K, T> {
         key: impl Borrow<K::SelfType<'k>>,
     ) -> Result<Option<Vec<u8>>, redb::Error> {
         let key = key.borrow();
-        match self.table.get(key)? {
-            Some(stored) => Ok(Some(unseal::<K>(&self.name, key, stored.value())?)),
-            None => Ok(None),
-        }
+        let stored = self.table.get(key)?;
+        stored
+            .map(|s| unseal::<K>(&self.name, key, s.value()))
+            .transpose()
     }
 
     /// The rows in `range`, in key order, each checked as it is read.
@@ -154,10 +154,9 @@ impl<K: Key + 'static> Writable<'_, K> {
     ) -> Result<Option<Vec<u8>>, redb::Error> {
         let key = key.borrow();
         let stored = seal(&self.name, K::as_bytes(key).as_ref(), payload);
-        match self.table.insert(key, stored.as_slice())? {
-            Some(old) => Ok(Some(unseal::<K>(&self.name, key, old.value())?)),
-            None => Ok(None),
-        }
+        let old = self.table.insert(key, stored.as_slice())?;
+        old.map(|o| unseal::<K>(&self.name, key, o.value()))
+            .transpose()
     }
 
     /// Removes row `key`; returns its payload, checked.
@@ -166,10 +165,9 @@ impl<K: Key + 'static> Writable<'_, K> {
         key: impl Borrow<K::SelfType<'k>>,
     ) -> Result<Option<Vec<u8>>, redb::Error> {
         let key = key.borrow();
-        match self.table.remove(key)? {
-            Some(old) => Ok(Some(unseal::<K>(&self.name, key, old.value())?)),
-            None => Ok(None),
-        }
+        let old = self.table.remove(key)?;
+        old.map(|o| unseal::<K>(&self.name, key, o.value()))
+            .transpose()
     }
 
     /// Removes every row.
