@@ -500,6 +500,23 @@ impl WitnessStore for MountStore {
 mod tests {
     use super::*;
 
+    /// Creates a witness in `store`, then writes terms 1 to `last`; the newest version.
+    async fn write_terms(store: &MountStore, last: u64) -> Version {
+        let state = || WitnessState::new(7, "w", "witness:x").with_fresh_nonce();
+        let CasOutcome::Written(mut version) = store.create(&state()).await.unwrap() else {
+            panic!("created");
+        };
+        for term in 1..=last {
+            let next = WitnessState { term, ..state() };
+            let CasOutcome::Written(v) = store.compare_and_swap(&version, &next).await.unwrap()
+            else {
+                panic!("written");
+            };
+            version = v;
+        }
+        version
+    }
+
     /// A version named by the hint (or a stale directory listing) that clean-up removed is
     /// followed by newer ones: they are found by name, without listing the directory again
     /// (which on a network file system can return the same stale names for a while).
@@ -511,18 +528,7 @@ mod tests {
             ..MountOptions::default()
         };
         let store = MountStore::open(dir.path(), options).unwrap();
-        let state = || WitnessState::new(7, "w", "witness:x").with_fresh_nonce();
-        let CasOutcome::Written(mut version) = store.create(&state()).await.unwrap() else {
-            panic!("created");
-        };
-        for term in 1..6u64 {
-            let next = WitnessState { term, ..state() };
-            let CasOutcome::Written(v) = store.compare_and_swap(&version, &next).await.unwrap()
-            else {
-                panic!("written");
-            };
-            version = v;
-        }
+        write_terms(&store, 5).await;
         let newest = store.inner.find_latest().unwrap().unwrap().seq;
         assert!(
             store.inner.open_version(newest - 2).unwrap().is_none(),
@@ -547,18 +553,7 @@ mod tests {
     async fn a_listing_cached_from_before_init_does_not_hide_the_witness() {
         let dir = tempfile::tempdir().unwrap();
         let writer = MountStore::open(dir.path(), MountOptions::default()).unwrap();
-        let state = || WitnessState::new(7, "w", "witness:x").with_fresh_nonce();
-        let CasOutcome::Written(mut version) = writer.create(&state()).await.unwrap() else {
-            panic!("created");
-        };
-        for term in 1..20u64 {
-            let next = WitnessState { term, ..state() };
-            let CasOutcome::Written(v) = writer.compare_and_swap(&version, &next).await.unwrap()
-            else {
-                panic!("written");
-            };
-            version = v;
-        }
+        let version = write_terms(&writer, 19).await;
         let reader = MountStore::open(dir.path(), MountOptions::default()).unwrap();
         reader.inner.empty_listings.store(true, Ordering::Relaxed);
         let loaded = reader.load().await.unwrap().expect("the witness is found");
