@@ -4,7 +4,8 @@
 # etcd-node (two members and a witness in a local directory) run under callgrind; WARMUP puts
 # go first (default 20000, 256-byte values over 10,000 keys), then the counters are zeroed and
 # PUTS puts (default 10000) at CLIENTS clients (default 16) are counted. Prints each member's
-# instructions per put and their sum, and keeps the callgrind files for callgrind_annotate.
+# instructions per put and their sum, and keeps the callgrind files for
+# scripts/callgrind-shares.py.
 # etcd cannot be counted this way: Go's runtime stops valgrind 3.19 at its first signal
 # (callgrind's "vgCallgrind_post_signal" assertion), so etcd's side is its CPU time
 # (scripts/bench-compare.sh). Ports 32179-32280 (below the kernel's ephemeral range).
@@ -76,4 +77,4 @@ done
 count etcd-node "127.0.0.1:32179,127.0.0.1:32279" "${pids[@]}"
 cleanup; pids=()
 
-echo "callgrind files in $out (callgrind_annotate <file> | head -60)"
+echo "callgrind files in $out (python3 scripts/callgrind-shares.py <file> --top 30)"
