@@ -65,11 +65,7 @@ pub async fn run(
         let (location, result) = match tokio::time::timeout(limit, probing).await {
             Err(_) => (
                 format!("{id:x}"),
-                Err(WitnessProblem::Slow {
-                    location: String::new(),
-                    limit,
-                    hint: " (a hung mount?)",
-                }),
+                Err(WitnessProblem::ProbeTimedOut { limit }),
             ),
             Ok(Ok(Some(found))) => found,
             Ok(_) => continue,
@@ -115,10 +111,9 @@ pub async fn probe(
     let limit = every.max(Duration::from_secs(1));
     let loaded = tokio::time::timeout(limit, store.load())
         .await
-        .map_err(|_| WitnessProblem::Slow {
-            location: format!("{location} "),
+        .map_err(|_| WitnessProblem::LoadTimedOut {
+            location: location.clone(),
             limit,
-            hint: "",
         })?;
     let outcome = match loaded {
         Ok(Some(l)) => rules::read_term(&l.state, caller, &location).map(drop),

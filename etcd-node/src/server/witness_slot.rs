@@ -66,13 +66,12 @@ pub enum WitnessProblem {
          should answer at once) and its network"
     )]
     Hung,
-    /// A probe that did not return in time (the storage's location when known).
-    #[error("the witness storage {location}did not answer within {limit:?}{hint}")]
-    Slow {
-        location: String,
-        limit: Duration,
-        hint: &'static str,
-    },
+    /// A probe that did not return in time (opening the storage included).
+    #[error("the witness storage did not answer within {limit:?} (a hung mount?)")]
+    ProbeTimedOut { limit: Duration },
+    /// The storage, opened, did not load the record in time.
+    #[error("the witness storage {location} did not answer within {limit:?}")]
+    LoadTimedOut { location: String, limit: Duration },
     /// What the witness's record, or its storage, said (witness-core's error).
     #[error("{0}")]
     Witness(String),
