@@ -13,6 +13,10 @@
 # 50 times slower, and elections would otherwise come and go.
 #   bash scripts/bench-instructions.sh
 #   PUTS=5000 CLIENTS=64 bash scripts/bench-instructions.sh
+#   PRELOAD=/usr/lib/x86_64-linux-gnu/libmimalloc.so.2 bash scripts/bench-instructions.sh
+#   CALLGRIND_DIR=/tmp/cg bash scripts/bench-instructions.sh
+# (PRELOAD: a library the members load first, such as another allocator, not etcd-bench;
+# CALLGRIND_DIR: where the callgrind files go, a new directory under /var/tmp by default)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 command -v valgrind >/dev/null || { echo "needs valgrind (apt-get install valgrind)"; exit 1; }
@@ -20,7 +24,8 @@ cargo build --profile profiling --locked -p etcd-node --bin etcd-node --bin etcd
 cargo build --release --locked -p etcd-node --bin etcd-bench
 prof=$PWD/target/profiling bench=$PWD/target/release/etcd-bench
 work=$(mktemp -d "${BENCH_DIR:-/var/tmp}/bench-instructions.XXXXXX")
-out=${OUT_DIR:-$work}
+# (not OUT_DIR: Cargo passes that to build scripts, and a different one rebuilds them)
+out=${CALLGRIND_DIR:-$work}
 pids=()
 cleanup() { kill "${pids[@]}" 2>/dev/null || true; wait 2>/dev/null || true; }
 trap cleanup EXIT
@@ -67,7 +72,8 @@ url="witness:mount?path=$(python3 -c 'import sys,urllib.parse;print(urllib.parse
 "$prof/etcdutl" witness init --name w --advertise-peer-url "$url" >/dev/null 2>&1
 ic="n1=http://127.0.0.1:32180,n2=http://127.0.0.1:32280,w=$url"
 for i in 1 2; do
-  valgrind --tool=callgrind --callgrind-out-file="$out/etcd-node.callgrind.out.%p" \
+  env ${PRELOAD:+LD_PRELOAD="$PRELOAD"} \
+    valgrind --tool=callgrind --callgrind-out-file="$out/etcd-node.callgrind.out.%p" \
     "$prof/etcd-node" --name n$i --data-dir "$work/n$i" "${timing[@]}" \
     --listen-client-urls http://127.0.0.1:32${i}79 --advertise-client-urls http://127.0.0.1:32${i}79 \
     --listen-peer-urls http://127.0.0.1:32${i}80 --initial-advertise-peer-urls http://127.0.0.1:32${i}80 \

@@ -31,7 +31,10 @@ CRATES = [
     ("etcd_node", "etcd-node"),
     ("witness", "etcd-node"),
 ]
-ALLOCATOR = re.compile(r"malloc|free|_int_|realloc|calloc|__rdl_|memalign|unlink_chunk|consolidate")
+# glibc's, mimalloc's (mi_*) and jemalloc's (je_*, through LD_PRELOAD) functions
+ALLOCATOR = re.compile(
+    r"malloc|free|_int_|realloc|calloc|__rdl_|memalign|unlink_chunk|consolidate|^_?mi_|^je_"
+)
 MEM = re.compile(r"memcpy|memset|memmove|memcmp")
 
 
@@ -41,7 +44,7 @@ def group(name):
         if bare.startswith(prefix):
             return label
     if ALLOCATOR.search(name):
-        return "allocator (glibc)"
+        return "allocator"
     if MEM.search(name):
         return "memcpy, memset, memcmp"
     return "other"
