@@ -16,7 +16,7 @@ use super::events::event;
 use super::range;
 use super::record::{self, Rows, VALUES};
 use super::request::{Op, Response, needs_space};
-use super::sealed::{self, Writable, meta_get, meta_set};
+use super::sealed::{self, Lazy, Writable, meta_get, meta_set};
 use super::{ALARMS, AUTH, CLUSTER, HISTORY, LEASE_KEYS, LEASES, META, lease_keys_of};
 use crate::errors::EtcdError;
 
@@ -30,18 +30,32 @@ pub type Applied = Option<Result<Response, EtcdError>>;
 pub(super) struct Writer<'t> {
     rows: Rows<'t>,
     meta: Table<'t, &'static str, u64>,
-    leases: Writable<'t, i64>,
-    lease_keys: Writable<'t, (i64, &'static [u8])>,
+    // (the tables a batch of puts does not touch are opened when first used)
+    leases: Lazy<'t, i64>,
+    lease_keys: Lazy<'t, (i64, &'static [u8])>,
     alarms: Writable<'t, (u64, i32)>,
-    auth: Writable<'t, &'static [u8]>,
-    cluster: Writable<'t, &'static [u8]>,
-    /// For the tables a batch rarely writes (opened when one is).
+    /// The `alarms` table's keys, read once per batch: every request asks.
+    raised: Vec<(u64, i32)>,
+    auth: Lazy<'t, &'static [u8]>,
+    cluster: Lazy<'t, &'static [u8]>,
+    /// For the member tables, which a batch rarely writes.
     tx: &'t WriteTransaction,
     pub applied: u64,
     pub revision: u64,
     compacted: u64,
+    /// `meta` as read when the batch began: [`Writer::finish`] writes only what changed.
+    stored: Stored,
     /// What the writes changed, in the order they were applied (for watchers).
     pub events: Vec<PbEvent>,
+}
+
+/// The `meta` rows a batch updates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Stored {
+    applied: u64,
+    revision: u64,
+    compacted: u64,
+    values: u64,
 }
 
 /// The revision a write request writes at, whether it changed anything, and the sub-revision
@@ -71,38 +85,59 @@ fn header(revision: u64) -> Option<PbResponseHeader> {
 impl<'t> Writer<'t> {
     pub fn open(tx: &'t WriteTransaction) -> Result<Self, redb::Error> {
         let meta = tx.open_table(META)?;
-        let (applied, revision, compacted) = (
-            meta_get(&meta, "applied")?,
-            meta_get(&meta, "revision")?.max(1),
-            meta_get(&meta, "compact")?,
-        );
+        let stored = Stored {
+            applied: meta_get(&meta, "applied")?,
+            revision: meta_get(&meta, "revision")?,
+            compacted: meta_get(&meta, "compact")?,
+            values: meta_get(&meta, "values")?,
+        };
         let rows = Rows {
             history: tx.open_table(HISTORY)?,
             values: tx.open_table(VALUES)?,
-            last: meta_get(&meta, "values")?,
+            last: stored.values,
         };
+        let alarms = sealed::write(tx, ALARMS)?;
+        let raised = alarms
+            .iter()?
+            .map(|row| row.map(|(key, _)| key.value()))
+            .collect::<Result<_, _>>()?;
         Ok(Writer {
             rows,
             meta,
-            leases: sealed::write(tx, LEASES)?,
-            lease_keys: sealed::write(tx, LEASE_KEYS)?,
-            alarms: sealed::write(tx, ALARMS)?,
-            auth: sealed::write(tx, AUTH)?,
-            cluster: sealed::write(tx, CLUSTER)?,
+            leases: Lazy::new(tx, LEASES),
+            lease_keys: Lazy::new(tx, LEASE_KEYS),
+            alarms,
+            raised,
+            auth: Lazy::new(tx, AUTH),
+            cluster: Lazy::new(tx, CLUSTER),
             tx,
-            applied,
-            revision,
-            compacted,
+            applied: stored.applied,
+            revision: stored.revision.max(1),
+            compacted: stored.compacted,
+            stored,
             events: Vec::new(),
         })
     }
 
-    /// Records the applied index and revisions (in the same transaction as the changes).
+    /// Records the applied index and revisions (in the same transaction as the changes), the
+    /// rows that changed only.
     pub fn finish(mut self) -> Result<(), redb::Error> {
-        meta_set(&mut self.meta, "applied", self.applied)?;
-        meta_set(&mut self.meta, "revision", self.revision)?;
-        meta_set(&mut self.meta, "compact", self.compacted)?;
-        meta_set(&mut self.meta, "values", self.rows.last)?;
+        let now = Stored {
+            applied: self.applied,
+            revision: self.revision,
+            compacted: self.compacted,
+            values: self.rows.last,
+        };
+        for (name, old, new) in [
+            ("applied", self.stored.applied, now.applied),
+            ("revision", self.stored.revision, now.revision),
+            ("compact", self.stored.compacted, now.compacted),
+            ("values", self.stored.values, now.values),
+        ] {
+            if old != new {
+                meta_set(&mut self.meta, name, new)?;
+            }
+        }
         Ok(())
     }
 
@@ -111,10 +146,10 @@ impl<'t> Writer<'t> {
             return Ok(Err(EtcdError::EMPTY_REQUEST));
         };
         if !matches!(op, Op::Alarm(_)) {
-            if self.raised(CORRUPT)? {
+            if self.raised(CORRUPT) {
                 return Ok(Err(EtcdError::CORRUPT));
             }
-            if needs_space(op) && self.raised(NOSPACE)? {
+            if needs_space(op) && self.raised(NOSPACE) {
                 return Ok(Err(EtcdError::NO_SPACE));
             }
         }
@@ -126,10 +161,9 @@ impl<'t> Writer<'t> {
         let out = match op {
             Op::Alarm(r) => Ok(Response::Alarm(self.alarm(r)?)),
             Op::ClusterParams(p) => {
-                self.cluster
-                    .insert("version".as_bytes(), p.version.as_bytes())?;
-                self.cluster
-                    .insert("features".as_bytes(), p.features.join(",").as_bytes())?;
+                let cluster = self.cluster.open_mut()?;
+                cluster.insert("version".as_bytes(), p.version.as_bytes())?;
+                cluster.insert("features".as_bytes(), p.features.join(",").as_bytes())?;
                 Ok(Response::ClusterParams(None))
             }
             Op::MemberAttrs(a) => {
@@ -137,7 +171,7 @@ impl<'t> Writer<'t> {
                 Ok(Response::MemberAttrs(None))
             }
             Op::Auth(c) => match &c.op {
-                Some(op) => auth::apply(&mut self.auth, op)?.map(|()| Response::Auth(None)),
+                Some(op) => auth::apply(self.auth.open_mut()?, op)?.map(|()| Response::Auth(None)),
                 None => Err(EtcdError::EMPTY_REQUEST),
             },
             Op::Compaction(c) => {
@@ -173,13 +207,8 @@ impl<'t> Writer<'t> {
     }
 
     /// Is an alarm of type `alarm` raised (by any member)?
-    fn raised(&self, alarm: i32) -> Result<bool, redb::Error> {
-        for row in self.alarms.iter()? {
-            if row?.0.value().1 == alarm {
-                return Ok(true);
-            }
-        }
-        Ok(false)
+    fn raised(&self, alarm: i32) -> bool {
+        self.raised.iter().any(|&(_, raised)| raised == alarm)
     }
 
     /// Raises or clears an alarm, as etcd's alarm store: the response lists the alarm that
@@ -191,6 +220,12 @@ impl<'t> Writer<'t> {
             2 => self.alarms.remove(key)?.is_some(),
             _ => false,
         };
+        if changed {
+            self.raised.retain(|&raised| raised != key);
+            if r.action == 1 {
+                self.raised.push(key);
+            }
+        }
         let alarms = if changed {
             vec![PbAlarmMember {
                 member_id: r.member_id,
@@ -225,7 +260,7 @@ impl<'t> Writer<'t> {
         if (r.ignore_value || r.ignore_lease) && self.newest(&r.key, false)?.is_none() {
             return Ok(Some(EtcdError::KEY_NOT_FOUND));
         }
-        if r.lease != 0 && self.leases.get(r.lease)?.is_none() {
+        if r.lease != 0 && self.leases.open()?.get(r.lease)?.is_none() {
             return Ok(Some(EtcdError::LEASE_NOT_FOUND));
         }
         Ok(None)
@@ -235,10 +270,11 @@ impl<'t> Writer<'t> {
         &mut self,
         r: &PbLeaseGrantRequest,
     ) -> Result<Result<PbLeaseGrantResponse, EtcdError>, redb::Error> {
-        if self.leases.get(r.id)?.is_some() {
+        let leases = self.leases.open_mut()?;
+        if leases.get(r.id)?.is_some() {
             return Ok(Err(EtcdError::LEASE_EXIST));
         }
-        self.leases.insert(r.id, &r.ttl.to_le_bytes())?;
+        leases.insert(r.id, &r.ttl.to_le_bytes())?;
         Ok(Ok(PbLeaseGrantResponse {
             header: header(self.revision),
             id: r.id,
@@ -253,10 +289,10 @@ impl<'t> Writer<'t> {
         s: &mut Step,
         id: i64,
     ) -> Result<Result<PbLeaseRevokeResponse, EtcdError>, redb::Error> {
-        if self.leases.remove(id)?.is_none() {
+        if self.leases.open_mut()?.remove(id)?.is_none() {
             return Ok(Err(EtcdError::LEASE_NOT_FOUND));
         }
-        for key in lease_keys_of(&self.lease_keys, id)? {
+        for key in lease_keys_of(self.lease_keys.open()?, id)? {
             self.delete(
                 s,
                 &PbDeleteRequest {
@@ -307,11 +343,12 @@ impl<'t> Writer<'t> {
     /// Moves `key` from lease `old` to lease `new` (0: none).
     fn attach(&mut self, key: &[u8], old: i64, new: i64) -> Result<(), redb::Error> {
         if old != new {
+            let lease_keys = self.lease_keys.open_mut()?;
             if old != 0 {
-                self.lease_keys.remove((old, key))?;
+                lease_keys.remove((old, key))?;
             }
             if new != 0 {
-                self.lease_keys.insert((new, key), &[])?;
+                lease_keys.insert((new, key), &[])?;
             }
         }
         Ok(())

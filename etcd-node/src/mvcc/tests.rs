@@ -764,6 +764,59 @@ fn a_restore_dump_gets_new_members_and_optionally_a_bumped_compacted_revision() 
 }
 
 #[test]
+fn an_alarm_raised_or_cleared_in_a_batch_holds_for_the_rest_of_it() {
+    use etcd_client::proto::PbAlarmRequest;
+    // (the applier reads the raised alarms once per batch and follows the batch's changes)
+    let alarm = |action, member_id| {
+        Op::Alarm(PbAlarmRequest {
+            action,
+            member_id,
+            alarm: 1,
+        })
+    };
+    let mut f = fixture();
+    let batch = |f: &mut Fixture, ops: Vec<Op>| -> Vec<Result<Response, EtcdError>> {
+        let entries: Vec<_> = ops
+            .into_iter()
+            .map(|op| {
+                f.index += 1;
+                let p = Proposal {
+                    id: f.index,
+                    op: Some(op),
+                };
+                (f.index, Command::Kv(p))
+            })
+            .collect();
+        let out = f.mvcc.apply(&entries, false).unwrap().results;
+        out.into_iter().map(|r| r.expect("applied")).collect()
+    };
+    let no_space = Err(EtcdError::NO_SPACE);
+    let out = batch(
+        &mut f,
+        vec![
+            put("a", "1"),
+            alarm(1, 7),
+            put("b", "1"),
+            alarm(1, 8),
+            alarm(2, 7),
+            put("c", "1"),
+            alarm(2, 8),
+            put("d", "1"),
+        ],
+    );
+    assert!(out[0].is_ok());
+    assert_eq!(out[2], no_space, "raised by member 7 earlier in the batch");
+    assert_eq!(out[5], no_space, "member 8's alarm still stands");
+    assert!(out[7].is_ok(), "both cleared");
+    let out = batch(&mut f, vec![alarm(1, 9)]);
+    assert!(out[0].is_ok());
+    let out = batch(&mut f, vec![put("e", "1"), alarm(2, 9), put("f", "1")]);
+    assert_eq!(out[0], no_space, "raised in an earlier batch");
+    assert!(out[2].is_ok());
+    assert_eq!(f.mvcc.alarms().unwrap(), Vec::new());
+}
+
+#[test]
 fn alarms_refuse_the_writes_etcd_refuses_and_travel_in_snapshots() {
     use etcd_client::proto::{PbAlarmRequest, PbLeaseGrantRequest};
     let alarm = |action, alarm| {
