@@ -50,7 +50,6 @@ pub(super) struct Writer<'t> {
 }
 
 /// The `meta` rows a batch updates.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Stored {
     applied: u64,
     revision: u64,
@@ -122,17 +121,11 @@ impl<'t> Writer<'t> {
     /// Records the applied index and revisions (in the same transaction as the changes), the
     /// rows that changed only.
     pub fn finish(mut self) -> Result<(), redb::Error> {
-        let now = Stored {
-            applied: self.applied,
-            revision: self.revision,
-            compacted: self.compacted,
-            values: self.rows.last,
-        };
         for (name, old, new) in [
-            ("applied", self.stored.applied, now.applied),
-            ("revision", self.stored.revision, now.revision),
-            ("compact", self.stored.compacted, now.compacted),
-            ("values", self.stored.values, now.values),
+            ("applied", self.stored.applied, self.applied),
+            ("revision", self.stored.revision, self.revision),
+            ("compact", self.stored.compacted, self.compacted),
+            ("values", self.stored.values, self.rows.last),
         ] {
             if old != new {
                 meta_set(&mut self.meta, name, new)?;
