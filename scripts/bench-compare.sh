@@ -68,6 +68,9 @@ n_big=$(( ${scale:-10} * 2000 ))    # 16 and 64 clients
 rss_kb() { local t=0; for p in "$@"; do t=$(( t + $(awk '/VmRSS/{print $2}' "/proc/$p/status" 2>/dev/null || echo 0) )); done; echo $t; }
 # CPU time process $1 used so far, in clock ticks (user + system, all threads).
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat" 2>/dev/null || echo 0; }
+sys_ticks() { awk '{print $15}' "/proc/$1/stat" 2>/dev/null || echo 0; }
+# Context switches of all the process's threads (each a wait or a wake-up through the kernel).
+switches() { cat /proc/"$1"/task/*/status 2>/dev/null | awk '/ctxt_switches/{n += $2} END {print n + 0}'; }
 # The machine's idle clock ticks so far (all cores).
 idle_ticks() { awk '/^cpu /{print $5}' /proc/stat; }
 
@@ -151,18 +154,24 @@ bench() { # label eps pids... -- args
   local label=$1 eps=$2; shift 2
   local ps=(); while [ "$1" != "--" ]; do ps+=("$1"); shift; done; shift
   "$bin/etcd-bench" --endpoints "$eps" ${client_tls[@]+"${client_tls[@]}"} "$@" > "$work/out" 2>&1 &
-  local b=$! peak=0 r cpu0=() idle0 t0 p
-  for p in "${ps[@]}"; do cpu0+=("$(cpu_ticks "$p")"); done
+  local b=$! peak=0 r cpu0=() sys0=() sw0=() idle0 t0 p
+  for p in "${ps[@]}"; do cpu0+=("$(cpu_ticks "$p")") sys0+=("$(sys_ticks "$p")") sw0+=("$(switches "$p")"); done
   idle0=$(idle_ticks) t0=$(date +%s%N)
   while kill -0 $b 2>/dev/null; do r=$(rss_kb "${ps[@]}"); [ "$r" -gt "$peak" ] && peak=$r; sleep 0.2; done
   wait $b || { cat "$work/out"; exit 1; }
   # Each member's CPU over the point (ms, all threads; the leader's is the largest) and the
   # machine's idle share: where the cores went, for a rate that the members and the client,
   # sharing the machine's cores, bound.
-  local hz ms i cpu=(); hz=$(getconf CLK_TCK) ms=$(( ($(date +%s%N) - t0) / 1000000 ))
-  for i in "${!ps[@]}"; do cpu+=("$(( ($(cpu_ticks "${ps[$i]}") - cpu0[i]) * 1000 / hz ))"); done
+  # Of that CPU, the time in the kernel (system calls: the network, fsyncs, thread wake-ups),
+  # and each member's context switches over the point.
+  local hz ms i cpu=() sys=() sw=(); hz=$(getconf CLK_TCK) ms=$(( ($(date +%s%N) - t0) / 1000000 ))
+  for i in "${!ps[@]}"; do
+    cpu+=("$(( ($(cpu_ticks "${ps[$i]}") - cpu0[i]) * 1000 / hz ))")
+    sys+=("$(( ($(sys_ticks "${ps[$i]}") - sys0[i]) * 1000 / hz ))")
+    sw+=("$(( $(switches "${ps[$i]}") - sw0[i] ))")
+  done
   local idle_pct=$(( ($(idle_ticks) - idle0) * 1000 / hz * 100 / (ms * $(nproc)) ))
-  echo "$(grep '^RESULT' "$work/out") cluster=$label peak_rss_kb=$peak members_cpu_ms=$(IFS=,; echo "${cpu[*]}") machine_idle_pct=$idle_pct" | tee -a "$work/results"
+  echo "$(grep '^RESULT' "$work/out") cluster=$label peak_rss_kb=$peak members_cpu_ms=$(IFS=,; echo "${cpu[*]}") members_sys_ms=$(IFS=,; echo "${sys[*]}") members_switches=$(IFS=,; echo "${sw[*]}") machine_idle_pct=$idle_pct" | tee -a "$work/results"
 }
 
 run_api() { # label eps pids...
@@ -320,8 +329,10 @@ for line in open(sys.argv[1]):
         point = f"{f['op']} clients={f['clients']}"
         rounds = runs.setdefault(point, {}).setdefault(f["cluster"], {})
         # (the members' CPU per request, in microseconds, all members together)
-        cpu = sum(float(c) for c in f.get("members_cpu_ms", "0").split(","))
-        rounds[f["round"]] = (float(f["rps"]), float(f["p99_ms"]), cpu * 1000 / float(f["requests"]))
+        total = lambda name: sum(float(c) for c in f.get(name, "0").split(","))
+        cpu, n = total("members_cpu_ms"), float(f["requests"])
+        rounds[f["round"]] = (float(f["rps"]), float(f["p99_ms"]), cpu * 1000 / n,
+                              total("members_sys_ms") / max(cpu, 1), total("members_switches") / n)
 for point, by in runs.items():
     label = sys.argv[2]
     ours, theirs = by.get("etcd-node", {}), by.get(label, {})
@@ -331,7 +342,9 @@ for point, by in runs.items():
     po, pt = median(ours, 1), median(theirs, 1)
     each = " ".join(f"{ours[r][0] / theirs[r][0]:.2f}x" for r in sorted(ours) if r in theirs)
     single, variant = by.get(label + "-single", {}), by.get("etcd-node-variant", {})
-    alone = f" cpu_us_per_op_medians={median(ours, 2):.0f},{median(theirs, 2):.0f}"
+    alone = (f" cpu_us_per_op_medians={median(ours, 2):.0f},{median(theirs, 2):.0f}"
+             f" kernel_share_medians={median(ours, 3):.2f},{median(theirs, 3):.2f}"
+             f" switches_per_op_medians={median(ours, 4):.1f},{median(theirs, 4):.1f}")
     if single:
         ms = median(single, 0)
         alone += (f" {label}-single_median_rps={ms:.0f} ratio_to_single={mo / ms:.2f}x"
