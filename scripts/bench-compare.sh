@@ -331,8 +331,10 @@ for line in open(sys.argv[1]):
         # (the members' CPU per request, in microseconds, all members together)
         total = lambda name: sum(float(c) for c in f.get(name, "0").split(","))
         cpu, n = total("members_cpu_ms"), float(f["requests"])
+        members = len(f.get("members_cpu_ms", "0").split(","))
         rounds[f["round"]] = (float(f["rps"]), float(f["p99_ms"]), cpu * 1000 / n,
-                              total("members_sys_ms") / max(cpu, 1), total("members_switches") / n)
+                              total("members_sys_ms") / max(cpu, 1), total("members_switches") / n,
+                              cpu * 1000 / n / members)
 for point, by in runs.items():
     label = sys.argv[2]
     ours, theirs = by.get("etcd-node", {}), by.get(label, {})
@@ -342,7 +344,10 @@ for point, by in runs.items():
     po, pt = median(ours, 1), median(theirs, 1)
     each = " ".join(f"{ours[r][0] / theirs[r][0]:.2f}x" for r in sorted(ours) if r in theirs)
     single, variant = by.get(label + "-single", {}), by.get("etcd-node-variant", {})
+    each_member = median(ours, 5) / median(theirs, 5)
     alone = (f" cpu_us_per_op_medians={median(ours, 2):.0f},{median(theirs, 2):.0f}"
+             f" member_cpu_us_per_op_medians={median(ours, 5):.0f},{median(theirs, 5):.0f}"
+             f" member_cpu_ratio={each_member:.2f}x"
              f" kernel_share_medians={median(ours, 3):.2f},{median(theirs, 3):.2f}"
              f" switches_per_op_medians={median(ours, 4):.1f},{median(theirs, 4):.1f}")
     if single:
