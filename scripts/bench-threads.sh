@@ -9,12 +9,14 @@
 # threads are all named "etcd" (Go's runtime moves goroutines between them).
 #   bash scripts/bench-threads.sh
 #   CLIENTS=64 bash scripts/bench-threads.sh
+#   NODE_BIN=/var/tmp/etcd-node-before ONLY=etcd-node bash scripts/bench-threads.sh
+# (NODE_BIN: another etcd-node binary, to compare two builds; ONLY=etcd-node: skip etcd)
 # Ports 32179-32680 (below the kernel's ephemeral range).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build --release --locked -p etcd-node --bin etcd-node --bin etcdutl --bin etcd-bench
 [ -x target/go/etcd36/etcd ] || bash scripts/build-go.sh etcd
-rel=$PWD/target/release etcd=$PWD/target/go/etcd36/etcd
+rel=$PWD/target/release etcd=$PWD/target/go/etcd36/etcd node=${NODE_BIN:-$PWD/target/release/etcd-node}
 work=$(mktemp -d "${BENCH_DIR:-/var/tmp}/bench-threads.XXXXXX")
 pids=()
 cleanup() { kill "${pids[@]}" 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$work"; }
@@ -102,13 +104,14 @@ url="witness:mount?path=$(python3 -c 'import sys,urllib.parse;print(urllib.parse
 "$rel/etcdutl" witness init --name w --advertise-peer-url "$url" >/dev/null 2>&1
 ic="n1=http://127.0.0.1:32180,n2=http://127.0.0.1:32280,w=$url"
 for i in 1 2; do
-  "$rel/etcd-node" --name n$i --data-dir "$work/n$i" \
+  "$node" --name n$i --data-dir "$work/n$i" \
     --listen-client-urls http://127.0.0.1:32${i}79 --advertise-client-urls http://127.0.0.1:32${i}79 \
     --listen-peer-urls http://127.0.0.1:32${i}80 --initial-advertise-peer-urls http://127.0.0.1:32${i}80 \
     --initial-cluster "$ic" 2>"$work/n$i.log" &
   pids+=($!)
 done
 measure etcd-node 32179 32279
+[ "${ONLY:-}" = etcd-node ] && exit 0
 
 ic=""
 for i in 4 5 6; do ic+="${ic:+,}e$i=http://127.0.0.1:32${i}80"; done

@@ -51,6 +51,7 @@ use super::types::{
     Snapshot, SnapshotMeta, WitnessRequest, WitnessResponse,
 };
 
+mod coalesce;
 mod conf_change;
 mod election;
 mod reads;
@@ -599,6 +600,7 @@ impl Raft {
         } else {
             Vec::new()
         };
+        let max_batch = self.cfg.max_batch;
         Ready {
             snapshot: self.pending_snapshot.take(),
             hard_state: (hs != self.persisted_hs).then_some(hs),
@@ -606,8 +608,8 @@ impl Raft {
                 .log
                 .slice(self.persisted + 1, self.last_index())
                 .to_vec(),
-            early_messages,
-            messages,
+            early_messages: coalesce::coalesce(early_messages, max_batch),
+            messages: coalesce::coalesce(messages, max_batch),
             witness_requests: std::mem::take(&mut self.witness_out),
             committed: self.log.slice(self.applied + 1, self.commit).to_vec(),
             read_states: std::mem::take(&mut self.read_states),
