@@ -109,7 +109,8 @@ pub(super) fn write<'t, K: Key + 'static>(
 
 /// A sealed table of a write transaction, opened the first time it is used: most batches of
 /// puts touch none of the small tables, and opening one (and closing it at the commit) costs
-/// about a tenth of a put's instructions (docs/benchmarks.md, "Instructions per put").
+/// about 4,000 instructions, as much as a few puts' own work in `meta` (docs/benchmarks.md,
+/// "Instructions per put").
 pub(super) struct Lazy<'t, K: Key + 'static> {
     tx: &'t WriteTransaction,
     def: Def<K>,
