@@ -185,7 +185,7 @@ impl<S: WitnessStore> Witness<S> {
                 };
                 return Ok(self.finish(op, started, stepped));
             };
-            let next = next.with_fresh_nonce();
+            let next = next.succeeding(&loaded.state);
             match self.store.compare_and_swap(&loaded.version, &next).await {
                 Ok(CasOutcome::Written(version)) => {
                     self.counters.writes.fetch_add(1, Ordering::Relaxed);

@@ -156,6 +156,7 @@ mod tests {
             replication_set_outgoing: vec![],
             writer_nonce: 42,
             generation: 0x6e6e,
+            previous_nonce: 41,
         }
     }
 
@@ -247,7 +248,7 @@ mod tests {
         #[test]
         fn arbitrary_states_round_trip(
             cluster_id: u64, member_id: u64, name in "[a-z0-9-]{0,20}", term: u64, voted_for: u64,
-            llt: u64, lls: u64, lli: u64, nonce: u64, generation: u64,
+            llt: u64, lls: u64, lli: u64, nonce: u64, generation: u64, previous_nonce: u64,
             rs in proptest::collection::vec(any::<u64>(), 0..5),
             rso in proptest::collection::vec(any::<u64>(), 0..5),
         ) {
@@ -255,7 +256,7 @@ mod tests {
                 cluster_id, member_id, name, peer_url: "witness:mount?path=%2Fw".into(), term, voted_for,
                 last_log_term: llt, last_log_subterm: lls, last_log_index: lli,
                 replication_set: rs, replication_set_outgoing: rso, writer_nonce: nonce,
-                generation,
+                generation, previous_nonce,
             };
             prop_assert_eq!(decode(&encode(&s)).unwrap(), s);
         }

@@ -60,6 +60,12 @@ pub struct WitnessState {
     /// this is. 0 only in records written before generations existed.
     #[prost(uint64, tag = "13")]
     pub generation: u64,
+    /// The writer nonce of the state this one was computed from (set by the witness client):
+    /// on a mount, a writer whose predecessor was cleaned up tells from its successor's
+    /// `previous_nonce` whether others built on its write. 0 when unknown (a first version, a
+    /// record written before this field existed).
+    #[prost(uint64, tag = "14")]
+    pub previous_nonce: u64,
 }
 
 /// What a member has seen of its witness: the generation it is bound to and the newest term and
@@ -148,19 +154,29 @@ impl WitnessState {
         }
     }
 
+    /// This state, computed from `previous`, ready to replace it: a fresh writer nonce, and
+    /// `previous`'s writer nonce as its `previous_nonce`.
+    pub fn succeeding(self, previous: &WitnessState) -> Self {
+        WitnessState {
+            previous_nonce: previous.writer_nonce,
+            ..self
+        }
+        .with_fresh_nonce()
+    }
+
     /// The (term, subterm) of the last acknowledged entry, compared lexicographically.
     pub fn last_log_position(&self) -> (u64, u64) {
         (self.last_log_term, self.last_log_subterm)
     }
 
-    /// True when the state differs from `other` in anything but the writer nonce.
+    /// True when the state differs from `other` in anything but the nonces of its writer and of
+    /// the version it replaced.
     pub fn same_content(&self, other: &WitnessState) -> bool {
-        WitnessState {
+        let content = |s: &WitnessState| WitnessState {
             writer_nonce: 0,
-            ..self.clone()
-        } == WitnessState {
-            writer_nonce: 0,
-            ..other.clone()
-        }
+            previous_nonce: 0,
+            ..s.clone()
+        };
+        content(self) == content(other)
     }
 }

@@ -110,6 +110,22 @@ async fn transient_errors_are_retried() {
     assert_eq!(s.attempts, 3);
 }
 
+/// Each written state names the state it was computed from: a mount store tells by it whether
+/// others built on a write whose predecessor was cleaned up.
+#[tokio::test]
+async fn a_written_state_names_the_nonce_of_the_one_it_replaced() {
+    let store = initialised().await;
+    let w = Witness::with_policy(store.clone(), quick());
+    let mut previous = store.load().await.unwrap().unwrap().state;
+    for subterm in 1..4 {
+        assert!(w.append(&req(subterm)).await.unwrap().wrote);
+        let now = store.load().await.unwrap().unwrap().state;
+        assert_eq!(now.previous_nonce, previous.writer_nonce);
+        assert_ne!(now.writer_nonce, previous.writer_nonce);
+        previous = now;
+    }
+}
+
 #[tokio::test]
 async fn lost_reply_is_not_written_twice() {
     let store = initialised().await;

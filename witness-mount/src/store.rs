@@ -13,8 +13,9 @@
 //! - the newest version is never removed; clean-up removes versions older than the newest
 //!   `retention` in ascending order, so if `<v+1>.st` was ever removed then `<v>.st` was removed
 //!   before it. A writer that linked `<v+1>.st` therefore checks that `<v>.st` still holds the
-//!   nonce it loaded; if not, it filled a gap left by clean-up, so it removes its file and
-//!   reports a conflict (a writer stalled for a long time can never overwrite history);
+//!   nonce it loaded; if not, `<v+2>.st` tells whether others built on our write (its
+//!   `previous_nonce` is ours) or we filled a gap left by clean-up, which we undo (a writer
+//!   stalled for a long time can never overwrite history);
 //! - the latest version is found by opening names forward from the last one seen (open by name
 //!   revalidates on NFS); the directory listing is used only when there is no hint and for
 //!   clean-up, and a listing with no version (perhaps cached from before the witness existed)
@@ -92,6 +93,10 @@ struct Inner {
     /// would (tests).
     #[cfg(test)]
     empty_listings: std::sync::atomic::AtomicBool,
+    /// Runs once right after a compare-and-swap linked its version: a writer stalled there
+    /// (tests).
+    #[cfg(test)]
+    after_link: std::sync::Mutex<Option<tests::Stall>>,
 }
 
 /// How many names past a missing version `find_latest` tries before listing the directory
@@ -164,6 +169,8 @@ impl MountStore {
                 listings: AtomicU64::new(0),
                 #[cfg(test)]
                 empty_listings: std::sync::atomic::AtomicBool::new(false),
+                #[cfg(test)]
+                after_link: std::sync::Mutex::new(None),
             }),
         })
     }
@@ -371,7 +378,7 @@ impl Inner {
     }
 
     /// After linking `<seq>.st` on top of `expected`: is the predecessor still the version we
-    /// computed from? If not we filled a gap left by clean-up and must undo.
+    /// computed from? If not, clean-up removed it, before our link or after it.
     fn predecessor_intact(&self, expected_seq: u64, expected_nonce: Option<u64>) -> Result<bool> {
         match expected_nonce {
             Some(n) => Ok(self.nonce_of(expected_seq)? == Some(n)),
@@ -379,11 +386,60 @@ impl Inner {
         }
     }
 
-    fn undo(&self, seq: u64) -> Result<CasOutcome> {
+    /// Our `<seq>.st` (writer nonce `ours`) is linked, but its predecessor is gone. Either others
+    /// built on our write and went more than the retention past it, so clean-up removed the
+    /// predecessor after our link (the write stands), or clean-up had removed the predecessor
+    /// and `<seq>.st` before we linked (we filled a gap and must undo). The version after ours
+    /// tells which: the one built on ours names our nonce as its `previous_nonce` (the witness
+    /// client sets it to the nonce of the state it computed from). Without it
+    /// (our successor is gone, or was written by a release that did not record the field) the
+    /// outcome is unknown: our file is removed and the caller re-reads. `Ok(true)`: the write
+    /// stands; `Ok(false)`: it was a gap, now undone.
+    fn settle_without_predecessor(&self, seq: u64, ours: u64) -> Result<bool> {
         let target = self.path(&state_name(seq));
-        tracing::warn!(path = %target.display(), "stale writer filled a gap left by clean-up; removing its version");
-        fs::remove_file(&target).map_err(|e| io_error("remove", &target, e))?;
-        Ok(CasOutcome::Conflict)
+        let unknown = |why: &str| Error::Io {
+            op: "learn the outcome of a compare-and-swap in",
+            location: self.dir.display().to_string(),
+            source: io::Error::new(io::ErrorKind::Interrupted, why.to_owned()),
+        };
+        let successor = match self.open_version(seq + 1)? {
+            Some(f) => Some(codec::decode(&self.read_file(f, seq + 1)?).ok()),
+            None => None,
+        };
+        match successor.map(|s| s.map_or(0, |s| s.previous_nonce)) {
+            Some(previous) if previous == ours => Ok(true),
+            Some(0) => {
+                self.undo(&target)?;
+                Err(unknown(
+                    "the version we replaced was cleaned up and the next one does not say what it replaced",
+                ))
+            }
+            Some(_) => {
+                tracing::warn!(path = %target.display(), "stale writer filled a gap left by clean-up; removing its version");
+                self.undo(&target)?;
+                Ok(false)
+            }
+            // Removal is ascending: had others built on ours, the next version could only be
+            // gone after ours. Ours is still there, so nobody built on it: a gap.
+            None => match fs::remove_file(&target) {
+                Ok(()) => {
+                    tracing::warn!(path = %target.display(), "stale writer filled a gap left by clean-up; removed its version");
+                    Ok(false)
+                }
+                Err(e) if e.kind() == io::ErrorKind::NotFound => Err(unknown(
+                    "the version we wrote was cleaned up before its outcome could be read",
+                )),
+                Err(e) => Err(io_error("remove", &target, e)),
+            },
+        }
+    }
+
+    /// Removes a version this writer linked; already gone (cleaned up) is fine.
+    fn undo(&self, target: &Path) -> Result<()> {
+        match fs::remove_file(target) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => Err(io_error("remove", target, e)),
+            _ => Ok(()),
+        }
     }
 
     fn cas(&self, expected: &Version, state: &WitnessState) -> Result<CasOutcome> {
@@ -401,8 +457,14 @@ impl Inner {
         if !self.link_version(next, state)? {
             return Ok(CasOutcome::Conflict);
         }
-        if !self.predecessor_intact(seq, nonce)? {
-            return self.undo(next);
+        #[cfg(test)]
+        if let Some(tests::Stall(stall)) = self.after_link.lock().unwrap().take() {
+            stall();
+        }
+        if !self.predecessor_intact(seq, nonce)?
+            && !self.settle_without_predecessor(next, state.writer_nonce)?
+        {
+            return Ok(CasOutcome::Conflict);
         }
         self.sync_dir()?;
         self.hint.fetch_max(next, Ordering::AcqRel);
@@ -422,7 +484,10 @@ impl Inner {
         }
         // If version 0 had been cleaned up, newer versions exist: then this was no creation.
         if self.list()?.0.iter().any(|&s| s > 0) {
-            return self.undo(0);
+            let target = self.path(&state_name(0));
+            tracing::warn!(path = %target.display(), "stale writer filled a gap left by clean-up; removing its version");
+            self.undo(&target)?;
+            return Ok(CasOutcome::Conflict);
         }
         self.sync_dir()?;
         self.hint.fetch_max(0, Ordering::AcqRel);
@@ -497,8 +562,124 @@ impl WitnessStore for MountStore {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+
+    /// What another writer does while a compare-and-swap is stalled after its link.
+    pub(crate) struct Stall(pub(crate) Box<dyn FnOnce() + Send>);
+
+    impl std::fmt::Debug for Stall {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("Stall")
+        }
+    }
+
+    fn small(dir: &Path) -> MountStore {
+        let options = MountOptions {
+            retention: 2,
+            ..MountOptions::default()
+        };
+        MountStore::open(dir, options).unwrap()
+    }
+
+    /// Writes `terms` on top of the newest version, as another node would; the terms it built on.
+    fn write_on_top(store: &MountStore, terms: std::ops::Range<u64>) -> Vec<u64> {
+        let mut built_on = Vec::new();
+        for term in terms {
+            let loaded = store.inner.load().unwrap().unwrap();
+            built_on.push(loaded.state.term);
+            let next = WitnessState {
+                term,
+                ..loaded.state.clone()
+            }
+            .succeeding(&loaded.state);
+            let outcome = store.inner.cas(&loaded.version, &next).unwrap();
+            assert!(matches!(outcome, CasOutcome::Written(_)), "{outcome:?}");
+        }
+        built_on
+    }
+
+    /// A writer stalls right after linking its version; others build on it and go past the
+    /// retention, so clean-up removes the version it replaced. Its write stands: it says
+    /// written (a conflict would make its caller write a second time), and nothing is removed.
+    /// Had clean-up removed its own version too, the outcome is unknown (the client re-reads).
+    #[tokio::test]
+    async fn a_stalled_write_that_others_built_on_stands() {
+        for (others, versions_after) in [(1, vec![2, 3]), (4, vec![5, 6])] {
+            let dir = tempfile::tempdir().unwrap();
+            let store = small(dir.path());
+            let version = write_terms(&store, 1).await;
+            let path = dir.path().to_owned();
+            let (seen, saw) = std::sync::mpsc::channel();
+            *store.inner.after_link.lock().unwrap() = Some(Stall(Box::new(move || {
+                seen.send(write_on_top(&small(&path), 10..10 + others))
+                    .unwrap();
+            })));
+            let ours = WitnessState {
+                term: 2,
+                ..store.load().await.unwrap().unwrap().state
+            }
+            .with_fresh_nonce();
+            let outcome = store.compare_and_swap(&version, &ours).await;
+            assert_eq!(saw.recv().unwrap()[0], 2, "built on ours");
+            if others == 1 {
+                let written = format_version(2, Some(ours.writer_nonce));
+                assert_eq!(outcome.unwrap(), CasOutcome::Written(written));
+            } else {
+                assert!(outcome.unwrap_err().is_transient(), "ours cleaned up too");
+            }
+            assert_eq!(store.list_versions().unwrap(), versions_after);
+            assert_eq!(store.load().await.unwrap().unwrap().state.term, 9 + others);
+        }
+    }
+
+    /// A writer that stalled before linking fills a gap left by clean-up, beside a version that
+    /// was built on the version it replaces: it removes its file and reports a lost race.
+    #[tokio::test]
+    async fn a_gap_filled_beside_another_history_is_undone() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = small(dir.path());
+        let stale = write_terms(&store, 0).await;
+        write_on_top(&small(dir.path()), 1..4);
+        assert_eq!(
+            store.list_versions().unwrap(),
+            vec![2, 3],
+            "0 and 1 cleaned up"
+        );
+        let ours = WitnessState::new(7, "w", "witness:x").with_fresh_nonce();
+        let outcome = store.compare_and_swap(&stale, &ours).await.unwrap();
+        assert_eq!(outcome, CasOutcome::Conflict);
+        assert_eq!(
+            store.list_versions().unwrap(),
+            vec![2, 3],
+            "the gap file removed"
+        );
+    }
+
+    /// When the version after a gap does not say what it replaced (written by a release before
+    /// `previous_nonce`), the outcome is unknown: the file is removed and the error is one the
+    /// client re-reads after.
+    #[tokio::test]
+    async fn a_gap_beside_a_version_without_previous_nonce_is_an_unknown_outcome() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = small(dir.path());
+        let stale = write_terms(&store, 0).await;
+        let old_release = small(dir.path());
+        for seq in 1..4 {
+            let state = WitnessState {
+                term: seq,
+                ..WitnessState::new(7, "w", "witness:x").with_fresh_nonce()
+            };
+            assert!(old_release.inner.link_version(seq, &state).unwrap());
+        }
+        for seq in 0..2 {
+            fs::remove_file(dir.path().join(state_name(seq))).unwrap();
+        }
+        let ours = WitnessState::new(7, "w", "witness:x").with_fresh_nonce();
+        let err = store.compare_and_swap(&stale, &ours).await.unwrap_err();
+        assert!(err.is_transient(), "{err}");
+        assert_eq!(store.list_versions().unwrap(), vec![2, 3]);
+    }
 
     /// Creates a witness in `store`, then writes terms 1 to `last`; the newest version.
     async fn write_terms(store: &MountStore, last: u64) -> Version {
