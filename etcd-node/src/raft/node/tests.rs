@@ -584,3 +584,51 @@ fn a_leader_asked_to_remove_itself_hands_over_to_the_most_up_to_date_voter() {
         "{sent:?}"
     );
 }
+
+/// A commit index that newly covers a configuration change leaves the leader only after the
+/// leader persisted it: a member that applied its own removal on that word stops, and a leader
+/// that crashed before its fsync would restart not knowing the change committed, needing the
+/// stopped member's vote. Any other commit index goes out while the leader's fsync runs.
+#[test]
+fn a_commit_covering_a_conf_change_waits_for_the_leaders_fsync() {
+    let mut raft = one_of_three();
+    elect_with_3(&mut raft);
+    propose_acked(&mut raft);
+    let commit_of = |m: &Message| match m.body {
+        Body::Append { commit, .. } | Body::Heartbeat { commit, .. } => Some(commit),
+        _ => None,
+    };
+    let remove_2 = ConfChange {
+        changes: vec![Change {
+            kind: ChangeKind::Remove,
+            node: 2,
+        }],
+        witness_generation: 0,
+        context: Vec::new(),
+    };
+    for conf_change in [false, true] {
+        let term = raft.term();
+        let index = if conf_change {
+            raft.propose_conf_change(remove_2.clone()).unwrap()
+        } else {
+            raft.propose(b"y".to_vec()).unwrap()
+        };
+        turn(&mut raft);
+        let acked = Body::AppendResp {
+            index,
+            reject: false,
+        };
+        raft.step(from(3, term, acked));
+        let ready = raft.ready();
+        assert_eq!(ready.hard_state.map(|hs| hs.commit), Some(index));
+        let (early, late) = (&ready.early_messages, &ready.messages);
+        let carried = |sent: &[Message]| sent.iter().filter_map(commit_of).max();
+        if conf_change {
+            assert_eq!((carried(early), carried(late)), (None, Some(index)));
+        } else {
+            assert_eq!(carried(early), Some(index), "{early:?}");
+        }
+        raft.advance(&ready);
+        turn(&mut raft);
+    }
+}
