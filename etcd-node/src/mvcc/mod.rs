@@ -47,11 +47,14 @@ mod sealed;
 use std::collections::BTreeSet;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{PoisonError, RwLock, RwLockReadGuard};
+use std::sync::{Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard};
+use std::time::{Duration, Instant};
 
 use etcd_client::proto::{PbAlarmMember, PbEvent, PbKeyValue, PbMember};
 use prost::Message;
-use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinition};
+use redb::{
+    Database, Durability, ReadableDatabase, ReadableTable, TableDefinition, WriteTransaction,
+};
 
 use crate::errors::EtcdError;
 use crate::version::ClusterParams;
@@ -185,6 +188,50 @@ pub struct Mvcc {
     removed: RwLock<BTreeSet<u64>>,
     /// The `cluster` table, as applied (None: not decided yet).
     params: RwLock<Option<ClusterParams>>,
+    /// Batches applied and not committed yet, in the applier's open transaction: see
+    /// [`Mvcc::apply`]. Any other use of the database commits it first ([`Mvcc::db`]).
+    pending: Mutex<Option<Pending>>,
+    /// Whether `pending` holds a transaction (readers skip the lock when not). Set after the
+    /// transaction is stored, cleared after it is committed.
+    has_pending: AtomicBool,
+    /// A commit of the pending transaction failed: what it held is lost from the key space
+    /// (not from the WAL), so nothing may be applied on top of it.
+    failed: AtomicBool,
+}
+
+/// The applier's transaction, left open between batches.
+struct Pending {
+    tx: WriteTransaction,
+    /// When its first batch was applied.
+    since: Instant,
+    /// Entries it holds.
+    entries: usize,
+}
+
+impl std::fmt::Debug for Pending {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pending")
+            .field("since", &self.since)
+            .field("entries", &self.entries)
+            .finish_non_exhaustive()
+    }
+}
+
+/// How long applied batches may wait in the applier's open transaction before it is committed,
+/// and how many entries it may hold. Each commit of the key space costs about as much as
+/// applying a few puts (redb writes its changed pages and its allocator state); a reader that
+/// comes meanwhile commits it first, so no read misses what was applied before it started.
+const DEFER_COMMIT: Duration = Duration::from_millis(5);
+const DEFER_ENTRIES: usize = 512;
+
+impl Drop for Mvcc {
+    /// What the applier left open is committed (without an fsync, as it would have been): a
+    /// store opened again in this process finds it.
+    fn drop(&mut self) {
+        if let Err(e) = self.settle() {
+            tracing::error!(error = %e, "committing the last applied entries at close failed; they are applied again from the WAL at start");
+        }
+    }
 }
 
 /// Where the store stands.
@@ -218,8 +265,14 @@ impl Mvcc {
             unsynced_bytes: AtomicU64::new(0),
             removed: RwLock::default(),
             params: RwLock::default(),
+            pending: Mutex::new(None),
+            has_pending: AtomicBool::new(false),
+            failed: AtomicBool::new(false),
         };
-        let tx = mvcc.db().begin_write().map_err(|e| store_error(&name, e))?;
+        let tx = mvcc
+            .db()?
+            .begin_write()
+            .map_err(|e| store_error(&name, e))?;
         let format = stored_format(&tx, &name)?;
         upgrade(&tx, &name, format).map_err(|e| store_error(&name, e))?;
         {
@@ -240,7 +293,7 @@ impl Mvcc {
             }
         }
         tx.commit().map_err(|e| store_error(&name, e))?;
-        values_aside(&mvcc.db(), &name).map_err(|e| store_error(&name, e))?;
+        values_aside(&*mvcc.db()?, &name).map_err(|e| store_error(&name, e))?;
         mvcc.refresh_auth_on()?;
         mvcc.refresh_removed()?;
         mvcc.refresh_params()?;
@@ -250,7 +303,7 @@ impl Mvcc {
     /// (bytes of pages allocated, bytes of keys and values stored) in the file, which grows in
     /// steps ahead of what it holds. Takes the write lock for a moment: not for hot paths.
     pub fn space(&self) -> Result<(u64, u64), StoreError> {
-        let db = self.db();
+        let (db, _settled) = self.for_writing()?;
         let tx = db.begin_write().map_err(|e| self.fail(e))?;
         let stats = tx.stats().map_err(|e| self.fail(e))?;
         let allocated = stats.allocated_pages() * stats.page_size() as u64;
@@ -273,15 +326,70 @@ impl Mvcc {
     }
 
     /// The database, for the length of one operation (its transactions end before the guard
-    /// does, so Defragment never finds one open).
-    fn db(&self) -> RwLockReadGuard<'_, Database> {
-        self.db.read().unwrap_or_else(PoisonError::into_inner)
+    /// does, so Defragment never finds one open), with everything applied committed: a read
+    /// sees every write answered before it started.
+    fn db(&self) -> Result<RwLockReadGuard<'_, Database>, StoreError> {
+        let db = self.db.read().unwrap_or_else(PoisonError::into_inner);
+        self.settle()?;
+        Ok(db)
+    }
+
+    /// Commits the applier's pending transaction, if there is one.
+    fn settle(&self) -> Result<(), StoreError> {
+        if !self.has_pending.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        self.settled().map(drop)
+    }
+
+    /// The applier's slot, its transaction committed, locked: a write transaction begun while
+    /// it is held does not wait for one the applier would open meanwhile.
+    fn settled(&self) -> Result<MutexGuard<'_, Option<Pending>>, StoreError> {
+        let mut pending = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(p) = pending.take() {
+            self.commit_with(p.tx, false)?;
+        }
+        Ok(pending)
+    }
+
+    /// The database and the applier's slot, settled and locked, for a write transaction other
+    /// than the applier's (which would otherwise wait for the applier's next commit).
+    fn for_writing(
+        &self,
+    ) -> Result<
+        (
+            RwLockReadGuard<'_, Database>,
+            MutexGuard<'_, Option<Pending>>,
+        ),
+        StoreError,
+    > {
+        let db = self.db.read().unwrap_or_else(PoisonError::into_inner);
+        let settled = self.settled()?;
+        Ok((db, settled))
+    }
+
+    /// Commits `tx`, the applier's (with an fsync if `durable`); on failure nothing more is
+    /// applied (what it held is not in the key space, and later entries build on it).
+    fn commit_with(&self, mut tx: WriteTransaction, durable: bool) -> Result<(), StoreError> {
+        let durability = if durable {
+            Durability::Immediate
+        } else {
+            Durability::None
+        };
+        let committed = tx
+            .set_durability(durability)
+            .map_err(|e| self.fail(e))
+            .and_then(|()| tx.commit().map_err(|e| self.fail(e)));
+        self.failed.fetch_or(committed.is_err(), Ordering::AcqRel);
+        self.has_pending.store(false, Ordering::Release);
+        committed
     }
 
     /// Compacts the database file (etcd's Defragment): waits for the operations under way,
     /// holds off new ones until done; the file shrinks to what the key space uses.
     pub fn defragment(&self) -> Result<(), StoreError> {
         let mut db = self.db.write().unwrap_or_else(PoisonError::into_inner);
+        self.settle()?;
         while db.compact().map_err(|e| self.fail(e))? {}
         // (compaction commits durably: everything applied is in the file)
         self.unsynced_bytes.store(0, Ordering::Release);
@@ -294,7 +402,7 @@ impl Mvcc {
 
     /// Revision, compacted revision and applied index.
     pub fn position(&self) -> Result<Position, StoreError> {
-        let db = self.db();
+        let db = self.db()?;
         let tx = db.begin_read().map_err(|e| self.fail(e))?;
         let meta = tx.open_table(META).map_err(|e| self.fail(e))?;
         let get = |k| meta_get(&meta, k).map_err(|e| self.fail(e));
@@ -320,14 +428,14 @@ impl Mvcc {
 
     /// The auth rows whose key starts with `prefix` ([`auth`] lists them), in key order.
     pub fn auth_rows(&self, prefix: &str) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
-        let db = self.db();
+        let db = self.db()?;
         let tx = db.begin_read().map_err(|e| self.fail(e))?;
         read_auth(&tx, prefix).map_err(|e| self.fail(e))
     }
 
     /// One auth row.
     pub fn auth_row(&self, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
-        let db = self.db();
+        let db = self.db()?;
         let tx = db.begin_read().map_err(|e| self.fail(e))?;
         let table = sealed::read(&tx, AUTH).map_err(|e| self.fail(e))?;
         table.get(key.as_bytes()).map_err(|e| self.fail(e))
@@ -335,14 +443,14 @@ impl Mvcc {
 
     /// The raised alarms, by member.
     pub fn alarms(&self) -> Result<Vec<PbAlarmMember>, StoreError> {
-        let db = self.db();
+        let db = self.db()?;
         let tx = db.begin_read().map_err(|e| self.fail(e))?;
         read_alarms(&tx).map_err(|e| self.fail(e))
     }
 
     /// This member's id and its cluster's id, once stored (0 before).
     pub fn identity(&self) -> Result<(u64, u64), StoreError> {
-        let db = self.db();
+        let db = self.db()?;
         let tx = db.begin_read().map_err(|e| self.fail(e))?;
         let meta = tx.open_table(META).map_err(|e| self.fail(e))?;
         let get = |k| meta_get(&meta, k).map_err(|e| self.fail(e));
@@ -351,7 +459,7 @@ impl Mvcc {
 
     /// Stores this member's id and its cluster's id, durably.
     pub fn set_identity(&self, member_id: u64, cluster_id: u64) -> Result<(), StoreError> {
-        let db = self.db();
+        let (db, _settled) = self.for_writing()?;
         let mut tx = db.begin_write().map_err(|e| self.fail(e))?;
         tx.set_durability(Durability::Immediate)
             .map_err(|e| self.fail(e))?;
@@ -365,7 +473,7 @@ impl Mvcc {
 
     /// The members, by id.
     pub fn members(&self) -> Result<Vec<PbMember>, StoreError> {
-        let db = self.db();
+        let db = self.db()?;
         let tx = db.begin_read().map_err(|e| self.fail(e))?;
         self.read_members(&tx)
     }
@@ -396,7 +504,7 @@ impl Mvcc {
     }
 
     fn refresh_params(&self) -> Result<(), StoreError> {
-        let db = self.db();
+        let db = self.db()?;
         let tx = db.begin_read().map_err(|e| self.fail(e))?;
         let set = read_params(&tx).map_err(|e| self.fail(e))?;
         *self.params.write().unwrap_or_else(PoisonError::into_inner) = set.map(|p| ClusterParams {
@@ -407,7 +515,7 @@ impl Mvcc {
     }
 
     fn refresh_removed(&self) -> Result<(), StoreError> {
-        let db = self.db();
+        let db = self.db()?;
         let tx = db.begin_read().map_err(|e| self.fail(e))?;
         let ids = read_removed(&tx).map_err(|e| self.fail(e))?;
         *self.removed.write().unwrap_or_else(PoisonError::into_inner) = ids.into_iter().collect();
@@ -430,7 +538,7 @@ impl Mvcc {
     /// Stores `members` durably unless members are stored already (bootstrap, and stores from
     /// before the table existed).
     pub fn seed_members(&self, members: &[PbMember]) -> Result<(), StoreError> {
-        let db = self.db();
+        let (db, _settled) = self.for_writing()?;
         let mut tx = db.begin_write().map_err(|e| self.fail(e))?;
         tx.set_durability(Durability::Immediate)
             .map_err(|e| self.fail(e))?;
@@ -447,63 +555,50 @@ impl Mvcc {
         tx.commit().map_err(|e| self.fail(e))
     }
 
-    /// Applies committed entries in one transaction; `durable` makes the commit fsync (it is
-    /// required before the Raft log behind `applied` is compacted). Entries at or below the
-    /// stored applied index were applied before a restart and are skipped (`None`), as are
-    /// commands that answer nothing (`Noop`, `Member`).
+    /// Applies committed entries; `durable` commits everything applied with an fsync (required
+    /// before the Raft log behind `applied` is compacted). Entries at or below the stored
+    /// applied index were applied before a restart and are skipped (`None`), as are commands
+    /// that answer nothing (`Noop`, `Member`).
+    ///
+    /// Otherwise the batch joins the applier's open transaction, which is committed (without an
+    /// fsync) once it is [`DEFER_COMMIT`] old or holds [`DEFER_ENTRIES`] entries, or as soon as
+    /// anything else uses the database ([`Mvcc::db`]): a reader never misses a write answered
+    /// before it started, and a busy applier commits once per several batches instead of once
+    /// per batch. What is applied and not committed is lost in a crash, as a commit without an
+    /// fsync is: the WAL's entries are applied again at start.
     pub fn apply(&self, entries: &[(u64, Command)], durable: bool) -> Result<Outcome, StoreError> {
-        let db = self.db();
-        let mut tx = db.begin_write().map_err(|e| self.fail(e))?;
-        let durability = if durable {
-            Durability::Immediate
-        } else {
-            Durability::None
-        };
-        tx.set_durability(durability).map_err(|e| self.fail(e))?;
-        let outcome = {
-            let mut w = apply::Writer::open(&tx).map_err(|e| self.fail(e))?;
-            let mut out = Vec::with_capacity(entries.len());
-            for (index, command) in entries {
-                if *index <= w.applied {
-                    out.push(None);
-                    continue;
-                }
-                let r = match command {
-                    Command::Noop => None,
-                    Command::Kv(p) => Some(w.apply(&p.op).map_err(|e| self.fail(e))?),
-                    Command::Member(c) => {
-                        if let Some(m) = &c.member {
-                            // (opened here, not per batch: membership changes are rare)
-                            let mut members =
-                                sealed::write(&tx, MEMBERS).map_err(|e| self.fail(e))?;
-                            if c.remove {
-                                members.remove(m.id).map_err(|e| self.fail(e))?;
-                                let mut removed =
-                                    sealed::write(&tx, REMOVED).map_err(|e| self.fail(e))?;
-                                removed.insert(m.id, &[]).map_err(|e| self.fail(e))?;
-                            } else {
-                                members
-                                    .insert(m.id, m.encode_to_vec().as_slice())
-                                    .map_err(|e| self.fail(e))?;
-                            }
-                        }
-                        None
-                    }
-                };
-                w.applied = *index;
-                out.push(r);
-            }
-            let (events, revision) = (std::mem::take(&mut w.events), w.revision);
-            w.finish().map_err(|e| self.fail(e))?;
-            Outcome {
-                results: out,
-                events,
-                revision,
+        if self.failed.load(Ordering::Acquire) {
+            return Err(self.fail(
+                "a commit of entries applied earlier failed, so they are not in the key space; restart the member to apply them again from its WAL",
+            ));
+        }
+        let db = self.db.read().unwrap_or_else(PoisonError::into_inner);
+        let mut pending = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
+        let (tx, since, held) = match pending.take() {
+            Some(p) => (p.tx, p.since, p.entries),
+            None => {
+                let tx = db.begin_write().map_err(|e| self.fail(e))?;
+                (tx, Instant::now(), 0)
             }
         };
+        let outcome = self.apply_in(&tx, entries).inspect_err(|_| {
+            // (the transaction is dropped with the batches it held: nothing more is applied)
+            self.failed.fetch_or(held > 0, Ordering::AcqRel);
+        })?;
         crate::crash!("apply-before-commit");
-        tx.commit().map_err(|e| self.fail(e))?;
+        let held = held + entries.len();
+        if durable || held >= DEFER_ENTRIES || since.elapsed() >= DEFER_COMMIT {
+            self.commit_with(tx, durable)?;
+        } else {
+            *pending = Some(Pending {
+                tx,
+                since,
+                entries: held,
+            });
+            self.has_pending.store(true, Ordering::Release);
+        }
         crate::crash!("apply-after-commit");
+        drop(pending);
         if durable {
             self.unsynced_bytes.store(0, Ordering::Release);
         } else {
@@ -539,6 +634,52 @@ impl Mvcc {
         Ok(outcome)
     }
 
+    /// Applies `entries` in `tx` (see [`Mvcc::apply`]).
+    fn apply_in(
+        &self,
+        tx: &WriteTransaction,
+        entries: &[(u64, Command)],
+    ) -> Result<Outcome, StoreError> {
+        let mut w = apply::Writer::open(tx).map_err(|e| self.fail(e))?;
+        let mut out = Vec::with_capacity(entries.len());
+        for (index, command) in entries {
+            if *index <= w.applied {
+                out.push(None);
+                continue;
+            }
+            let r = match command {
+                Command::Noop => None,
+                Command::Kv(p) => Some(w.apply(&p.op).map_err(|e| self.fail(e))?),
+                Command::Member(c) => {
+                    if let Some(m) = &c.member {
+                        // (opened here, not per batch: membership changes are rare)
+                        let mut members = sealed::write(tx, MEMBERS).map_err(|e| self.fail(e))?;
+                        if c.remove {
+                            members.remove(m.id).map_err(|e| self.fail(e))?;
+                            let mut removed =
+                                sealed::write(tx, REMOVED).map_err(|e| self.fail(e))?;
+                            removed.insert(m.id, &[]).map_err(|e| self.fail(e))?;
+                        } else {
+                            members
+                                .insert(m.id, m.encode_to_vec().as_slice())
+                                .map_err(|e| self.fail(e))?;
+                        }
+                    }
+                    None
+                }
+            };
+            w.applied = *index;
+            out.push(r);
+        }
+        let (events, revision) = (std::mem::take(&mut w.events), w.revision);
+        w.finish().map_err(|e| self.fail(e))?;
+        Ok(Outcome {
+            results: out,
+            events,
+            revision,
+        })
+    }
+
     /// The events on the keys of `[start, end)` from revision `from` to the newest, and the
     /// newest revision; `Err(compacted)` when `from` is below the compacted revision (those
     /// events are gone).
@@ -548,7 +689,7 @@ impl Mvcc {
         end: &[u8],
         from: u64,
     ) -> Result<Result<(Vec<PbEvent>, u64), u64>, StoreError> {
-        let db = self.db();
+        let db = self.db()?;
         let tx = db.begin_read().map_err(|e| self.fail(e))?;
         let read = || -> Result<Result<(Vec<PbEvent>, u64), u64>, redb::Error> {
             let meta = tx.open_table(META)?;
@@ -580,7 +721,7 @@ impl Mvcc {
     /// (`prev_kv`), as etcd reads it for a watcher that asked for it when it sends the event:
     /// none for a put that created the key, none when that revision was compacted since.
     pub fn fill_prev(&self, events: &mut [PbEvent]) -> Result<(), StoreError> {
-        let db = self.db();
+        let db = self.db()?;
         let tx = db.begin_read().map_err(|e| self.fail(e))?;
         let read = |events: &mut [PbEvent]| -> Result<(), redb::Error> {
             let compacted = meta_get(&tx.open_table(META)?, "compact")?;
@@ -608,7 +749,7 @@ impl Mvcc {
         &self,
         req: &etcd_client::proto::PbRangeRequest,
     ) -> Result<Result<RangeOutput, EtcdError>, StoreError> {
-        let db = self.db();
+        let db = self.db()?;
         let tx = db.begin_read().map_err(|e| self.fail(e))?;
         let read = || -> Result<Result<RangeOutput, EtcdError>, redb::Error> {
             let meta = tx.open_table(META)?;
@@ -624,7 +765,7 @@ impl Mvcc {
 
     /// Every lease: (id, granted TTL in seconds).
     pub fn leases(&self) -> Result<Vec<(i64, i64)>, StoreError> {
-        let db = self.db();
+        let db = self.db()?;
         let tx = db.begin_read().map_err(|e| self.fail(e))?;
         self.read_leases(&tx)
     }
@@ -642,7 +783,7 @@ impl Mvcc {
 
     /// The granted TTL of lease `id` and its keys; None when there is no such lease.
     pub fn lease(&self, id: i64) -> Result<Option<LeaseRecord>, StoreError> {
-        let db = self.db();
+        let db = self.db()?;
         let tx = db.begin_read().map_err(|e| self.fail(e))?;
         let read = || -> Result<Option<LeaseRecord>, redb::Error> {
             let Some(ttl) = sealed::read(&tx, LEASES)?.get(id)? else {
@@ -661,7 +802,7 @@ impl Mvcc {
     /// (0: the newest), in key order; with the compacted revision and the revision hashed.
     /// Members that applied the same log (compactions included) answer the same hash.
     pub fn hash_kv(&self, revision: u64) -> Result<Result<(u32, u64, u64), EtcdError>, StoreError> {
-        let db = self.db();
+        let db = self.db()?;
         let tx = db.begin_read().map_err(|e| self.fail(e))?;
         let read = || -> Result<Result<(u32, u64, u64), EtcdError>, redb::Error> {
             let meta = tx.open_table(META)?;
@@ -745,7 +886,7 @@ impl Mvcc {
         &self,
         f: impl FnOnce(&View<'_>) -> Result<T, StoreError>,
     ) -> Result<T, StoreError> {
-        let db = self.db();
+        let db = self.db()?;
         let tx = db.begin_read().map_err(|e| self.fail(e))?;
         f(&View { mvcc: self, tx })
     }
@@ -817,7 +958,7 @@ impl Mvcc {
     /// durably. The dump is read a part at a time: memory does not grow with it.
     pub fn restore(&self, input: impl std::io::Read, applied: u64) -> Result<(), StoreError> {
         let mut parts = Parts::new(input);
-        let db = self.db();
+        let (db, _settled) = self.for_writing()?;
         let mut tx = db.begin_write().map_err(|e| self.fail(e))?;
         tx.set_durability(Durability::Immediate)
             .map_err(|e| self.fail(e))?;

@@ -1737,3 +1737,33 @@ fn damage_is_recognised_under_every_redb_error_that_carries_it() {
         "t".into()
     )));
 }
+
+/// Batches wait in the applier's open transaction (a commit per batch costs as much as a few
+/// puts), but never from a reader: any read commits them first, so it sees every write applied
+/// before it started. A batch that finds the transaction old enough commits it; closing the
+/// store commits it too.
+#[test]
+fn applied_batches_wait_for_a_commit_but_readers_see_them() {
+    let mut f = fixture();
+    let pending = |f: &Fixture| f.mvcc.has_pending.load(Ordering::Acquire);
+    f.apply(put("a", "1")).unwrap();
+    f.apply(put("b", "2")).unwrap();
+    assert!(pending(&f), "two batches in one open transaction");
+    assert_eq!(f.values(&get("a", "c")), pairs(&[("a", "1"), ("b", "2")]));
+    assert!(!pending(&f), "the read committed them");
+    f.apply(put("a", "3")).unwrap();
+    std::thread::sleep(DEFER_COMMIT);
+    f.apply(put("c", "4")).unwrap();
+    assert!(!pending(&f), "committed by the batch that found it old");
+    f.apply(put("d", "5")).unwrap();
+    f.mvcc.sync().unwrap();
+    assert!(!pending(&f), "a durable commit takes it");
+    f.apply(put("e", "6")).unwrap();
+    assert!(pending(&f));
+    let dir = f._dir;
+    drop(f.mvcc);
+    let reopened = Mvcc::open(&dir.path().join("kv.redb")).unwrap();
+    assert_eq!(reopened.position().unwrap().applied, 6);
+    let keys = reopened.range(&get("a", "z")).unwrap().unwrap().kvs.len();
+    assert_eq!(keys, 5);
+}

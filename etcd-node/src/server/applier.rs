@@ -6,7 +6,9 @@
 //! and voting while a batch is applied, including the durable commits of the key space, which
 //! take a few hundred milliseconds with a large key space.
 //!
-//! Batches are committed without an fsync (the WAL holds every acknowledged write). The key
+//! Batches are committed without an fsync (the WAL holds every acknowledged write), and a few
+//! at a time: the key space keeps its transaction open for the next batches a few
+//! milliseconds, and any reader commits it first ([`Mvcc::apply`]). The key
 //! space is made durable once `--backend-batch-limit` entries ([`SYNC_EVERY`](crate::config::SYNC_EVERY) by default) or,
 //! when it is set, `--backend-batch-interval` have gone by since it last was, whichever comes
 //! first, and after the answers of the batch that reached it are sent: no client waits for
