@@ -588,7 +588,13 @@ impl Mvcc {
         crate::crash!("apply-before-commit");
         let held = held + entries.len();
         if durable || held >= DEFER_ENTRIES || since.elapsed() >= DEFER_COMMIT {
-            self.commit_with(tx, durable)?;
+            // (visible first: readers do not wait for the fsync, which makes what is committed
+            // durable)
+            self.commit_with(tx, false)?;
+            if durable {
+                let tx = db.begin_write().map_err(|e| self.fail(e))?;
+                self.commit_with(tx, true)?;
+            }
         } else {
             *pending = Some(Pending {
                 tx,
