@@ -15,7 +15,10 @@
 #   PUTS=5000 CLIENTS=64 bash scripts/bench-instructions.sh
 #   PRELOAD=/usr/lib/x86_64-linux-gnu/libmimalloc.so.2 bash scripts/bench-instructions.sh
 #   CALLGRIND_DIR=/tmp/cg bash scripts/bench-instructions.sh
-# (PRELOAD: a library the members load first, such as another allocator, not etcd-bench;
+#   NODE_BIN=/var/tmp/etcd-node-before bash scripts/bench-instructions.sh
+# (NODE_BIN: another etcd-node binary to count, to compare two builds: build it with
+# `--profile profiling` so that callgrind-shares.py can name its functions;
+# PRELOAD: a library the members load first, such as another allocator, not etcd-bench;
 # CALLGRIND_DIR: where the callgrind files go, a new directory under /var/tmp by default)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,9 +26,11 @@ command -v valgrind >/dev/null || { echo "needs valgrind (apt-get install valgri
 cargo build --profile profiling --locked -p etcd-node --bin etcd-node --bin etcdutl
 cargo build --release --locked -p etcd-node --bin etcd-bench
 prof=$PWD/target/profiling bench=$PWD/target/release/etcd-bench
+node=${NODE_BIN:-$prof/etcd-node}
 work=$(mktemp -d "${BENCH_DIR:-/var/tmp}/bench-instructions.XXXXXX")
 # (not OUT_DIR: Cargo passes that to build scripts, and a different one rebuilds them)
 out=${CALLGRIND_DIR:-$work}
+mkdir -p "$out"
 pids=()
 cleanup() { kill "${pids[@]}" 2>/dev/null || true; wait 2>/dev/null || true; }
 trap cleanup EXIT
@@ -74,7 +79,7 @@ ic="n1=http://127.0.0.1:32180,n2=http://127.0.0.1:32280,w=$url"
 for i in 1 2; do
   env ${PRELOAD:+LD_PRELOAD="$PRELOAD"} \
     valgrind --tool=callgrind --callgrind-out-file="$out/etcd-node.callgrind.out.%p" \
-    "$prof/etcd-node" --name n$i --data-dir "$work/n$i" "${timing[@]}" \
+    "$node" --name n$i --data-dir "$work/n$i" "${timing[@]}" \
     --listen-client-urls http://127.0.0.1:32${i}79 --advertise-client-urls http://127.0.0.1:32${i}79 \
     --listen-peer-urls http://127.0.0.1:32${i}80 --initial-advertise-peer-urls http://127.0.0.1:32${i}80 \
     --initial-cluster "$ic" 2>"$work/n$i.log" &

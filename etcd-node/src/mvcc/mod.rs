@@ -167,6 +167,9 @@ pub struct Outcome {
     pub events: Vec<PbEvent>,
     /// The store's revision after the batch.
     pub revision: u64,
+    /// Whether this call committed the batch (with those held before it); if not, it waits in
+    /// the applier's open transaction for a later batch or a reader to commit it.
+    pub committed: bool,
 }
 
 /// A lease as stored: its granted TTL in seconds and its keys.
@@ -581,13 +584,14 @@ impl Mvcc {
                 (tx, Instant::now(), 0)
             }
         };
-        let outcome = self.apply_in(&tx, entries).inspect_err(|_| {
+        let mut outcome = self.apply_in(&tx, entries).inspect_err(|_| {
             // (the transaction is dropped with the batches it held: nothing more is applied)
             self.failed.fetch_or(held > 0, Ordering::AcqRel);
         })?;
         crate::crash!("apply-before-commit");
         let held = held + entries.len();
-        if durable || held >= DEFER_ENTRIES || since.elapsed() >= DEFER_COMMIT {
+        outcome.committed = durable || held >= DEFER_ENTRIES || since.elapsed() >= DEFER_COMMIT;
+        if outcome.committed {
             // (visible first: readers do not wait for the fsync, which makes what is committed
             // durable)
             self.commit_with(tx, false)?;
@@ -683,6 +687,7 @@ impl Mvcc {
             results: out,
             events,
             revision,
+            committed: false,
         })
     }
 

@@ -325,7 +325,10 @@ impl Thread {
         let started = Instant::now();
         let outcome = self.mvcc.apply(&batch, false)?;
         let took = started.elapsed();
-        self.metrics.backend_commit(took);
+        // (a batch left for later is no commit; one a reader makes is not timed here)
+        if outcome.committed {
+            self.metrics.backend_commit(took);
+        }
         if took > SLOW_APPLY {
             tracing::warn!(
                 took = ?took,
@@ -337,6 +340,7 @@ impl Thread {
             results,
             events,
             revision,
+            ..
         } = outcome;
         let leases: Vec<LeaseApplied> = batch
             .iter()
