@@ -47,7 +47,7 @@ mod sealed;
 use std::collections::BTreeSet;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard};
+use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError, RwLock, RwLockReadGuard};
 use std::time::{Duration, Instant};
 
 use etcd_client::proto::{PbAlarmMember, PbEvent, PbKeyValue, PbMember};
@@ -167,9 +167,6 @@ pub struct Outcome {
     pub events: Vec<PbEvent>,
     /// The store's revision after the batch.
     pub revision: u64,
-    /// Whether this call committed the batch (with those held before it); if not, it waits in
-    /// the applier's open transaction for a later batch or a reader to commit it.
-    pub committed: bool,
 }
 
 /// A lease as stored: its granted TTL in seconds and its keys.
@@ -200,6 +197,17 @@ pub struct Mvcc {
     /// A commit of the pending transaction failed: what it held is lost from the key space
     /// (not from the WAL), so nothing may be applied on top of it.
     failed: AtomicBool,
+    /// Told how long each commit of applied entries took (the server's metrics).
+    on_commit: OnceLock<CommitObserver>,
+}
+
+/// What [`Mvcc::observe_commits`] was given.
+struct CommitObserver(Box<dyn Fn(Duration) + Send + Sync>);
+
+impl std::fmt::Debug for CommitObserver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("CommitObserver")
+    }
 }
 
 /// The applier's transaction, left open between batches.
@@ -271,6 +279,7 @@ impl Mvcc {
             pending: Mutex::new(None),
             has_pending: AtomicBool::new(false),
             failed: AtomicBool::new(false),
+            on_commit: OnceLock::new(),
         };
         let tx = mvcc
             .db()?
@@ -334,7 +343,26 @@ impl Mvcc {
     fn db(&self) -> Result<RwLockReadGuard<'_, Database>, StoreError> {
         let db = self.db.read().unwrap_or_else(PoisonError::into_inner);
         self.settle()?;
+        self.intact()?;
         Ok(db)
+    }
+
+    /// An error once a commit of applied entries failed: the key space lacks writes that were
+    /// answered, and must serve nothing more (the member stops; at its next start the WAL
+    /// applies them again).
+    fn intact(&self) -> Result<(), StoreError> {
+        if self.failed.load(Ordering::Acquire) {
+            return Err(self.fail(
+                "a commit of entries applied earlier failed, so they are not in the key space; restart the member to apply them again from its WAL",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Has `observe` told how long each commit of applied entries takes, whoever makes it (the
+    /// applier, or a reader that needs what it holds); the first observer given stays.
+    pub fn observe_commits(&self, observe: impl Fn(Duration) + Send + Sync + 'static) {
+        let _ = self.on_commit.set(CommitObserver(Box::new(observe)));
     }
 
     /// Commits the applier's pending transaction, if there is one.
@@ -368,6 +396,7 @@ impl Mvcc {
     > {
         let db = self.db.read().unwrap_or_else(PoisonError::into_inner);
         let settled = self.settled()?;
+        self.intact()?;
         Ok((db, settled))
     }
 
@@ -379,10 +408,14 @@ impl Mvcc {
         } else {
             Durability::None
         };
+        let started = Instant::now();
         let committed = tx
             .set_durability(durability)
             .map_err(|e| self.fail(e))
             .and_then(|()| tx.commit().map_err(|e| self.fail(e)));
+        if let Some(CommitObserver(observe)) = self.on_commit.get() {
+            observe(started.elapsed());
+        }
         self.failed.fetch_or(committed.is_err(), Ordering::AcqRel);
         self.has_pending.store(false, Ordering::Release);
         committed
@@ -570,11 +603,7 @@ impl Mvcc {
     /// per batch. What is applied and not committed is lost in a crash, as a commit without an
     /// fsync is: the WAL's entries are applied again at start.
     pub fn apply(&self, entries: &[(u64, Command)], durable: bool) -> Result<Outcome, StoreError> {
-        if self.failed.load(Ordering::Acquire) {
-            return Err(self.fail(
-                "a commit of entries applied earlier failed, so they are not in the key space; restart the member to apply them again from its WAL",
-            ));
-        }
+        self.intact()?;
         let db = self.db.read().unwrap_or_else(PoisonError::into_inner);
         let mut pending = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
         let (tx, since, held) = match pending.take() {
@@ -584,14 +613,13 @@ impl Mvcc {
                 (tx, Instant::now(), 0)
             }
         };
-        let mut outcome = self.apply_in(&tx, entries).inspect_err(|_| {
+        let outcome = self.apply_in(&tx, entries).inspect_err(|_| {
             // (the transaction is dropped with the batches it held: nothing more is applied)
             self.failed.fetch_or(held > 0, Ordering::AcqRel);
         })?;
         crate::crash!("apply-before-commit");
         let held = held + entries.len();
-        outcome.committed = durable || held >= DEFER_ENTRIES || since.elapsed() >= DEFER_COMMIT;
-        if outcome.committed {
+        if durable || held >= DEFER_ENTRIES || since.elapsed() >= DEFER_COMMIT {
             // (visible first: readers do not wait for the fsync, which makes what is committed
             // durable)
             self.commit_with(tx, false)?;
@@ -687,7 +715,6 @@ impl Mvcc {
             results: out,
             events,
             revision,
-            committed: false,
         })
     }
 

@@ -1767,3 +1767,17 @@ fn applied_batches_wait_for_a_commit_but_readers_see_them() {
     let keys = reopened.range(&get("a", "z")).unwrap().unwrap().kvs.len();
     assert_eq!(keys, 5);
 }
+
+/// Once a commit of held batches failed (the key space lacks writes that were answered), the
+/// store serves nothing more: reads, applies and other writes fail and say how to recover.
+#[test]
+fn after_a_failed_commit_of_held_batches_nothing_is_served() {
+    let mut f = fixture();
+    f.apply(put("a", "1")).unwrap();
+    f.mvcc.failed.store(true, Ordering::Release);
+    let read = f.mvcc.range(&get("a", "")).unwrap_err().to_string();
+    assert!(read.contains("restart the member"), "{read}");
+    let entry = [(99, Command::Noop)];
+    assert!(f.mvcc.apply(&entry, false).is_err());
+    assert!(f.mvcc.set_identity(1, 2).is_err());
+}

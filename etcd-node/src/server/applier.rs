@@ -98,7 +98,6 @@ pub struct Applier {
 struct Thread {
     mvcc: Arc<Mvcc>,
     watches: WatchHub,
-    metrics: Arc<Metrics>,
     status: Arc<watch::Sender<Status>>,
     feedback: Sender<Input>,
     /// Entries applied since the key space was last made durable.
@@ -110,7 +109,8 @@ struct Thread {
 
 impl Applier {
     /// Starts the applier of `mvcc`; `status` gets the applied index, `feedback` (the loop's
-    /// inputs) the lease changes and a failure; the key space is made durable as `sync` says.
+    /// inputs) the lease changes and a failure, `metrics` the key space's commits; the key
+    /// space is made durable as `sync` says.
     pub fn start(
         mvcc: Arc<Mvcc>,
         watches: WatchHub,
@@ -120,10 +120,10 @@ impl Applier {
         sync: SyncPolicy,
     ) -> Result<Applier, LoopError> {
         let (work, queue) = sync_channel(QUEUE);
+        mvcc.observe_commits(move |took| metrics.backend_commit(took));
         let mut t = Thread {
             mvcc,
             watches,
-            metrics,
             status: status.clone(),
             feedback,
             unsynced: 0,
@@ -302,7 +302,6 @@ impl Thread {
         let started = Instant::now();
         self.mvcc.sync()?;
         let took = started.elapsed();
-        self.metrics.backend_commit(took);
         if took > SLOW_SYNC {
             tracing::warn!(
                 took = ?took,
@@ -325,10 +324,6 @@ impl Thread {
         let started = Instant::now();
         let outcome = self.mvcc.apply(&batch, false)?;
         let took = started.elapsed();
-        // (a batch left for later is no commit; one a reader makes is not timed here)
-        if outcome.committed {
-            self.metrics.backend_commit(took);
-        }
         if took > SLOW_APPLY {
             tracing::warn!(
                 took = ?took,
@@ -340,7 +335,6 @@ impl Thread {
             results,
             events,
             revision,
-            ..
         } = outcome;
         let leases: Vec<LeaseApplied> = batch
             .iter()

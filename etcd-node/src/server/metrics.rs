@@ -197,8 +197,9 @@ impl Metrics {
             backend_commit: histogram(
                 &r,
                 "etcd_disk_backend_commit_duration_seconds",
-                "The latency distributions of commit called by backend (the applier's batches \
-                 held up to 5 ms, with their apply; durable every 10,000 entries).",
+                "The latency distributions of commit called by backend (the applied batches held \
+                 up to 5 ms, committed by the applier or the first reader; durable every 10,000 \
+                 entries).",
                 disk_buckets(),
             ),
             loop_turn: histogram(

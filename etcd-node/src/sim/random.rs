@@ -166,7 +166,12 @@ pub fn run_seed(seed: u64, run: &RandomRun) -> Result<Stats, SeedFailed> {
     })
 }
 
-/// [`run_seed`]'s run, with its checks; `fail` words a violation.
+/// The environment variable naming a file where a failing seed's trace goes (one line per
+/// event, as the scenario tests' golden files: `sim::trace`). Recording it slows a run down.
+pub const TRACE_VAR: &str = "SIM_TRACE";
+
+/// [`run_seed`]'s run, with its checks; `fail` words a violation. With [`TRACE_VAR`] set, a
+/// failing run's trace is written to the file it names.
 fn run_checked(
     seed: u64,
     run: &RandomRun,
@@ -183,6 +188,27 @@ fn run_checked(
     {
         c.witness_mutation = run.mutation;
     }
+    let trace_to = std::env::var_os(TRACE_VAR);
+    if trace_to.is_some() {
+        c.record_trace();
+    }
+    let result = drive(&mut c, run, fail);
+    if let (Err(_), Some(path), Some(trace)) = (&result, trace_to, c.trace.as_mut()) {
+        let mut text = trace.take().join("\n");
+        text.push('\n');
+        if let Err(e) = std::fs::write(&path, text) {
+            eprintln!("{TRACE_VAR}: cannot write {}: {e}", path.display());
+        }
+    }
+    result
+}
+
+/// The faults, then the liveness and availability checks, of [`run_checked`]'s run.
+fn drive(
+    c: &mut Cluster,
+    run: &RandomRun,
+    fail: &dyn Fn(String) -> SeedFailed,
+) -> Result<Stats, SeedFailed> {
     // (no draw when a fault family is off: the random sequence stays as it was before it)
     let crash_in_ready = if run.crash_before_persist {
         [0.0005, 0.005, 0.03][c.rng().random_range(0..3)]
@@ -241,7 +267,7 @@ fn run_checked(
             r if r < 0.41 && payload % 2 == 1 => c.compact_in_place(pick),
             r if r < 0.41 => c.compact(pick),
             r if r < 0.413 => {
-                let cc = random_conf_change(&mut c, &mut next_id);
+                let cc = random_conf_change(c, &mut next_id);
                 let _ = c.propose_conf_change(cc);
             }
             r if r < 0.414 => {
@@ -265,7 +291,7 @@ fn run_checked(
     for id in c.node_ids() {
         c.restart(id);
     }
-    if !commits_within(&mut c, b"liveness", run.liveness_ticks, fail)? {
+    if !commits_within(c, b"liveness", run.liveness_ticks, fail)? {
         return Err(fail(format!(
             "liveness: no leader committed a new proposal within {} ticks after healing\n{}",
             run.liveness_ticks,
@@ -291,7 +317,7 @@ fn run_checked(
         .max();
     if let (true, false, Some(down)) = (one_may_fail, wiped, other) {
         c.crash(down);
-        if !commits_within(&mut c, b"available", run.liveness_ticks, fail)? {
+        if !commits_within(c, b"available", run.liveness_ticks, fail)? {
             return Err(fail(format!(
                 "availability: with member {down} down and the witness healthy, no leader \
                  committed a new proposal within {} ticks\n{}",

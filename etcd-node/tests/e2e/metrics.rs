@@ -82,11 +82,14 @@ fn the_metrics_page_is_prometheus_text_with_etcds_types_and_buckets() {
     };
     // Histograms with etcd's buckets: 1 ms to 8.192 s for the disk, 0.1 ms to 3.2768 s for
     // round trips.
-    for name in [
-        "etcd_disk_wal_fsync_duration_seconds",
-        "etcd_disk_backend_commit_duration_seconds",
+    // (five puts: five fsyncs at least; the key space holds a batch until the next one comes 5
+    // ms later or a reader needs it: a commit for every other put, and one for the get)
+    for (name, least) in [
+        ("etcd_disk_wal_fsync_duration_seconds", 5.0),
+        ("etcd_disk_backend_commit_duration_seconds", 2.0),
     ] {
-        assert!(value("histogram", &format!("{name}_count"), "") >= 5.0);
+        let n = value("histogram", &format!("{name}_count"), "");
+        assert!(n >= least, "{name}: {n} observations");
         value("histogram", &format!("{name}_bucket"), "le=0.001");
         value("histogram", &format!("{name}_bucket"), "le=8.192");
     }
