@@ -414,32 +414,32 @@ impl Inner {
                     "the version we replaced was cleaned up and the next one does not say what it replaced",
                 ))
             }
-            Some(_) => {
-                tracing::warn!(path = %target.display(), "stale writer filled a gap left by clean-up; removing its version");
-                self.undo(&target)?;
-                Ok(false)
-            }
+            Some(_) => self.undo_gap(&target).map(|_| false),
             // Removal is ascending: had others built on ours, the next version could only be
             // gone after ours. Ours is still there, so nobody built on it: a gap.
-            None => match fs::remove_file(&target) {
-                Ok(()) => {
-                    tracing::warn!(path = %target.display(), "stale writer filled a gap left by clean-up; removed its version");
-                    Ok(false)
-                }
-                Err(e) if e.kind() == io::ErrorKind::NotFound => Err(unknown(
-                    "the version we wrote was cleaned up before its outcome could be read",
-                )),
-                Err(e) => Err(io_error("remove", &target, e)),
-            },
+            None if self.undo_gap(&target)? => Ok(false),
+            None => Err(unknown(
+                "the version we wrote was cleaned up before its outcome could be read",
+            )),
         }
     }
 
-    /// Removes a version this writer linked; already gone (cleaned up) is fine.
-    fn undo(&self, target: &Path) -> Result<()> {
+    /// Removes a version this writer linked: `Ok(false)` if clean-up had removed it already.
+    fn undo(&self, target: &Path) -> Result<bool> {
         match fs::remove_file(target) {
-            Err(e) if e.kind() != io::ErrorKind::NotFound => Err(io_error("remove", target, e)),
-            _ => Ok(()),
+            Ok(()) => Ok(true),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+            Err(e) => Err(io_error("remove", target, e)),
         }
+    }
+
+    /// [`Inner::undo`] for a version that filled a gap left by clean-up, saying so.
+    fn undo_gap(&self, target: &Path) -> Result<bool> {
+        let removed = self.undo(target)?;
+        if removed {
+            tracing::warn!(path = %target.display(), "stale writer filled a gap left by clean-up; removed its version");
+        }
+        Ok(removed)
     }
 
     fn cas(&self, expected: &Version, state: &WitnessState) -> Result<CasOutcome> {
@@ -484,9 +484,7 @@ impl Inner {
         }
         // If version 0 had been cleaned up, newer versions exist: then this was no creation.
         if self.list()?.0.iter().any(|&s| s > 0) {
-            let target = self.path(&state_name(0));
-            tracing::warn!(path = %target.display(), "stale writer filled a gap left by clean-up; removing its version");
-            self.undo(&target)?;
+            self.undo_gap(&self.path(&state_name(0)))?;
             return Ok(CasOutcome::Conflict);
         }
         self.sync_dir()?;

@@ -194,8 +194,8 @@ pub struct Mvcc {
     /// Whether `pending` holds a transaction (readers skip the lock when not). Set after the
     /// transaction is stored, cleared after it is committed.
     has_pending: AtomicBool,
-    /// A commit of the pending transaction failed: what it held is lost from the key space
-    /// (not from the WAL), so nothing may be applied on top of it.
+    /// A commit of applied entries failed: what it held may be lost from the key space (not
+    /// from the WAL), so nothing more is applied or served.
     failed: AtomicBool,
     /// Told how long each commit of applied entries took (the server's metrics).
     on_commit: OnceLock<CommitObserver>,
@@ -337,11 +337,17 @@ impl Mvcc {
         Ok(())
     }
 
+    /// The database, shared (Defragment takes it alone), as it is: what the applier holds is not
+    /// committed by taking it.
+    fn shared(&self) -> RwLockReadGuard<'_, Database> {
+        self.db.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
     /// The database, for the length of one operation (its transactions end before the guard
     /// does, so Defragment never finds one open), with everything applied committed: a read
     /// sees every write answered before it started.
     fn db(&self) -> Result<RwLockReadGuard<'_, Database>, StoreError> {
-        let db = self.db.read().unwrap_or_else(PoisonError::into_inner);
+        let db = self.shared();
         self.settle()?;
         self.intact()?;
         Ok(db)
@@ -394,7 +400,7 @@ impl Mvcc {
         ),
         StoreError,
     > {
-        let db = self.db.read().unwrap_or_else(PoisonError::into_inner);
+        let db = self.shared();
         let settled = self.settled()?;
         self.intact()?;
         Ok((db, settled))
@@ -604,7 +610,7 @@ impl Mvcc {
     /// fsync is: the WAL's entries are applied again at start.
     pub fn apply(&self, entries: &[(u64, Command)], durable: bool) -> Result<Outcome, StoreError> {
         self.intact()?;
-        let db = self.db.read().unwrap_or_else(PoisonError::into_inner);
+        let db = self.shared();
         let mut pending = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
         let (tx, since, held) = match pending.take() {
             Some(p) => (p.tx, p.since, p.entries),
