@@ -43,6 +43,7 @@ const SERVER_LAYERS: &[&[&str]] = &[
         "removal",
         "lessor",
         "peer",
+        "peer_thread",
         "witness_slot",
         "witness_probe",
         "metrics",

@@ -44,7 +44,23 @@ fn main() -> ExitCode {
         eprintln!("etcd-node: {e}");
         return ExitCode::from(2);
     }
-    let runtime = match tokio::runtime::Runtime::new() {
+    // (tokio reads the variable too, but panics on a bad value: checked here first)
+    let workers = match etcd_node::config::client_workers(
+        std::env::var(etcd_node::config::CLIENT_WORKERS_VAR)
+            .ok()
+            .as_deref(),
+    ) {
+        Ok(w) => w,
+        Err(e) => {
+            eprintln!("etcd-node: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if let Some(n) = workers {
+        builder.worker_threads(n);
+    }
+    let runtime = match builder.enable_all().build() {
         Ok(r) => r,
         Err(e) => {
             eprintln!("etcd-node: starting the async runtime: {e}");

@@ -455,6 +455,26 @@ fn parse_auto_compaction(
     }
 }
 
+/// The variable that sets how many worker threads serve the client API (tokio's own name for
+/// it: docs/operations.md, "Threads").
+pub const CLIENT_WORKERS_VAR: &str = "TOKIO_WORKER_THREADS";
+
+/// The client API's worker threads asked for in `value` (the content of
+/// [`CLIENT_WORKERS_VAR`], if set): a whole number from 1 to 1024. Unset: one per core.
+pub fn client_workers(value: Option<&str>) -> Result<Option<usize>, InvalidConfig> {
+    let Some(v) = value else {
+        return Ok(None);
+    };
+    match v.trim().parse::<usize>() {
+        Ok(n @ 1..=1024) => Ok(Some(n)),
+        _ => Err(format!(
+            "{CLIENT_WORKERS_VAR}={v:?}: expected the number of threads that serve clients, \
+             from 1 to 1024; unset it for one per core"
+        )
+        .into()),
+    }
+}
+
 /// A Go duration (`10m`, `1m30s`, `500ms`, `2h`): what etcd's duration flags take.
 pub fn parse_go_duration(flag: &str, s: &str) -> Result<Duration, InvalidConfig> {
     let bad =
@@ -884,6 +904,20 @@ fn initial_members(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_client_worker_count_is_a_number_from_1_to_1024() {
+        assert_eq!(client_workers(None), Ok(None));
+        assert_eq!(client_workers(Some("1")), Ok(Some(1)));
+        assert_eq!(client_workers(Some(" 4 ")), Ok(Some(4)));
+        for bad in ["0", "-1", "two", "", "1025"] {
+            let e = client_workers(Some(bad)).unwrap_err().0;
+            assert!(
+                e.contains("TOKIO_WORKER_THREADS") && e.contains("from 1 to 1024"),
+                "{bad:?}: {e}"
+            );
+        }
+    }
 
     fn parse(args: &[&str]) -> Result<ServerConfig, InvalidConfig> {
         ServerConfig::from_args(

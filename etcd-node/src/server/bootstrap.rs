@@ -23,6 +23,7 @@ use super::lessor::Lessor;
 use super::metrics::Metrics;
 use super::node::{Effects, LoopError, Pending, RaftLoop};
 use super::peer::{self, Identity, MAX_FRAME_BYTES, PeerService, Peers};
+use super::peer_thread::PeerThread;
 use super::watch_hub::WatchHub;
 use super::witness_probe;
 use super::witness_slot::{Credentials, WitnessSlot};
@@ -552,12 +553,14 @@ pub async fn run(
         .filter(|m| m.id != ids.member)
         .filter_map(|m| Some((m.id, contract::regular_peer_url(m)?.to_string())))
         .collect();
-    let runtime = tokio::runtime::Handle::current();
+    // (the Raft traffic's runtime: the links, the peer listeners, the witness's storage)
+    let peer_thread = PeerThread::start().context("starting the peer thread")?;
+    let peer_runtime = peer_thread.handle().clone();
     let (inputs_tx, inputs_rx) = std::sync::mpsc::channel();
     let peers = Peers::start(
         &me,
         &peer_list,
-        &runtime,
+        &peer_runtime,
         inputs_tx.clone(),
         disk.snap_dir(),
     );
@@ -585,7 +588,7 @@ pub async fn run(
             mvcc: mvcc.clone(),
             peers,
             witness: witness.clone(),
-            runtime: runtime.clone(),
+            runtime: peer_runtime.clone(),
             feedback: inputs_tx.clone(),
             metrics: metrics.clone(),
             watches: watches.clone(),
@@ -653,13 +656,14 @@ pub async fn run(
         })
         .max_decoding_message_size(MAX_FRAME_BYTES);
         let routes = Routes::new(svc);
-        servers.spawn(serve(
-            l,
-            routes,
-            stopped(),
-            secure.then(|| tls.peer.clone()).flatten(),
-            false,
-        ));
+        let tls = secure.then(|| tls.peer.clone()).flatten();
+        // (the listener moves to the peer runtime's reactor, and so do its connections)
+        let l = {
+            let _peer = peer_runtime.enter();
+            TcpListener::from_std(l.into_std()?)
+        }
+        .context("moving a peer listener to the peer thread")?;
+        servers.spawn_on(serve(l, routes, stopped(), tls, false), &peer_runtime);
     }
     tokio::spawn(announce_ready(api.status.clone(), ready_tx));
     let client_tls = |secure: bool| secure.then(|| tls.client.clone()).flatten();
@@ -688,7 +692,7 @@ pub async fn run(
         cluster = format!("{:x}", ids.cluster),
         "serving"
     );
-    spawn_background_tasks(&cfg, &api, witness);
+    spawn_background_tasks(&cfg, &api, witness, &peer_runtime);
 
     let result = tokio::select! {
         () = shutdown => Ok(()),
@@ -745,11 +749,17 @@ fn client_routes(api: &Api) -> Routes {
     with_http(gated, api)
 }
 
-/// The member's background tasks (they end with the runtime): the witness probe, the cluster's
-/// version and features, auto compaction, the corruption check.
-fn spawn_background_tasks(cfg: &ServerConfig, api: &Api, witness: Arc<WitnessSlot>) {
+/// The member's background tasks (they end with the runtime): the witness probe (on the peer
+/// runtime, beside the witness steps, so that all use of the witness's storage is on one), the
+/// cluster's version and features, auto compaction, the corruption check.
+fn spawn_background_tasks(
+    cfg: &ServerConfig,
+    api: &Api,
+    witness: Arc<WitnessSlot>,
+    peer: &tokio::runtime::Handle,
+) {
     if let Some(every) = cfg.witness_probe {
-        tokio::spawn(witness_probe::run(
+        peer.spawn(witness_probe::run(
             witness,
             api.status.clone(),
             api.metrics.clone(),

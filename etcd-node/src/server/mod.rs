@@ -13,6 +13,7 @@ pub mod lessor;
 pub mod metrics;
 pub mod node;
 pub mod peer;
+pub mod peer_thread;
 pub mod proposals;
 pub mod reads;
 pub mod removal;

@@ -65,6 +65,7 @@ pub struct Effects {
     pub peers: Peers,
     /// The witness of the applied configuration (it changes at run time).
     pub witness: Arc<WitnessSlot>,
+    /// Where witness steps run: the peer thread's runtime (`super::peer_thread`).
     pub runtime: tokio::runtime::Handle,
     /// Where witness answers come back.
     pub feedback: Sender<Input>,

@@ -938,41 +938,33 @@ fn writes_go_on_while_a_snapshot_is_saved() {
     assert!(count(c.log(0)) >= 2 && count(c.log(1)) >= 2);
 }
 
-/// The key space is applied by a thread of its own: a batch whose commit takes seconds (here a
-/// failpoint holds the leader's 21st batch 4 s; a durable commit of a large key space takes a
-/// few hundred milliseconds) delays the answers to the writes in it, but not the leader's Raft
-/// loop: its heartbeats go on, so the follower does not campaign and the leader stays. When
-/// the loop applied the batches itself, it stopped for those 4 s and the follower took over.
-#[test]
-fn the_raft_loop_goes_on_while_a_batch_is_applied() {
-    let mut c = cluster();
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    let held = c.wait_leader(LEADER_WAIT);
-    c.stop(held);
+/// Restarts a member with the environment `env` and makes it the leader (`move-leader` from
+/// the other one); returns its index.
+fn lead_with(c: &mut Cluster, env: &[(&str, &str)]) -> usize {
+    let chosen = c.wait_leader(LEADER_WAIT);
+    c.stop(chosen);
     c.wait_leader(LEADER_WAIT);
-    c.start_member_with(
-        held,
-        &[],
-        &[("FAILPOINTS", "apply-before-commit=20*off->1*sleep(4000)")],
-    );
-    // The member with the failpoint leads (`move-leader` from the other one).
+    c.start_member_with(chosen, &[], env);
     let hostport = |i: usize| c.members[i].url().trim_start_matches("http://").to_string();
     let all = vec![hostport(0), hostport(1)];
     let members = ok(etcdctl(&all, &["member", "list"], None));
     let id = members
         .lines()
-        .find(|l| l.contains(&format!(", {}, ", c.members[held].name)))
+        .find(|l| l.contains(&format!(", {}, ", c.members[chosen].name)))
         .and_then(|l| l.split(',').next())
-        .unwrap_or_else(|| panic!("{} not in {members}", c.members[held].name))
+        .unwrap_or_else(|| panic!("{} not in {members}", c.members[chosen].name))
         .to_string();
-    if c.wait_leader(LEADER_WAIT) != held {
+    if c.wait_leader(LEADER_WAIT) != chosen {
         ok(etcdctl(&all, &["move-leader", &id], None));
     }
     let leader = c.wait_leader(LEADER_WAIT);
-    assert_eq!(leader, held);
-    // (to the leader: a follower answers once it applied the write itself)
-    let eps = [c.members[leader].url()];
-    let term = |c: &Cluster, i: usize| -> u64 {
+    assert_eq!(leader, chosen);
+    leader
+}
+
+/// Each member's Raft term, from `etcdctl endpoint status`.
+fn terms(c: &Cluster) -> (u64, u64) {
+    let term = |i: usize| -> u64 {
         let out = ok(etcdctl(
             &[c.members[i].url()],
             &["endpoint", "status", "-w", "json"],
@@ -983,7 +975,142 @@ fn the_raft_loop_goes_on_while_a_batch_is_applied() {
             .as_u64()
             .unwrap_or_else(|| panic!("no raftTerm in {out}"))
     };
-    let before = (term(&c, 0), term(&c, 1));
+    (term(0), term(1))
+}
+
+/// Asserts that the terms are still `before` and `leader` leads: no election while `what`.
+fn no_election(c: &Cluster, before: (u64, u64), leader: usize, what: &str) {
+    assert_eq!(
+        terms(c),
+        before,
+        "the term moved while {what}; logs:\n{}\n{}",
+        c.log(0),
+        c.log(1)
+    );
+    assert_eq!(c.wait_leader(LEADER_WAIT), leader, "the leader changed");
+}
+
+/// The peers' traffic runs on a thread of its own (`server::peer_thread`): client requests
+/// that hold every worker of a member's client runtime (here the `range-stall` failpoint holds
+/// each range 3 s on the leader, whose runtime has 2 workers, and 8 run at once: 12 s; a range
+/// over a large key space holds its worker for seconds) delay that member's other clients, but
+/// not Raft. The leader's heartbeats and appends go on, writes through the follower are
+/// answered, and the follower does not campaign. When the peers shared the client runtime,
+/// the leader went silent for those 12 s and the follower took over.
+#[test]
+fn raft_traffic_goes_on_while_client_requests_hold_every_worker() {
+    let mut c = cluster();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let leader = lead_with(
+        &mut c,
+        &[
+            ("FAILPOINTS", "range-stall=sleep(3000)"),
+            ("TOKIO_WORKER_THREADS", "2"),
+        ],
+    );
+    let follower = 1 - leader;
+    let before = terms(&c);
+    let url = c.members[leader].url();
+    let started = Instant::now();
+    let ranges: Vec<_> = (0..8)
+        .map(|_| {
+            let url = url.clone();
+            std::thread::spawn(move || {
+                let out = etcdctl(
+                    &[url],
+                    &[
+                        "get",
+                        "--consistency=s",
+                        "--dial-timeout=60s",
+                        "--command-timeout=60s",
+                        "x",
+                    ],
+                    None,
+                );
+                (out, started.elapsed())
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(500));
+    // (forwarded to the leader, answered by the follower once applied)
+    let eps = [c.members[follower].url()];
+    let mut longest = Duration::ZERO;
+    let mut i = 0;
+    while started.elapsed() < Duration::from_secs(8) {
+        let t = Instant::now();
+        let (k, v) = (format!("r{i:03}"), format!("v{i}"));
+        assert!(rt.block_on(put_any(&eps, &k, &v, Duration::from_secs(20))));
+        longest = longest.max(t.elapsed());
+        i += 1;
+    }
+    let slowest = ranges
+        .into_iter()
+        .map(|r| {
+            let (out, took) = r.join().unwrap();
+            ok(out);
+            took
+        })
+        .max()
+        .unwrap();
+    assert!(
+        slowest >= Duration::from_secs(9),
+        "the ranges held every worker of the leader's client runtime (the slowest took {slowest:?})"
+    );
+    no_election(
+        &c,
+        before,
+        leader,
+        "client requests held the leader's workers",
+    );
+    assert!(
+        longest < Duration::from_secs(1),
+        "a write through the follower took {longest:?} ({i} writes)"
+    );
+}
+
+/// A worker count that cannot be (tokio would panic on it) stops the start, naming the
+/// variable, before anything is touched.
+#[test]
+fn a_bad_client_worker_count_stops_the_start_naming_the_variable() {
+    let (node, _) = bins();
+    let dir = tempfile::tempdir().unwrap();
+    for bad in ["0", "many"] {
+        let out = std::process::Command::new(node)
+            .env("TOKIO_WORKER_THREADS", bad)
+            .arg("--data-dir")
+            .arg(dir.path().join("m"))
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{bad}: {stderr}");
+        assert!(
+            stderr.contains("TOKIO_WORKER_THREADS") && !stderr.contains("panicked"),
+            "{bad}: {stderr}"
+        );
+        assert!(
+            !dir.path().join("m").exists(),
+            "{bad}: the data directory was made"
+        );
+    }
+}
+
+/// The key space is applied by a thread of its own: a batch whose commit takes seconds (here a
+/// failpoint holds the leader's 21st batch 4 s; a durable commit of a large key space takes a
+/// few hundred milliseconds) delays the answers to the writes in it, but not the leader's Raft
+/// loop: its heartbeats go on, so the follower does not campaign and the leader stays. When
+/// the loop applied the batches itself, it stopped for those 4 s and the follower took over.
+#[test]
+fn the_raft_loop_goes_on_while_a_batch_is_applied() {
+    let mut c = cluster();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let leader = lead_with(
+        &mut c,
+        &[("FAILPOINTS", "apply-before-commit=20*off->1*sleep(4000)")],
+    );
+    let held = leader;
+    // (to the leader: a follower answers once it applied the write itself)
+    let eps = [c.members[leader].url()];
+    let before = terms(&c);
     let started = Instant::now();
     for i in 0..60 {
         let (k, v) = (format!("a{i:03}"), format!("v{i}"));
@@ -998,14 +1125,12 @@ fn the_raft_loop_goes_on_while_a_batch_is_applied() {
         took >= Duration::from_secs(4),
         "the writes waited for the held batch"
     );
-    assert_eq!(
-        (term(&c, 0), term(&c, 1)),
+    no_election(
+        &c,
         before,
-        "the term moved while a batch was held: the loop waited for it; logs:\n{}\n{}",
-        c.log(0),
-        c.log(1)
+        leader,
+        "a batch was held: the loop waited for it",
     );
-    assert_eq!(c.wait_leader(LEADER_WAIT), leader, "the leader changed");
     for i in 0..2 {
         println!(
             "member {i}: the loop's longest turn {:?} s",

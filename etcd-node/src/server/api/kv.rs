@@ -44,6 +44,8 @@ impl PbKvService for Kv {
         // before it, revocations included.
         self.api
             .authorize(token.as_ref(), &[Need::Read(&req.key, &req.range_end)])?;
+        // (a range that holds its worker as one over a large key space does, for the tests)
+        fail::fail_point!("range-stall");
         let out = self.api.mvcc.range(&req)??;
         Ok(Response::new(PbRangeResponse {
             header: self.api.header(out.revision as i64),
