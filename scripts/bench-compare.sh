@@ -15,7 +15,9 @@
 #       writes, puts and linearizable ranges at 16 clients over gRPC, then the same through
 #       etcd's HTTP/JSON gateway (an HTTP/1.1 connection per client), on both systems
 #   SUITE=sustained bash scripts/bench-compare.sh  # after WARMUP writes (default 100000): puts,
-#                                            # ranges, then memory and disk per member, the
+#                                            # ranges, a mixed load (puts and linearizable
+#                                            # gets of the same keys, half each, 16 clients),
+#                                            # then memory and disk per member, the
 #                                            # Raft loop's longest turn, and a leader killed
 #                                            # under 16 writers with no timeout of their own;
 #                                            # ROUNDS=3: both systems three times, alternated,
@@ -217,6 +219,7 @@ sustained() { # label eps ports-array-name pids...
   bench "$label" "$eps" "${ps[@]}" -- --clients 16 --conns 4 put --total 40000 --key-size 8 --val-size 256 --key-space-size 100000
   bench "$label" "$eps" "${ps[@]}" -- --clients 64 --conns 8 put --total 60000 --key-size 8 --val-size 256 --key-space-size 100000
   bench "$label" "$eps" "${ps[@]}" -- --clients 16 --conns 4 range 000 --consistency l --total 100000
+  bench "$label" "$eps" "${ps[@]}" -- --clients 16 --conns 4 mixed --total 60000 --read-percent 50 --key-size 8 --val-size 256 --key-space-size 100000
   local rss=() i
   for p in "${ps[@]}"; do rss+=("$(( $(rss_kb "$p") / 1024 ))"); done
   local dir kv=() data=()  # (member_dirs, kv_file: set by the caller)
@@ -234,7 +237,7 @@ sustained() { # label eps ports-array-name pids...
       slow+="$(grep -c 'applying a batch took too long' "$dir.log" || true)/$({ grep -o 'took=[0-9.]*ms' "$dir.log" || true; } | tr -dc '0-9.\n' | sort -n | tail -1)ms,"
     done
   fi
-  echo "RESULT op=footprint cluster=$label writes=$(( warm + 100000 )) rss_mb=$(IFS=,; echo "${rss[*]}") kv_file_mb=$(IFS=,; echo "${kv[*]}") data_dir_mb=$(IFS=,; echo "${data[*]}") ${longest:+loop_longest_turn_ms=${longest%,}} ${slow:+slow_batches=${slow%,}}" | tee -a "$work/results"
+  echo "RESULT op=footprint cluster=$label writes=$(( warm + 130000 )) rss_mb=$(IFS=,; echo "${rss[*]}") kv_file_mb=$(IFS=,; echo "${kv[*]}") data_dir_mb=$(IFS=,; echo "${data[*]}") ${longest:+loop_longest_turn_ms=${longest%,}} ${slow:+slow_batches=${slow%,}}" | tee -a "$work/results"
   # (a single member has no one to fail over to)
   if [ "${#ps[@]}" -eq 1 ]; then return; fi
   "$bin/etcd-bench" --endpoints "$eps" --clients 16 failover --duration 12 > "$work/fo" 2>&1 & local b=$!
@@ -325,7 +328,7 @@ def median(rounds, i):
 runs = {}
 for line in open(sys.argv[1]):
     f = dict(kv.split("=", 1) for kv in line.split()[1:] if "=" in kv)
-    if f.get("op") in ("put", "range") and "rps" in f:
+    if f.get("op") in ("put", "range", "mixed") and "rps" in f:
         point = f"{f['op']} clients={f['clients']}"
         rounds = runs.setdefault(point, {}).setdefault(f["cluster"], {})
         # (the members' CPU per request, in microseconds, all members together)
@@ -334,7 +337,10 @@ for line in open(sys.argv[1]):
         members = len(f.get("members_cpu_ms", "0").split(","))
         rounds[f["round"]] = (float(f["rps"]), float(f["p99_ms"]), cpu * 1000 / n,
                               total("members_sys_ms") / max(cpu, 1), total("members_switches") / n,
-                              cpu * 1000 / n / members)
+                              cpu * 1000 / n / members,
+                              # (a mixed load's puts and gets apart)
+                              float(f.get("put_rps", 0)), float(f.get("put_p99_ms", 0)),
+                              float(f.get("range_rps", 0)), float(f.get("range_p99_ms", 0)))
 for point, by in runs.items():
     label = sys.argv[2]
     ours, theirs = by.get("etcd-node", {}), by.get(label, {})
@@ -354,6 +360,10 @@ for point, by in runs.items():
         ms = median(single, 0)
         alone += (f" {label}-single_median_rps={ms:.0f} ratio_to_single={mo / ms:.2f}x"
                   f" single_cpu_us_per_op_median={median(single, 2):.0f}")
+    if point.startswith("mixed"):
+        alone += "".join(f" {what}_medians={median(ours, i):.1f},{median(theirs, i):.1f}"
+                         for i, what in ((6, "put_rps"), (7, "put_p99_ms"),
+                                         (8, "range_rps"), (9, "range_p99_ms")))
     if variant:
         mv, pv = median(variant, 0), median(variant, 1)
         alone += (f" variant_median_rps={mv:.0f} variant_ratio={mv / mt:.2f}x"

@@ -1,5 +1,6 @@
 //! etcd-bench: a load generator for any etcd v3 endpoint (etcd-node or etcd), shaped like etcd's
-//! `tools/benchmark`: `put`, `range`, `txn-put`, `watch-fanout` (events per second delivered to
+//! `tools/benchmark`: `put`, `range`, `mixed` (puts and linearizable gets of the same keys),
+//! `txn-put`, `watch-fanout` (events per second delivered to
 //! many watchers of one key), `lease-churn` (leases granted, then expired by the server, per
 //! second), plus `failover` (writes without pause and reports the longest gap between
 //! acknowledged writes, for leader-kill measurements).
@@ -7,6 +8,7 @@
 //! ```text
 //! etcd-bench --endpoints 127.0.0.1:2379 --conns 1 --clients 16 put --total 10000 --val-size 256
 //! etcd-bench --clients 64 range foo --consistency s --total 20000
+//! etcd-bench --clients 16 mixed --total 40000 --read-percent 50 --key-space-size 100000
 //! etcd-bench --conns 10 watch-fanout --watchers 1000 --puts 200
 //! etcd-bench --clients 16 lease-churn --total 5000
 //! etcd-bench failover --duration 20
@@ -110,6 +112,14 @@ enum Op {
         #[arg(long, default_value = "l")]
         consistency: String,
     },
+    /// Puts and linearizable gets of one key each, over the same keys, mixed at random
+    /// (--read-percent of the requests are gets); reports the rate and latency of each kind.
+    Mixed {
+        #[command(flatten)]
+        writes: Writes,
+        #[arg(long, default_value_t = 50)]
+        read_percent: u32,
+    },
     /// Txns of --txn-ops puts each.
     TxnPut {
         #[command(flatten)]
@@ -205,6 +215,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Op::Put { writes } => (writes.total, "put"),
         Op::Range { total, .. } => (*total, "range"),
         Op::TxnPut { writes, .. } => (writes.total, "txn-put"),
+        Op::Mixed { writes, .. } => (writes.total, "mixed"),
         Op::Failover { duration, acks } => {
             return failover(&cli, Duration::from_secs(*duration), acks.as_deref()).await;
         }
@@ -229,14 +240,17 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         let mut client = conns[c % conns.len()].clone();
         let (op, next, errors) = (op.clone(), next.clone(), errors.clone());
         tasks.spawn(async move {
+            // (writes, and reads of a mixed load)
             let mut hist = Histogram::<u64>::new(3).expect("histogram");
+            let mut reads = Histogram::<u64>::new(3).expect("histogram");
             let mut rng = StdRng::seed_from_u64(c as u64);
             loop {
                 let i = next.fetch_add(1, Ordering::Relaxed);
                 if i >= total {
-                    return hist;
+                    return (hist, reads);
                 }
                 let t = Instant::now();
+                let mut read = false;
                 let ok = match &*op {
                     Op::Put { writes } => {
                         let k = writes.key_number(i, &mut rng);
@@ -267,12 +281,25 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                             .collect();
                         client.txn(Txn::new().and_then(ops)).await.is_ok()
                     }
+                    Op::Mixed {
+                        writes,
+                        read_percent,
+                    } => {
+                        let k = writes.key(writes.key_number(i, &mut rng));
+                        read = rng.random_range(0..100) < *read_percent;
+                        if read {
+                            client.get(k, None).await.is_ok()
+                        } else {
+                            client.put(k, writes.value(), None).await.is_ok()
+                        }
+                    }
                     Op::Failover { .. } | Op::WatchFanout { .. } | Op::LeaseChurn { .. } => {
-                        return hist;
+                        return (hist, reads);
                     }
                 };
                 if ok {
-                    let _ = hist.record(t.elapsed().as_micros() as u64);
+                    let h = if read { &mut reads } else { &mut hist };
+                    let _ = h.record(t.elapsed().as_micros() as u64);
                 } else {
                     errors.fetch_add(1, Ordering::Relaxed);
                 }
@@ -280,19 +307,63 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         });
     }
     let mut hist = Histogram::<u64>::new(3)?;
+    let mut reads = Histogram::<u64>::new(3)?;
     while let Some(h) = tasks.join_next().await {
-        hist.add(h?)?;
+        let (w, r) = h?;
+        hist.add(&w)?;
+        reads.add(&r)?;
     }
-    report(
-        name,
-        &cli.endpoints,
-        cli.clients,
-        cli.conns,
-        started.elapsed(),
-        &hist,
-        errors.load(Ordering::Relaxed),
-    );
+    let took = started.elapsed();
+    let errors = errors.load(Ordering::Relaxed);
+    if let Op::Mixed { .. } = &*op {
+        let mut all = hist.clone();
+        all.add(&reads)?;
+        report_mixed(
+            [cli.clients, cli.conns],
+            took,
+            &all,
+            [&hist, &reads],
+            errors,
+        );
+    } else {
+        report(
+            name,
+            &cli.endpoints,
+            cli.clients,
+            cli.conns,
+            took,
+            &hist,
+            errors,
+        );
+    }
     Ok(())
+}
+
+/// A mixed load's RESULT line: every request, then the writes and the reads apart (their
+/// rates over the whole run).
+fn report_mixed(
+    [clients, conns]: [usize; 2],
+    took: Duration,
+    all: &Histogram<u64>,
+    [writes, reads]: [&Histogram<u64>; 2],
+    errors: u64,
+) {
+    let rate = |h: &Histogram<u64>| h.len() as f64 / took.as_secs_f64();
+    let p99 = |h: &Histogram<u64>| ms(h.value_at_quantile(0.99));
+    println!(
+        "RESULT op=mixed clients={} conns={} requests={} errors={errors} rps={:.1} p50_ms={:.3} \
+         p99_ms={:.3} put_rps={:.1} put_p99_ms={:.3} range_rps={:.1} range_p99_ms={:.3}",
+        clients,
+        conns,
+        all.len(),
+        rate(all),
+        ms(all.value_at_quantile(0.5)),
+        p99(all),
+        rate(writes),
+        p99(writes),
+        rate(reads),
+        p99(reads),
+    );
 }
 
 /// One HTTP/1.1 keep-alive connection to etcd's JSON gateway.
