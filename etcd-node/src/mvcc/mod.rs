@@ -197,6 +197,10 @@ pub struct Mvcc {
     /// A commit of applied entries failed: what it held may be lost from the key space (not
     /// from the WAL), so nothing more is applied or served.
     failed: AtomicBool,
+    /// Commits without an fsync since the last durable one: redb reuses the pages each of them
+    /// frees only after the next durable commit, so their number bounds how far the file grows
+    /// past what it holds ([`Mvcc::unsynced_commits`]).
+    unsynced_commits: AtomicU64,
     /// Told how long each commit of applied entries took (the server's metrics).
     on_commit: OnceLock<CommitObserver>,
 }
@@ -279,6 +283,7 @@ impl Mvcc {
             pending: Mutex::new(None),
             has_pending: AtomicBool::new(false),
             failed: AtomicBool::new(false),
+            unsynced_commits: AtomicU64::new(0),
             on_commit: OnceLock::new(),
         };
         let tx = mvcc
@@ -424,7 +429,18 @@ impl Mvcc {
         }
         self.failed.fetch_or(committed.is_err(), Ordering::AcqRel);
         self.has_pending.store(false, Ordering::Release);
+        if durable {
+            self.unsynced_commits.store(0, Ordering::Release);
+        } else {
+            self.unsynced_commits.fetch_add(1, Ordering::AcqRel);
+        }
         committed
+    }
+
+    /// Commits of applied entries without an fsync since the key space was last made durable
+    /// (by the applier, or by a reader that needed what it held).
+    pub fn unsynced_commits(&self) -> u64 {
+        self.unsynced_commits.load(Ordering::Acquire)
     }
 
     /// Compacts the database file (etcd's Defragment): waits for the operations under way,

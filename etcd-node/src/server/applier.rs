@@ -9,10 +9,10 @@
 //! Batches are committed without an fsync (the WAL holds every acknowledged write), and a few
 //! at a time: the key space keeps its transaction open for the next batches a few
 //! milliseconds, and any reader commits it first ([`Mvcc::apply`]). The key
-//! space is made durable once `--backend-batch-limit` entries ([`SYNC_EVERY`](crate::config::SYNC_EVERY) by default) or,
-//! when it is set, `--backend-batch-interval` have gone by since it last was, whichever comes
-//! first, and after the answers of the batch that reached it are sent: no client waits for
-//! that fsync unless its entry comes in while it runs.
+//! space is made durable once `--backend-batch-limit` entries ([`SYNC_EVERY`](crate::config::SYNC_EVERY) by default),
+//! [`SYNC_AFTER_COMMITS`] commits or, when it is set, `--backend-batch-interval` have gone by
+//! since it last was, whichever comes first, and after the answers of the batch that reached it
+//! are sent: no client waits for that fsync unless its entry comes in while it runs.
 //!
 //! The queue between the loop and the applier is bounded ([`QUEUE`] batches): a key space that
 //! cannot keep up slows the loop down instead of filling memory.
@@ -62,6 +62,17 @@ const MERGE: usize = 1024;
 
 /// An applied batch slower than this is logged (etcd's "apply request took too long").
 const SLOW_APPLY: Duration = Duration::from_millis(100);
+
+/// Commits without an fsync after which the key space is made durable, whatever
+/// `--backend-batch-limit` says. redb reuses the pages a commit frees only after the next
+/// durable commit, so the file grows with the commits between two of those, not with the
+/// entries: under puts alone the applier commits every few dozen entries (about 200 commits per
+/// 10,000), but when reads come between the writes each read commits what the applier holds,
+/// every 5 entries or so, and 10,000 entries made 2,000 commits. After 200,000 puts, 24,000
+/// more among 96,000 gets grew `kv.redb` by 24 MB without this bound and by 11 with it, the
+/// latency unchanged; a bound of 256 matched etcd's file but tripled the p99 of a load of half
+/// puts and half gets (docs/runs/benchmarks-2026-12-01.md, "The key-space file under reads").
+pub const SYNC_AFTER_COMMITS: u64 = 1024;
 
 /// A durable commit slower than this is logged (as etcd logs a slow WAL fsync): one every
 /// `--backend-batch-interval` would flood the log at [`SLOW_APPLY`] on a slow disk.
@@ -370,7 +381,10 @@ impl Thread {
         }
         self.unsynced += batch.len() as u64;
         let waited = self.unsynced_since.elapsed();
-        if self.unsynced >= self.sync.every || self.sync.interval.is_some_and(|i| waited >= i) {
+        if self.unsynced >= self.sync.every
+            || self.sync.interval.is_some_and(|i| waited >= i)
+            || self.mvcc.unsynced_commits() >= SYNC_AFTER_COMMITS
+        {
             self.make_durable()?;
         }
         Ok(())
@@ -384,6 +398,54 @@ mod tests {
 
     fn entries(indexes: std::ops::RangeInclusive<u64>) -> Vec<(u64, Command)> {
         indexes.map(|i| (i, Command::Noop)).collect()
+    }
+
+    /// Reads between the batches commit each one: after [`SYNC_AFTER_COMMITS`] such commits
+    /// the key space is made durable, although `--backend-batch-limit` is far off.
+    #[test]
+    fn many_commits_make_the_key_space_durable_before_the_batch_limit() {
+        let dir = tempfile::tempdir().unwrap();
+        let mvcc = Arc::new(Mvcc::open(&dir.path().join("kv.redb")).unwrap());
+        let (feedback, _inputs) = std::sync::mpsc::channel();
+        let mut thread = Thread {
+            mvcc: mvcc.clone(),
+            watches: WatchHub::default(),
+            status: Arc::new(watch::channel(Status::default()).0),
+            feedback,
+            unsynced: 0,
+            unsynced_since: Instant::now(),
+            sync: SyncPolicy {
+                every: 1_000_000,
+                interval: None,
+            },
+        };
+        let put = |i: u64| {
+            let op = Op::Put(etcd_client::proto::PbPutRequest {
+                key: format!("k{i}").into_bytes(),
+                value: b"v".to_vec(),
+                ..Default::default()
+            });
+            Command::Kv(crate::mvcc::Proposal {
+                id: i,
+                op: Some(op),
+            })
+        };
+        let mut most = 0;
+        for i in 1..=2 * SYNC_AFTER_COMMITS {
+            thread.apply(vec![(i, put(i))], vec![]).unwrap();
+            // (a reader commits what the applier holds)
+            mvcc.position().unwrap();
+            most = most.max(mvcc.unsynced_commits());
+        }
+        assert!(
+            most <= SYNC_AFTER_COMMITS,
+            "{most} commits without an fsync"
+        );
+        assert!(
+            thread.unsynced < SYNC_AFTER_COMMITS,
+            "{} entries not durable",
+            thread.unsynced
+        );
     }
 
     /// Batches queued behind each other become one, each waiter still at its own entry; a
