@@ -6,9 +6,9 @@
 //! long (a range over a large key space, a watch catching up). On a runtime shared with the
 //! peers, such a request held back the heartbeats, appends and acknowledgements queued behind
 //! it on that worker, and a long enough one cost an election. Here nothing but Raft's own
-//! traffic waits for Raft's traffic. And a runtime with one thread hands no task between
-//! workers: a put costs fewer wake-ups than on a shared multi-threaded one (docs/benchmarks.md,
-//! "Threads").
+//! traffic waits for Raft's traffic. The price is a thread that sleeps between messages where
+//! the shared workers were often awake: no CPU per put at 16 clients, about 10% at 64
+//! (docs/benchmarks.md, "Threads").
 //!
 //! Invariant: the runtime lives exactly as long as its [`PeerThread`]: dropping it stops the
 //! runtime (before `drop` returns) without waiting for its tasks (a witness step blocked on a
