@@ -456,7 +456,7 @@ fn parse_auto_compaction(
 }
 
 /// The variable that sets how many worker threads serve the client API (tokio's own name for
-/// it: docs/operations.md, "Threads").
+/// it: docs/operations.md, after the flags; docs/architecture.md, "Threads").
 pub const CLIENT_WORKERS_VAR: &str = "TOKIO_WORKER_THREADS";
 
 /// The client API's worker threads asked for in `value` (the content of

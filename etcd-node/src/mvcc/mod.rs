@@ -197,9 +197,11 @@ pub struct Mvcc {
     /// A commit of applied entries failed: what it held may be lost from the key space (not
     /// from the WAL), so nothing more is applied or served.
     failed: AtomicBool,
-    /// Commits without an fsync since the last durable one: redb reuses the pages each of them
-    /// frees only after the next durable commit, so their number bounds how far the file grows
-    /// past what it holds ([`Mvcc::unsynced_commits`]).
+    /// Commits of applied entries without an fsync since the last durable one of them: redb
+    /// reuses the pages each frees only after the next durable commit, so their number bounds
+    /// how far the file grows past what it holds ([`Mvcc::unsynced_commits`]). A durable
+    /// commit outside the applier's (a compaction, Defragment) does not reset it: the next
+    /// durable commit only comes sooner.
     unsynced_commits: AtomicU64,
     /// Told how long each commit of applied entries took (the server's metrics).
     on_commit: OnceLock<CommitObserver>,
