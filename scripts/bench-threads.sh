@@ -28,12 +28,12 @@ put() { # endpoints n
     --key-size 8 --val-size 256 --key-space-size 10000 | grep RESULT
 }
 
-# One line per thread: pid, name, context switches, user ticks, system ticks.
+# One line per thread: pid, thread id, name, context switches, user ticks, system ticks.
 threads() {
   local p t
   for p in "${pids[@]}"; do
     for t in /proc/"$p"/task/*; do
-      echo "$p $(tr ' ' _ <"$t/comm") $(awk '/ctxt_switches/{n += $2} END {print n + 0}' "$t/status") $(awk '{print $14, $15}' "$t/stat")"
+      echo "$p ${t##*/} $(tr ' ' _ <"$t/comm") $(awk '/ctxt_switches/{n += $2} END {print n + 0}' "$t/status") $(awk '{print $14, $15}' "$t/stat")"
     done 2>/dev/null
   done
 }
@@ -72,9 +72,9 @@ measure() {
 import collections, sys
 work, puts, hz, label = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 def rows(name):
-    # (a thread keeps its line's position between the two reads; one that ended is left out)
-    return {(f[0], f[1], i): list(map(int, f[2:]))
-            for i, f in enumerate(l.split() for l in open(f"{work}/{name}"))}
+    # (keyed by thread id: a thread that started or ended between the reads is left out)
+    return {(f[0], f[2], f[1]): list(map(int, f[3:]))
+            for f in (l.split() for l in open(f"{work}/{name}"))}
 before, after = rows("threads.before"), rows("threads.after")
 by = collections.defaultdict(lambda: [0, 0, 0])
 for key, now in after.items():
