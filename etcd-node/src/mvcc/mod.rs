@@ -184,6 +184,10 @@ pub struct Mvcc {
     /// The encoded size of what was applied since the last durable commit: redb may hold those
     /// pages in memory, not in the file yet, so [`Mvcc::db_size`] adds it.
     unsynced_bytes: AtomicU64,
+    /// The file's space on disk as the last commit left it (the applier's commits, a restore,
+    /// a defragment and the open read it again; the few rows of `set_identity` and
+    /// `init_members` leave it): what [`Mvcc::db_size_at_commit`] counts.
+    file_bytes: AtomicU64,
     /// The `removed` table, as applied (the peer service asks at every message).
     removed: RwLock<BTreeSet<u64>>,
     /// The `cluster` table, as applied (None: not decided yet).
@@ -280,6 +284,7 @@ impl Mvcc {
             path: name.clone(),
             auth_on: AtomicBool::new(false),
             unsynced_bytes: AtomicU64::new(0),
+            file_bytes: AtomicU64::new(0),
             removed: RwLock::default(),
             params: RwLock::default(),
             pending: Mutex::new(None),
@@ -313,6 +318,7 @@ impl Mvcc {
         }
         tx.commit().map_err(|e| store_error(&name, e))?;
         values_aside(&*mvcc.db()?, &name).map_err(|e| store_error(&name, e))?;
+        mvcc.committed();
         mvcc.refresh_auth_on()?;
         mvcc.refresh_removed()?;
         mvcc.refresh_params()?;
@@ -426,6 +432,7 @@ impl Mvcc {
             .set_durability(durability)
             .map_err(|e| self.fail(e))
             .and_then(|()| tx.commit().map_err(|e| self.fail(e)));
+        self.committed();
         if let Some(CommitObserver(observe)) = self.on_commit.get() {
             observe(started.elapsed());
         }
@@ -453,6 +460,7 @@ impl Mvcc {
         while db.compact().map_err(|e| self.fail(e))? {}
         // (compaction commits durably: everything applied is in the file)
         self.unsynced_bytes.store(0, Ordering::Release);
+        self.committed();
         Ok(())
     }
 
@@ -476,14 +484,29 @@ impl Mvcc {
     /// The disk space the database file takes, in bytes (its size in etcd's terms: the quota,
     /// Status and `etcd_mvcc_db_total_size_in_bytes` use it).
     pub fn db_size(&self) -> u64 {
-        use std::os::unix::fs::MetadataExt;
         // redb grows its file in steps that double (270 MB, 540 MB, 1.08 GB, 2.16 GB, ...) and
         // leaves the step's unused end a hole: its length would trip a 2 GiB quota with half of
         // it used. What the disk holds is what grows with the data (etcd: "physically
         // allocated"), plus what was applied since the last durable commit, which redb may keep
         // in memory until then (counted twice if some reached the file: the size errs high).
+        self.committed() + self.unsynced_bytes.load(Ordering::Acquire)
+    }
+
+    /// [`Mvcc::db_size`] as of the last commit, read from memory: a write's quota check asks
+    /// this, as etcd's asks the backend size its last commit recorded. (Asking the file
+    /// system was a `statx` per write; the applier commits every few milliseconds under
+    /// writes, and every commit reads the file's size again.)
+    pub fn db_size_at_commit(&self) -> u64 {
+        self.file_bytes.load(Ordering::Acquire) + self.unsynced_bytes.load(Ordering::Acquire)
+    }
+
+    /// Reads the file's space on disk (after a commit), records it for
+    /// [`Mvcc::db_size_at_commit`] and returns it.
+    fn committed(&self) -> u64 {
+        use std::os::unix::fs::MetadataExt;
         let on_disk = std::fs::metadata(&self.path).map_or(0, |m| m.len().min(m.blocks() * 512));
-        on_disk + self.unsynced_bytes.load(Ordering::Acquire)
+        self.file_bytes.store(on_disk, Ordering::Release);
+        on_disk
     }
 
     /// The auth rows whose key starts with `prefix` ([`auth`] lists them), in key order.
@@ -1110,6 +1133,7 @@ impl Mvcc {
             set("values", rows.last)?;
         }
         tx.commit().map_err(|e| self.fail(e))?;
+        self.committed();
         drop(db); // (see `apply`)
         self.refresh_auth_on()?;
         self.refresh_removed()?;

@@ -1781,3 +1781,37 @@ fn after_a_failed_commit_of_held_batches_nothing_is_served() {
     assert!(f.mvcc.apply(&entry, false).is_err());
     assert!(f.mvcc.set_identity(1, 2).is_err());
 }
+
+#[test]
+fn the_size_a_write_is_checked_against_follows_every_commit() {
+    let mut f = fixture();
+    let checked = f.mvcc.db_size_at_commit();
+    let opened = f.mvcc.db_size();
+    assert!(opened > 0);
+    assert_eq!(checked, opened);
+    // Puts of 4 KiB over 50 keys, applied as the applier does, then made durable: the file
+    // grows, and what the quota check reads grew with it, without a look at the file.
+    let value = "v".repeat(4096);
+    for i in 0..500 {
+        f.apply(put(&format!("k{}", i % 50), &value)).unwrap();
+    }
+    f.mvcc.apply(&[], true).unwrap();
+    // (the memory first: `db_size` reads the file and records what it found)
+    let checked = f.mvcc.db_size_at_commit();
+    let grown = f.mvcc.db_size();
+    assert!(grown > opened + 1_000_000, "{opened} -> {grown}");
+    assert_eq!(checked, grown);
+    // A compaction and a defragment give space back: the quota check sees that too.
+    let revision = f.revision() as i64;
+    f.apply(Op::Compaction(PbCompactionRequest {
+        revision,
+        physical: true,
+    }))
+    .unwrap();
+    f.mvcc.apply(&[], true).unwrap();
+    f.mvcc.defragment().unwrap();
+    let checked = f.mvcc.db_size_at_commit();
+    let shrunk = f.mvcc.db_size();
+    assert!(shrunk < grown, "{grown} -> {shrunk}");
+    assert_eq!(checked, shrunk);
+}

@@ -213,7 +213,7 @@ impl Api {
         // As etcd: a write that would take the file past the quota raises NOSPACE for this
         // member (through Raft, so every member then refuses such writes) and is refused.
         // (Twice the request: the record goes into the history and the live-key table.)
-        if space && self.mvcc.db_size() + 2 * size as u64 > self.quota_bytes {
+        if space && self.mvcc.db_size_at_commit() + 2 * size as u64 > self.quota_bytes {
             let raise = PbAlarmRequest {
                 action: 1,
                 member_id: self.member_id,
