@@ -10,7 +10,12 @@
 #   bash scripts/bench-threads.sh
 #   CLIENTS=64 bash scripts/bench-threads.sh
 #   NODE_BIN=/var/tmp/etcd-node-before ONLY=etcd-node bash scripts/bench-threads.sh
-# (NODE_BIN: another etcd-node binary, to compare two builds; ONLY=etcd-node: skip etcd)
+#   PERF_SECONDS=5 bash scripts/bench-threads.sh
+# (NODE_BIN: another etcd-node binary, to compare two builds; ONLY=etcd-node: skip etcd;
+# PERF_SECONDS: also record the members' CPU with perf for that long during the counted puts
+# and print where it went, by kind of work (scripts/perf-shares.py). perf's own cost inflates
+# that round's CPU figures: take them from rounds without it. For etcd-node's symbols, build
+# with `cargo build --profile profiling` and give NODE_BIN=target/profiling/etcd-node.)
 # Ports 32179-32680 (below the kernel's ephemeral range).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -66,8 +71,19 @@ measure() {
   healthy "$@"
   put "$eps" "$warmup" >/dev/null
   threads >"$work/threads.before"; disk "$@" >"$work/disk.before"
+  local perf=
+  if [ -n "${PERF_SECONDS:-}" ]; then
+    perf record -q -e cpu-clock -F 999 --call-graph dwarf,16384 -o "$work/perf.data" \
+      -p "$(IFS=,; echo "${pids[*]}")" -- sleep "$PERF_SECONDS" 2>/dev/null &
+    perf=$!
+  fi
   echo "$label: $(put "$eps" "$puts")"
   threads >"$work/threads.after"; disk "$@" >"$work/disk.after"
+  if [ -n "$perf" ]; then
+    wait "$perf" || true
+    echo "$label: where the members' CPU went (perf, $PERF_SECONDS s of the counted puts):"
+    perf script -i "$work/perf.data" -F comm,pid,tid,ip,sym 2>/dev/null | python3 scripts/perf-shares.py
+  fi
   python3 - "$work" "$puts" "$(getconf CLK_TCK)" "$label" <<'PY'
 import collections, sys
 work, puts, hz, label = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
