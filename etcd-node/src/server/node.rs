@@ -102,7 +102,36 @@ pub struct Pending {
     /// A change removing this member, asked while it led: it handed leadership over and
     /// forwards the change to the next leader until it is applied or the deadline passes.
     own_removal: Option<OwnRemoval>,
+    /// Where this turn's time went so far.
+    spent: Spent,
+    /// Turns longer than the heartbeat interval, for their log.
+    slow: SlowTurns,
 }
+
+/// Where a turn of the loop spent its time, for the log of a slow one.
+#[derive(Debug, Default, Clone, Copy)]
+struct Spent {
+    /// Writing the WAL and fsyncing it.
+    wal: Duration,
+    /// Handing committed entries to the applier (the loop waits once it is 256 batches
+    /// behind) and waiting for it to catch up (before a membership change goes on, before a
+    /// snapshot of the leader's is installed).
+    applier: Duration,
+    /// Installing the leader's snapshot of the key space, and starting a snapshot of its own.
+    snapshot: Duration,
+}
+
+/// The turns longer than the heartbeat interval since the last one logged.
+#[derive(Debug, Default)]
+struct SlowTurns {
+    /// When the last one was logged, and how long it took.
+    logged: Option<(Instant, Duration)>,
+    since: u64,
+}
+
+/// A slow turn is logged at most this often (the count of the others goes with it: a disk too
+/// slow for the WAL makes every turn slow), unless it took more than twice the last one logged.
+const SLOW_TURN_LOG_EVERY: Duration = Duration::from_secs(10);
 
 /// How long a leader asked to remove itself keeps forwarding the change (the client's own wait
 /// is the request timeout).
@@ -216,9 +245,16 @@ impl RaftLoop {
                 }
             }
             let turn = Instant::now();
+            self.fx.pending.spent = Spent::default();
             let removed = self.member.turn(&mut self.fx)?;
+            let snapshotting = Instant::now();
             self.maybe_snapshot()?;
-            self.fx.metrics.loop_turn(turn.elapsed());
+            self.fx.pending.spent.snapshot += snapshotting.elapsed();
+            let took = turn.elapsed();
+            self.fx.metrics.loop_turn(took);
+            if took > self.tick {
+                self.slow_turn(took);
+            }
             // The snapshot files hold the key space; the transport reads them when it sends.
             self.member.raft.release_snapshot_data();
             self.fx.disk.release_snapshot_data();
@@ -238,6 +274,38 @@ impl RaftLoop {
                 return Ok(());
             }
         }
+    }
+
+    /// Logs a turn longer than the heartbeat interval (at most once per
+    /// [`SLOW_TURN_LOG_EVERY`], or one more than twice as long) with where its time went. This member's heartbeats, appends,
+    /// acknowledgements and votes waited that long; a turn longer than the election timeout
+    /// costs an election (etcd logs a leader's "failed to send out heartbeat on time").
+    fn slow_turn(&mut self, took: Duration) {
+        let p = &mut self.fx.pending;
+        p.slow.since += 1;
+        let now = Instant::now();
+        if p.slow.logged.is_some_and(|(at, last)| {
+            now.duration_since(at) < SLOW_TURN_LOG_EVERY && took <= 2 * last
+        }) {
+            return;
+        }
+        let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+        tracing::warn!(
+            took_ms = ms(took),
+            heartbeat_interval_ms = ms(self.tick),
+            wal_write_and_fsync_ms = ms(p.spent.wal),
+            applier_ms = ms(p.spent.applier),
+            snapshot_ms = ms(p.spent.snapshot),
+            slow_turns = p.slow.since,
+            "a turn of the Raft loop took longer than the heartbeat interval: this member's \
+             heartbeats, appends and votes waited (slow_turns: how many since the last such \
+             line); a disk too slow for the WAL, or an overloaded machine? (docs/operations.md, \
+             \"A slow disk\")"
+        );
+        p.slow = SlowTurns {
+            logged: Some((now, took)),
+            since: 0,
+        };
     }
 
     fn publish_status(&self) {
@@ -514,6 +582,67 @@ impl RaftLoop {
 }
 
 impl Effects {
+    /// [`World::install`]'s work once the applier has caught up.
+    fn install_applied(&mut self, snapshot: &Snapshot) -> Result<(), LoopError> {
+        // (received, its data is in its file: read a piece at a time)
+        let data = DataReader::open(self.disk.snap_dir(), &snapshot.meta)
+            .map_err(SnapshotError::Reading)?;
+        if data.data_len == 0 {
+            return Ok(()); // (a new member's empty starting point)
+        }
+        // (a crash here: the snapshot is this member's, the key space is restored at start)
+        crate::crash!("install-before-restore");
+        self.mvcc
+            .restore(std::io::BufReader::new(data), snapshot.meta.index)?;
+        // The key space is durable at the snapshot's index (a restore commits durably): the
+        // dump is not needed any more, a snapshot in place replaces it (the Raft core does not
+        // send a received snapshot on).
+        save_in_place(&self.disk.snap_files(), &snapshot.meta)?;
+        self.applier.restored(snapshot.meta.index);
+        self.pending.last_snapshot = snapshot.meta.index;
+        let revision = self.mvcc.position()?.revision;
+        self.watches.reset(revision);
+        let leases = self.mvcc.leases()?;
+        self.lessor = Lessor::load(&leases, Instant::now());
+        self.metrics.snapshot_received();
+        self.follow_members()?;
+        tracing::info!(
+            index = snapshot.meta.index,
+            "installed the leader's snapshot of the key space"
+        );
+        Ok(())
+    }
+
+    /// [`World::apply`]'s work.
+    fn hand_to_applier(
+        &mut self,
+        committed: &[Entry],
+        writes: &mut Proposals<WriteWaiter>,
+    ) -> Result<(), LoopError> {
+        if committed.is_empty() {
+            return Ok(());
+        }
+        let batch: Vec<(u64, Command)> =
+            committed.iter().map(|e| (e.index, command_of(e))).collect();
+        let mut waiters = Vec::new();
+        let mut members = Vec::new();
+        for (at, (_, c)) in batch.iter().enumerate() {
+            match c {
+                Command::Kv(p) => waiters.extend(writes.applied(p.id).map(|w| (at, w))),
+                Command::Member(c) => members.push(c.clone()),
+                Command::Noop => {}
+            }
+        }
+        self.applier.apply(batch, waiters)?;
+        if !members.is_empty() {
+            self.applier.barrier()?;
+            for c in &members {
+                self.member_changed(c);
+            }
+        }
+        Ok(())
+    }
+
     /// A keep-alive or time-to-live question, on the leader.
     fn answer_lease(&mut self, id: i64, renew: bool) -> Option<(i64, i64)> {
         let now = Instant::now();
@@ -719,8 +848,11 @@ impl World for Effects {
 
     fn persist(&mut self, _: &Raft, ready: &Ready) -> Result<(), LoopError> {
         let started = Instant::now();
-        if self.disk.persist(ready)? {
-            self.metrics.wal_fsync(started.elapsed());
+        let synced = self.disk.persist(ready)?;
+        let took = started.elapsed();
+        self.pending.spent.wal += took;
+        if synced {
+            self.metrics.wal_fsync(took);
         }
         Ok(())
     }
@@ -731,34 +863,13 @@ impl World for Effects {
 
     fn install(&mut self, _: &Raft, snapshot: &Snapshot) -> Result<(), LoopError> {
         // (what was handed over before the snapshot is applied first: then it is replaced)
+        let waiting = Instant::now();
         self.applier.barrier()?;
-        // (received, its data is in its file: read a piece at a time)
-        let data = DataReader::open(self.disk.snap_dir(), &snapshot.meta)
-            .map_err(SnapshotError::Reading)?;
-        if data.data_len == 0 {
-            return Ok(()); // (a new member's empty starting point)
-        }
-        // (a crash here: the snapshot is this member's, the key space is restored at start)
-        crate::crash!("install-before-restore");
-        self.mvcc
-            .restore(std::io::BufReader::new(data), snapshot.meta.index)?;
-        // The key space is durable at the snapshot's index (a restore commits durably): the
-        // dump is not needed any more, a snapshot in place replaces it (the Raft core does not
-        // send a received snapshot on).
-        save_in_place(&self.disk.snap_files(), &snapshot.meta)?;
-        self.applier.restored(snapshot.meta.index);
-        self.pending.last_snapshot = snapshot.meta.index;
-        let revision = self.mvcc.position()?.revision;
-        self.watches.reset(revision);
-        let leases = self.mvcc.leases()?;
-        self.lessor = Lessor::load(&leases, Instant::now());
-        self.metrics.snapshot_received();
-        self.follow_members()?;
-        tracing::info!(
-            index = snapshot.meta.index,
-            "installed the leader's snapshot of the key space"
-        );
-        Ok(())
+        self.pending.spent.applier += waiting.elapsed();
+        let installing = Instant::now();
+        let installed = self.install_applied(snapshot);
+        self.pending.spent.snapshot += installing.elapsed();
+        installed
     }
 
     /// Hands committed entries, with the waiters of the client writes among them, to the
@@ -770,28 +881,10 @@ impl World for Effects {
         committed: &[Entry],
         writes: &mut Proposals<WriteWaiter>,
     ) -> Result<(), LoopError> {
-        if committed.is_empty() {
-            return Ok(());
-        }
-        let batch: Vec<(u64, Command)> =
-            committed.iter().map(|e| (e.index, command_of(e))).collect();
-        let mut waiters = Vec::new();
-        let mut members = Vec::new();
-        for (at, (_, c)) in batch.iter().enumerate() {
-            match c {
-                Command::Kv(p) => waiters.extend(writes.applied(p.id).map(|w| (at, w))),
-                Command::Member(c) => members.push(c.clone()),
-                Command::Noop => {}
-            }
-        }
-        self.applier.apply(batch, waiters)?;
-        if !members.is_empty() {
-            self.applier.barrier()?;
-            for c in &members {
-                self.member_changed(c);
-            }
-        }
-        Ok(())
+        let handing = Instant::now();
+        let handed = self.hand_to_applier(committed, writes);
+        self.pending.spent.applier += handing.elapsed();
+        handed
     }
 
     fn receive(&mut self, raft: &mut Raft, from: NodeId, envelope: Envelope) {

@@ -365,6 +365,8 @@ impl Wal {
 
     fn sync_data(&self) -> io::Result<()> {
         crate::storage_error!("wal-fsync-eio", crate::failpoint::EIO, |e| e);
+        // (a slow disk: `FAILPOINTS=wal-fsync-stall=sleep(ms)`)
+        fail::fail_point!("wal-fsync-stall");
         self.file.sync_data()
     }
 
