@@ -277,9 +277,10 @@ impl RaftLoop {
     }
 
     /// Logs a turn longer than the heartbeat interval (at most once per
-    /// [`SLOW_TURN_LOG_EVERY`], or one more than twice as long) with where its time went. This member's heartbeats, appends,
-    /// acknowledgements and votes waited that long; a turn longer than the election timeout
-    /// costs an election (etcd logs a leader's "failed to send out heartbeat on time").
+    /// [`SLOW_TURN_LOG_EVERY`], or one more than twice as long) with where its time went.
+    /// This member's heartbeats, appends, acknowledgements and votes waited that long; a turn
+    /// longer than the election timeout costs an election (etcd logs a leader's "failed to
+    /// send out heartbeat on time").
     fn slow_turn(&mut self, took: Duration) {
         let p = &mut self.fx.pending;
         p.slow.since += 1;
