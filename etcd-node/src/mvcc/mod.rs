@@ -186,7 +186,7 @@ pub struct Mvcc {
     unsynced_bytes: AtomicU64,
     /// The file's space on disk as the last commit left it (the applier's commits, a restore,
     /// a defragment and the open read it again; the few rows of `set_identity` and
-    /// `init_members` leave it): what [`Mvcc::db_size_at_commit`] counts.
+    /// `seed_members` leave it): what [`Mvcc::db_size_at_commit`] counts.
     file_bytes: AtomicU64,
     /// The `removed` table, as applied (the peer service asks at every message).
     removed: RwLock<BTreeSet<u64>>,
