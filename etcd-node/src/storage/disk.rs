@@ -470,6 +470,15 @@ mod tests {
                 for (k, e) in s.entries().iter().enumerate() {
                     assert_eq!(*e, entry(k as u64 + 2, 2), "{failpoint}: entry {}", k + 2);
                 }
+                let left: Vec<_> = std::fs::read_dir(dir.path().join("wal"))
+                    .unwrap()
+                    .filter_map(|e| e.ok()?.file_name().into_string().ok())
+                    .filter(|n| n.ends_with(".tmp"))
+                    .collect();
+                assert!(
+                    left.is_empty(),
+                    "{failpoint}: left after the restart: {left:?}"
+                );
             }
         }
     }

@@ -169,6 +169,31 @@ fn parse_segment_name(name: &str) -> Option<(u64, u64)> {
     ))
 }
 
+/// Removes what a crash left of a segment being created: `<segment name>.tmp`, preallocated
+/// but never renamed into place. Nothing was written to it and the log never referred to it, so
+/// it holds nothing; left, it would take a segment's worth of disk (64 MiB by default) for good,
+/// since the next segment is rarely given the same name.
+fn remove_unfinished_segments(dir: &Path) -> Result<(), WalError> {
+    let mut removed = false;
+    for e in fs::read_dir(dir).map_err(io_err(dir))? {
+        let path = e.map_err(io_err(dir))?.path();
+        let unfinished = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .and_then(|n| n.strip_suffix(".tmp"))
+            .is_some_and(|stem| parse_segment_name(stem).is_some());
+        if unfinished {
+            fs::remove_file(&path).map_err(io_err(&path))?;
+            tracing::info!(file = %path.display(), "removed a WAL segment a crash left unfinished (it held nothing)");
+            removed = true;
+        }
+    }
+    if removed {
+        sync_dir(dir)?;
+    }
+    Ok(())
+}
+
 fn pad(len: usize) -> usize {
     (HEADER + len).div_ceil(8) * 8
 }
@@ -233,6 +258,7 @@ impl Wal {
     pub fn open(dir: &Path, segment_bytes: u64) -> Result<(Wal, Recovered), WalError> {
         fs::create_dir_all(dir).map_err(io_err(dir))?;
         let discarded = discard_unsynced(dir)?;
+        remove_unfinished_segments(dir)?;
         let Scan {
             mut segments,
             mut rec,
@@ -757,6 +783,25 @@ mod tests {
             .collect();
         assert_eq!(files.len(), 1);
         files.pop().unwrap()
+    }
+
+    #[test]
+    fn a_segment_a_crash_left_unfinished_is_removed_at_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut wal, _) = Wal::open(dir.path(), 4096).unwrap();
+        wal.save(Some(hs(1, 2)), &[entry(1, 1), entry(2, 1)])
+            .unwrap();
+        drop(wal);
+        // What a crash at `wal-segment-before-rename` leaves, and a file that is not the WAL's.
+        let unfinished = dir.path().join(format!("{}.tmp", segment_name(1, 3)));
+        fs::write(&unfinished, vec![0; 4096]).unwrap();
+        let other = dir.path().join("notes.tmp");
+        fs::write(&other, b"kept").unwrap();
+        let (_, rec) = Wal::open(dir.path(), 4096).unwrap();
+        assert!(!unfinished.exists(), "the unfinished segment is removed");
+        assert!(other.exists(), "a file the WAL did not name is left alone");
+        assert_eq!(rec.entries, vec![entry(1, 1), entry(2, 1)]);
+        assert_eq!(rec.hard_state, hs(1, 2));
     }
 
     #[test]
