@@ -18,7 +18,8 @@
 #                                            # ranges, a mixed load (puts and linearizable
 #                                            # gets of the same keys, half each, 16 clients),
 #                                            # then memory and disk per member, the
-#                                            # Raft loop's longest turn, and a leader killed
+#                                            # Raft loop's longest turn (and the slow
+#                                            # turns it logged), and a leader killed
 #                                            # under 16 writers with no timeout of their own;
 #                                            # ROUNDS=3: both systems three times, alternated,
 #                                            # then each point's medians and their ratio;
@@ -227,7 +228,7 @@ sustained() { # label eps ports-array-name pids...
     data+=("$(( $(du -sB1 "$dir" | cut -f1) / 1000000 ))")
     kv+=("$(( $(du -B1 "$dir/$kv_file" | cut -f1) / 1000000 ))")
   done
-  local longest="" slow=""
+  local longest="" slow="" turns=""
   if [ "$label" = etcd-node ]; then
     for i in "${!ports[@]}"; do
       longest+="$(curl -fs "$scheme://127.0.0.1:${ports[$i]}/metrics" | awk '/^etcd_node_raft_loop_longest_turn_seconds/{printf "%.0f", $2 * 1000}'),"
@@ -235,9 +236,20 @@ sustained() { # label eps ports-array-name pids...
     # Applied batches over 100 ms (the member logs each, durable or not) and the slowest.
     for dir in $member_dirs; do
       slow+="$(grep -c 'applying a batch took too long' "$dir.log" || true)/$({ grep -o 'took=[0-9.]*ms' "$dir.log" || true; } | tr -dc '0-9.\n' | sort -n | tail -1)ms,"
+      # Raft-loop turns over the heartbeat interval (logged with where the time went): how
+      # many lines, and the longest as took/wal/applier/snapshot in ms.
+      turns+="$(awk '/a turn of the Raft loop took longer/ {
+          n++; t = w = a = s = 0
+          for (i = 1; i <= NF; i++) {
+            split($i, kv, "=")
+            if (kv[1] == "took_ms") t = kv[2]; else if (kv[1] == "wal_write_and_fsync_ms") w = kv[2]
+            else if (kv[1] == "applier_ms") a = kv[2]; else if (kv[1] == "snapshot_ms") s = kv[2]
+          }
+          if (t + 0 > best + 0) { best = t; worst = t "/" w "/" a "/" s }
+        } END { printf "%d:%s", n, (n ? worst : "-") }' "$dir.log"),"
     done
   fi
-  echo "RESULT op=footprint cluster=$label writes=$(( warm + 130000 )) rss_mb=$(IFS=,; echo "${rss[*]}") kv_file_mb=$(IFS=,; echo "${kv[*]}") data_dir_mb=$(IFS=,; echo "${data[*]}") ${longest:+loop_longest_turn_ms=${longest%,}} ${slow:+slow_batches=${slow%,}}" | tee -a "$work/results"
+  echo "RESULT op=footprint cluster=$label writes=$(( warm + 130000 )) rss_mb=$(IFS=,; echo "${rss[*]}") kv_file_mb=$(IFS=,; echo "${kv[*]}") data_dir_mb=$(IFS=,; echo "${data[*]}") ${longest:+loop_longest_turn_ms=${longest%,}} ${slow:+slow_batches=${slow%,}} ${turns:+slow_turns=${turns%,}}" | tee -a "$work/results"
   # (a single member has no one to fail over to)
   if [ "${#ps[@]}" -eq 1 ]; then return; fi
   "$bin/etcd-bench" --endpoints "$eps" --clients 16 failover --duration 12 > "$work/fo" 2>&1 & local b=$!

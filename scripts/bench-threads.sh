@@ -24,7 +24,7 @@ cargo build --release --locked -p etcd-node --bin etcd-node --bin etcdutl --bin 
 rel=$PWD/target/release etcd=$PWD/target/go/etcd36/etcd node=${NODE_BIN:-$PWD/target/release/etcd-node}
 work=$(mktemp -d "${BENCH_DIR:-/var/tmp}/bench-threads.XXXXXX")
 pids=()
-cleanup() { kill "${pids[@]}" 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$work"; }
+cleanup() { kill "${pids[@]}" 2>/dev/null || true; wait 2>/dev/null || true; [ -n "${KEEP_PERF:-}" ] && cp "$work/perf.data" "$KEEP_PERF" 2>/dev/null; rm -rf "$work"; }
 trap cleanup EXIT
 clients=${CLIENTS:-16} warmup=${WARMUP:-30000} puts=${PUTS:-40000}
 

@@ -127,6 +127,15 @@ struct SlowTurns {
     /// When the last one was logged, and how long it took.
     logged: Option<(Instant, Duration)>,
     since: u64,
+    /// The loop thread's CPU time when the last turn ended: a turn's own CPU time is the
+    /// difference at its end (the wait for inputs between turns costs next to none).
+    cpu_at_turn_end: Duration,
+}
+
+/// The CPU time the calling thread has used (zero where the clock cannot be read).
+fn thread_cpu_time() -> Duration {
+    nix::time::clock_gettime(nix::time::ClockId::CLOCK_THREAD_CPUTIME_ID)
+        .map_or(Duration::ZERO, Duration::from)
 }
 
 /// A slow turn is logged at most this often (the count of the others goes with it: a disk too
@@ -252,8 +261,11 @@ impl RaftLoop {
             self.fx.pending.spent.snapshot += snapshotting.elapsed();
             let took = turn.elapsed();
             self.fx.metrics.loop_turn(took);
+            let cpu = thread_cpu_time();
+            let on_cpu = cpu.saturating_sub(self.fx.pending.slow.cpu_at_turn_end);
+            self.fx.pending.slow.cpu_at_turn_end = cpu;
             if took > self.tick {
-                self.slow_turn(took);
+                self.slow_turn(took, on_cpu);
             }
             // The snapshot files hold the key space; the transport reads them when it sends.
             self.member.raft.release_snapshot_data();
@@ -281,7 +293,9 @@ impl RaftLoop {
     /// This member's heartbeats, appends, acknowledgements and votes waited that long; a turn
     /// longer than the election timeout costs an election (etcd logs a leader's "failed to
     /// send out heartbeat on time").
-    fn slow_turn(&mut self, took: Duration) {
+    /// `on_cpu`: the loop thread's CPU time in the turn. A turn mostly off the CPU and not in
+    /// the WAL waited for a core (an overloaded machine) or for the applier.
+    fn slow_turn(&mut self, took: Duration, on_cpu: Duration) {
         let p = &mut self.fx.pending;
         p.slow.since += 1;
         let now = Instant::now();
@@ -293,6 +307,7 @@ impl RaftLoop {
         let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
         tracing::warn!(
             took_ms = ms(took),
+            on_cpu_ms = ms(on_cpu),
             heartbeat_interval_ms = ms(self.tick),
             wal_write_and_fsync_ms = ms(p.spent.wal),
             applier_ms = ms(p.spent.applier),
@@ -303,10 +318,8 @@ impl RaftLoop {
              line); a disk too slow for the WAL, or an overloaded machine? (docs/operations.md, \
              \"A slow disk\")"
         );
-        p.slow = SlowTurns {
-            logged: Some((now, took)),
-            since: 0,
-        };
+        p.slow.logged = Some((now, took));
+        p.slow.since = 0;
     }
 
     fn publish_status(&self) {

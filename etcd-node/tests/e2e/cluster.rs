@@ -1113,6 +1113,8 @@ fn a_slow_wal_fsync_is_logged_with_where_the_turn_went() {
     let field = |name: &str| field(&line, name).unwrap_or_else(|| panic!("no {name} in {line}"));
     assert!(line.contains("WARN"), "{line}");
     assert!(field("took_ms") >= 600, "{line}");
+    // (the stalled fsync sleeps: the turn was off the CPU nearly all the time)
+    assert!(field("on_cpu_ms") < 300, "{line}");
     assert_eq!(field("heartbeat_interval_ms"), 100, "{line}");
     assert!(field("slow_turns") >= 1, "{line}");
     assert!(line.contains("A slow disk"), "{line}");
