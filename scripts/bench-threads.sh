@@ -15,7 +15,8 @@
 # PERF_SECONDS: also record the members' CPU with perf for that long during the counted puts
 # and print where it went, by kind of work (scripts/perf-shares.py). perf's own cost inflates
 # that round's CPU figures: take them from rounds without it. For etcd-node's symbols, build
-# with `cargo build --profile profiling` and give NODE_BIN=target/profiling/etcd-node.)
+# with `cargo build --profile profiling` and give NODE_BIN=target/profiling/etcd-node.
+# KEEP_PERF=<file>: keep the recording there, for `perf script -i <file>`.)
 # Ports 32179-32680 (below the kernel's ephemeral range).
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -211,6 +211,7 @@ impl RaftLoop {
         // Whether this member led at the end of the last turn (to notice it starts leading).
         let mut leading = false;
         let mut next_tick = Instant::now() + self.tick;
+        self.fx.pending.slow.cpu_at_turn_end = thread_cpu_time();
         loop {
             let now = Instant::now();
             if now >= next_tick {
