@@ -160,6 +160,14 @@ fn segment_name(seq: u64, first_index: u64) -> String {
     format!("{seq:016x}-{first_index:016x}.wal")
 }
 
+/// The name a segment is created under, before it is preallocated and renamed into place.
+fn unfinished_segment_name(seq: u64, first_index: u64) -> String {
+    format!("{}{UNFINISHED}", segment_name(seq, first_index))
+}
+
+/// What [`unfinished_segment_name`] adds to a segment's name.
+const UNFINISHED: &str = ".tmp";
+
 fn parse_segment_name(name: &str) -> Option<(u64, u64)> {
     let stem = name.strip_suffix(".wal")?;
     let (a, b) = stem.split_once('-')?;
@@ -169,10 +177,10 @@ fn parse_segment_name(name: &str) -> Option<(u64, u64)> {
     ))
 }
 
-/// Removes what a crash left of a segment being created: `<segment name>.tmp`, preallocated
-/// but never renamed into place. Nothing was written to it and the log never referred to it, so
-/// it holds nothing; left, it would take a segment's worth of disk (64 MiB by default) for good,
-/// since the next segment is rarely given the same name.
+/// Removes what a crash left of a segment being created ([`unfinished_segment_name`]),
+/// preallocated but never renamed into place. Nothing was written to it and the log never
+/// referred to it, so it holds nothing; left, it would take a segment's worth of disk (64 MiB
+/// by default) for good, since the next segment is rarely given the same name.
 fn remove_unfinished_segments(dir: &Path) -> Result<(), WalError> {
     let mut removed = false;
     for e in fs::read_dir(dir).map_err(io_err(dir))? {
@@ -180,7 +188,7 @@ fn remove_unfinished_segments(dir: &Path) -> Result<(), WalError> {
         let unfinished = path
             .file_name()
             .and_then(|n| n.to_str())
-            .and_then(|n| n.strip_suffix(".tmp"))
+            .and_then(|n| n.strip_suffix(UNFINISHED))
             .is_some_and(|stem| parse_segment_name(stem).is_some());
         if unfinished {
             fs::remove_file(&path).map_err(io_err(&path))?;
@@ -601,7 +609,7 @@ fn create_segment(
     bytes: u64,
 ) -> Result<(File, PathBuf), WalError> {
     let path = dir.join(segment_name(seq, first_index));
-    let tmp = dir.join(format!("{}.tmp", segment_name(seq, first_index)));
+    let tmp = dir.join(unfinished_segment_name(seq, first_index));
     let file = OpenOptions::new()
         .read(true)
         .write(true)
@@ -793,7 +801,7 @@ mod tests {
             .unwrap();
         drop(wal);
         // What a crash at `wal-segment-before-rename` leaves, and a file that is not the WAL's.
-        let unfinished = dir.path().join(format!("{}.tmp", segment_name(1, 3)));
+        let unfinished = dir.path().join(unfinished_segment_name(1, 3));
         fs::write(&unfinished, vec![0; 4096]).unwrap();
         let other = dir.path().join("notes.tmp");
         fs::write(&other, b"kept").unwrap();
