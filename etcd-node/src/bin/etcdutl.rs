@@ -47,6 +47,9 @@ enum WalCommand {
         /// The member's data directory (the one with member/wal).
         #[arg(long = "data-dir")]
         data_dir: PathBuf,
+        /// The member's --wal-dir, if it was started with one.
+        #[arg(long = "wal-dir")]
+        wal_dir: Option<PathBuf>,
     },
 }
 
@@ -90,6 +93,10 @@ enum SnapshotCommand {
         /// The data directory to create (default <name>.etcd); it must not exist yet.
         #[arg(long = "data-dir")]
         data_dir: Option<PathBuf>,
+        /// A dedicated WAL directory to create, given as --wal-dir to the restored member
+        /// (default: in the data directory); it must not exist yet.
+        #[arg(long = "wal-dir")]
+        wal_dir: Option<PathBuf>,
         /// The new cluster: NAME=peer URL,... including the witness (NAME=witness:...).
         #[arg(long = "initial-cluster")]
         initial_cluster: Option<String>,
@@ -243,9 +250,9 @@ async fn reconcile_cluster(
 
 async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
-        Command::Wal(WalCommand::Dump { data_dir }) => {
+        Command::Wal(WalCommand::Dump { data_dir, wal_dir }) => {
             let stdout = std::io::stdout();
-            wal_dump::dump(&data_dir, &mut stdout.lock())
+            wal_dump::dump(&data_dir, wal_dir.as_deref(), &mut stdout.lock())
                 .with_context(|| format!("etcdutl wal dump --data-dir {}", data_dir.display()))?;
         }
         Command::Cluster(ClusterCommand::Reconcile {
@@ -349,6 +356,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             file,
             name,
             data_dir,
+            wal_dir,
             initial_cluster,
             initial_cluster_token,
             initial_advertise_peer_urls,
@@ -365,6 +373,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             ];
             args.extend(initial_cluster.map(|c| format!("--initial-cluster={c}")));
             args.extend(data_dir.map(|d| format!("--data-dir={}", d.display())));
+            args.extend(wal_dir.map(|d| format!("--wal-dir={}", d.display())));
             let cfg = ServerConfig::from_args(args).map_err(anyhow::Error::msg)?;
             let opts = RestoreOptions {
                 skip_hash_check,

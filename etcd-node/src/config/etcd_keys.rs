@@ -10,7 +10,6 @@ use super::InvalidConfig;
 
 /// Accepted and ignored: (name, whether the flag takes a value).
 const NO_EFFECT: &[(&str, bool)] = &[
-    ("wal-dir", true),
     ("max-snapshots", true),
     ("max-wals", true),
     ("cors", true),

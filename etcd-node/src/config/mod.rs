@@ -57,6 +57,11 @@ pub struct Flags {
     /// Path to the data directory [default: <name>.etcd].
     #[arg(long, env = "ETCD_DATA_DIR")]
     pub data_dir: Option<PathBuf>,
+    /// Path to a dedicated WAL directory, for a disk of the WAL's own [default:
+    /// <data-dir>/member/wal]. Give the same one at every start: a member whose data directory
+    /// has a snapshot but whose WAL directory has no WAL refuses to start.
+    #[arg(long, env = "ETCD_WAL_DIR")]
+    pub wal_dir: Option<PathBuf>,
     /// URLs to listen on for client traffic.
     #[arg(
         long,
@@ -372,6 +377,8 @@ pub struct ServerConfig {
     pub member_id: u64,
     pub cluster_id: u64,
     pub data_dir: PathBuf,
+    /// The WAL's directory (`--wal-dir`, or `<data-dir>/member/wal`).
+    pub wal_dir: PathBuf,
     pub listen_client_urls: Vec<HttpUrl>,
     pub advertise_client_urls: Vec<HttpUrl>,
     pub listen_peer_urls: Vec<HttpUrl>,
@@ -732,13 +739,16 @@ impl ServerConfig {
             initial_members(&f, &initial_advertise_peer_urls, &peer_tls)?;
         let (feature_gates, etcd_gates) = crate::version::parse_gates(&f.feature_gates)
             .map_err(|e| InvalidConfig(e.to_string()))?;
+        let data_dir = f
+            .data_dir
+            .clone()
+            .unwrap_or_else(|| PathBuf::from(format!("{}.etcd", f.name)));
+        let wal_dir = crate::storage::wal_dir(&data_dir, f.wal_dir.as_deref())?;
         Ok(ServerConfig {
             member_id,
             cluster_id: cluster_id(&ids),
-            data_dir: f
-                .data_dir
-                .clone()
-                .unwrap_or_else(|| PathBuf::from(format!("{}.etcd", f.name))),
+            data_dir,
+            wal_dir,
             name: f.name,
             listen_client_urls,
             advertise_client_urls,

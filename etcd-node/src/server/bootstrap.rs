@@ -132,6 +132,67 @@ fn behind_in_place(data_dir: &std::path::Path, applied: u64, index: u64) -> anyh
     )
 }
 
+/// Refuses, before anything is read or changed, a start whose WAL directory is not the one
+/// this data directory's member wrote its log to: a member started on its snapshot without its
+/// log would have forgotten its vote and its acknowledged entries (a `--wal-dir` left out, or
+/// changed, between two starts), and a member with a WAL in both places has two histories.
+fn check_wal_location(cfg: &ServerConfig, member_dir: &std::path::Path) -> anyhow::Result<()> {
+    let holds = |dir: &std::path::Path| {
+        crate::storage::wal::holds_segments(dir)
+            .with_context(|| format!("reading the WAL directory {}", dir.display()))
+    };
+    let (wal, default) = (&cfg.wal_dir, member_dir.join("wal"));
+    for dir in [wal.as_path(), &default] {
+        if dir.is_dir() {
+            // (a member running on either: say so, rather than how to move its WAL)
+            crate::storage::wal::lock_dir(dir)?;
+        }
+    }
+    let here = holds(wal)?;
+    let same = |a: &std::path::Path, b: &std::path::Path| matches!((a.canonicalize(), b.canonicalize()), (Ok(a), Ok(b)) if a == b);
+    if *wal != default && !same(wal, &default) && holds(&default)? {
+        if here {
+            bail!(
+                "there is a WAL both in {} and in --wal-dir {}: this member has two logs. \
+                 Nothing was changed. If you copied the WAL into --wal-dir, remove {} and start \
+                 again; otherwise keep the one the member last ran with and move the other one \
+                 out of the way",
+                default.display(),
+                wal.display(),
+                default.display()
+            );
+        }
+        bail!(
+            "this member's WAL is in {}, but --wal-dir names {}, which holds none. Nothing was \
+             changed. To move the WAL there: with the member stopped, copy it (`mkdir -p '{}' \
+             && cp -a '{}/.' '{}/' && sync`), remove {}, and start again; or leave --wal-dir out",
+            default.display(),
+            wal.display(),
+            wal.display(),
+            default.display(),
+            wal.display(),
+            default.display()
+        );
+    }
+    let snap = member_dir.join("snap");
+    let has_snapshot = crate::storage::snap::holds_snapshot(&snap)
+        .with_context(|| format!("reading the snapshot directory {}", snap.display()))?;
+    if has_snapshot && !here {
+        bail!(
+            "{} holds this member's snapshot, but its WAL directory {} holds no WAL: the \
+             member's log and vote are somewhere else. Nothing was changed. Start it with the \
+             --wal-dir it last ran with (without --wal-dir the WAL is {}); if its WAL is lost, \
+             replace the member: move {} aside and follow \"Replacing a member whose machine is \
+             gone\" in docs/operations.md",
+            cfg.data_dir.display(),
+            wal.display(),
+            default.display(),
+            cfg.data_dir.display()
+        );
+    }
+    Ok(())
+}
+
 /// This member's and its cluster's ids.
 #[derive(Debug, Clone, Copy)]
 struct Ids {
@@ -160,7 +221,8 @@ async fn open_storage(
     if let Ok(why) = std::fs::read_to_string(member_dir.join(REMOVED_MARK)) {
         bail!("{why}");
     }
-    let (mut disk, report) = DiskStorage::open(&member_dir)?;
+    check_wal_location(cfg, &member_dir)?;
+    let (mut disk, report) = DiskStorage::open(&member_dir, &cfg.wal_dir)?;
     if report.torn_bytes > 0 {
         tracing::warn!(
             bytes = report.torn_bytes,

@@ -163,7 +163,8 @@ mod tests {
     #[tokio::test]
     async fn a_forced_start_run_again_after_a_crash_snapshots_where_the_key_space_is() {
         let dir = tempfile::tempdir().unwrap();
-        let (mut disk, _) = DiskStorage::open(&dir.path().join("member")).unwrap();
+        let member = dir.path().join("member");
+        let (mut disk, _) = DiskStorage::open(&member, &member.join("wal")).unwrap();
         let members = Membership::new([1, 2], Some(3)).unwrap();
         disk.bootstrap(members, None, |_| Ok(())).unwrap();
         let entries: Vec<Entry> = (2..=5)

@@ -88,6 +88,20 @@ pub async fn restore(
             dir.display()
         );
     }
+    let wal_dir = dedicated_wal_dir(cfg);
+    if let Some(wal) = wal_dir
+        && wal.exists()
+        && std::fs::read_dir(wal).map_or(true, |mut d| d.next().is_some())
+    {
+        bail!(
+            "--wal-dir {} already exists and is not empty; restore into a new directory (a \
+             restore never overwrites a member's WAL). A restore cut short between its last two \
+             steps leaves the restored WAL there and no --data-dir {}: only then does it hold \
+             nothing else, and it can be removed",
+            wal.display(),
+            dir.display()
+        );
+    }
     let mut opened = std::fs::File::open(file)
         .with_context(|| format!("reading the snapshot file {}", file.display()))?;
     let check = !opts.skip_hash_check;
@@ -98,26 +112,33 @@ pub async fn restore(
         Source::Node(backup::open(BufReader::new(opened), check).map_err(anyhow::Error::msg)?)
     };
     let aside = aside_path(dir);
-    if aside.exists() {
-        // A restore that failed earlier: nothing could have used it.
-        std::fs::remove_dir_all(&aside)
-            .with_context(|| format!("removing the unfinished restore {}", aside.display()))?;
+    // The WAL is built aside too: in the data directory, or next to --wal-dir.
+    let wal_aside = match wal_dir {
+        Some(wal) => aside_path(wal),
+        None => aside.join("member").join("wal"),
+    };
+    for unfinished in [&aside, &wal_aside] {
+        if unfinished.exists() {
+            // A restore that failed earlier: nothing could have used it.
+            std::fs::remove_dir_all(unfinished).with_context(|| {
+                format!("removing the unfinished restore {}", unfinished.display())
+            })?;
+        }
     }
-    let built = build_aside(cfg, &aside, source, opts).await;
+    let built = build_aside(cfg, &aside, &wal_aside, source, opts).await;
     let (summary, cluster_id, imported) = match built {
         Ok(done) => done,
         Err(e) => {
             let _ = std::fs::remove_dir_all(&aside);
+            let _ = std::fs::remove_dir_all(&wal_aside);
             return Err(e);
         }
     };
-    std::fs::rename(&aside, dir)
-        .with_context(|| format!("renaming {} to {}", aside.display(), dir.display()))?;
-    if let Some(parent) = crate::storage::parent_dir(dir) {
-        std::fs::File::open(parent)
-            .and_then(|d| d.sync_all())
-            .with_context(|| format!("syncing {}", parent.display()))?;
+    // The WAL first: a data directory in place without its WAL refuses to start, saying so.
+    if let Some(wal) = wal_dir {
+        rename_durably(&wal_aside, wal)?;
     }
+    rename_durably(&aside, dir)?;
     Ok(RestoreReport {
         data_dir: dir.clone(),
         member_id: cfg.member_id,
@@ -134,6 +155,7 @@ pub async fn restore(
 async fn build_aside(
     cfg: &ServerConfig,
     aside: &Path,
+    wal_aside: &Path,
     source: Source,
     opts: &RestoreOptions,
 ) -> anyhow::Result<(DumpSummary, u64, Option<EtcdFileSummary>)> {
@@ -186,14 +208,36 @@ async fn build_aside(
         }),
         None => None,
     };
-    build(cfg, cluster_id, aside, &rewritten, witness)
+    build(cfg, cluster_id, aside, wal_aside, &rewritten, witness)
         .with_context(|| format!("restoring into {}", aside.display()))?;
     std::fs::remove_file(&rewritten)
         .with_context(|| format!("removing {}", rewritten.display()))?;
     Ok((summary, cluster_id, imported))
 }
 
-/// `<data-dir>.restoring`, next to the data directory (same file system, so the rename is
+/// The restored member's `--wal-dir`, when it has one (None: its WAL is in the data directory).
+fn dedicated_wal_dir(cfg: &ServerConfig) -> Option<&Path> {
+    let wal = cfg.wal_dir.as_path();
+    (wal != cfg.data_dir.join("member").join("wal")).then_some(wal)
+}
+
+/// Renames `from` to `to` and makes the rename durable.
+fn rename_durably(from: &Path, to: &Path) -> anyhow::Result<()> {
+    if let Some(parent) = crate::storage::parent_dir(to) {
+        std::fs::create_dir_all(parent)
+            .with_context(|| format!("creating {}", parent.display()))?;
+    }
+    std::fs::rename(from, to)
+        .with_context(|| format!("renaming {} to {}", from.display(), to.display()))?;
+    if let Some(parent) = crate::storage::parent_dir(to) {
+        std::fs::File::open(parent)
+            .and_then(|d| d.sync_all())
+            .with_context(|| format!("syncing {}", parent.display()))?;
+    }
+    Ok(())
+}
+
+/// `<dir>.restoring`, next to the directory `dir` (same file system, so the rename is
 /// atomic).
 fn aside_path(dir: &Path) -> PathBuf {
     let mut name = dir.file_name().unwrap_or_default().to_os_string();
@@ -201,13 +245,14 @@ fn aside_path(dir: &Path) -> PathBuf {
     dir.with_file_name(name)
 }
 
-/// Writes the member's storage under `root`: the key space (durably), then the bootstrap
-/// snapshot that holds it, bound to the generation of its fresh witness; both read from the
-/// restored dump in the file `dump`.
+/// Writes the member's storage under `root` (its WAL in `wal_dir`): the key space (durably),
+/// then the bootstrap snapshot that holds it, bound to the generation of its fresh witness;
+/// both read from the restored dump in the file `dump`.
 fn build(
     cfg: &ServerConfig,
     cluster_id: u64,
     root: &Path,
+    wal_dir: &Path,
     dump: &Path,
     witness: Option<KnownWitness>,
 ) -> anyhow::Result<()> {
@@ -216,7 +261,7 @@ fn build(
     let mvcc = Mvcc::open(&member_dir.join("kv.redb"))?;
     mvcc.restore(BufReader::new(std::fs::File::open(dump)?), 1)?;
     mvcc.set_identity(cfg.member_id, cluster_id)?;
-    let (mut disk, _) = DiskStorage::open(&member_dir)?;
+    let (mut disk, _) = DiskStorage::open(&member_dir, wal_dir)?;
     disk.bootstrap(initial_membership(cfg)?, witness, |out| {
         std::io::copy(&mut std::fs::File::open(dump)?, out).map(drop)
     })?;

@@ -116,21 +116,28 @@ fn entry_line(e: &Entry) -> Value {
 #[derive(Debug, thiserror::Error)]
 pub enum DumpError {
     #[error(
-        "{0} holds no WAL: --data-dir names a member's data directory (the one with member/wal)"
+        "{0} holds no WAL: --data-dir names a member's data directory (the one with member/wal), \
+         and --wal-dir the member's own --wal-dir when it has one"
     )]
     NoWal(String),
+    #[error("{0}")]
+    BadWalDir(String),
     #[error(transparent)]
     Wal(#[from] WalError),
     #[error("writing the dump")]
     Write(#[from] io::Error),
 }
 
-/// Writes the dump of the WAL of the member whose data directory is `data_dir`; returns the
-/// number of entries written.
-pub fn dump(data_dir: &Path, out: &mut impl Write) -> Result<usize, DumpError> {
-    let dir = data_dir.join("member").join("wal");
-    if !dir.is_dir() {
-        return Err(DumpError::NoWal(data_dir.display().to_string()));
+/// Writes the dump of the WAL of the member whose data directory is `data_dir` (its WAL in
+/// `wal_dir` when given, as the member's `--wal-dir`); returns the number of entries written.
+pub fn dump(
+    data_dir: &Path,
+    wal_dir: Option<&Path>,
+    out: &mut impl Write,
+) -> Result<usize, DumpError> {
+    let dir = crate::storage::wal_dir(data_dir, wal_dir).map_err(DumpError::BadWalDir)?;
+    if !wal::holds_segments(&dir).unwrap_or(false) {
+        return Err(DumpError::NoWal(dir.display().to_string()));
     }
     let contents = wal::read_only(&dir)?;
     let rec = contents.rec;
@@ -206,7 +213,7 @@ mod tests {
             .map(|e| std::fs::read(e.unwrap().path()).unwrap())
             .collect::<Vec<_>>();
         let mut out = Vec::new();
-        assert_eq!(dump(dir.path(), &mut out).unwrap(), 3);
+        assert_eq!(dump(dir.path(), None, &mut out).unwrap(), 3);
         let lines: Vec<Value> = String::from_utf8(out)
             .unwrap()
             .lines()
@@ -223,7 +230,7 @@ mod tests {
             .map(|e| std::fs::read(e.unwrap().path()).unwrap())
             .collect::<Vec<_>>();
         assert_eq!(before, after);
-        let err = dump(&dir.path().join("nope"), &mut Vec::new()).unwrap_err();
+        let err = dump(&dir.path().join("nope"), None, &mut Vec::new()).unwrap_err();
         assert!(err.to_string().contains("holds no WAL"), "{err}");
     }
 }

@@ -1,5 +1,6 @@
 //! `DiskStorage`: the Raft log, hard state and snapshots of one member on disk
-//! (`<data-dir>/member/wal`, `<data-dir>/member/snap`), implementing [`raft::Storage`].
+//! (`<data-dir>/member/snap`, and the WAL in `<data-dir>/member/wal` or `--wal-dir`),
+//! implementing [`raft::Storage`].
 //!
 //! Invariants: [`DiskStorage::persist`] returns only after everything in the `Ready` it was
 //! given is durable (one WAL fsync for entries and hard state; a received snapshot first
@@ -47,14 +48,18 @@ pub struct OpenReport {
 }
 
 impl DiskStorage {
-    /// Opens (creating) the storage under `member_dir`.
-    pub fn open(member_dir: &Path) -> Result<(DiskStorage, OpenReport), StorageError> {
-        Self::open_with(member_dir, SEGMENT_BYTES)
+    /// Opens (creating) the storage: snapshots under `member_dir`, the WAL in `wal_dir`.
+    pub fn open(
+        member_dir: &Path,
+        wal_dir: &Path,
+    ) -> Result<(DiskStorage, OpenReport), StorageError> {
+        Self::open_with(member_dir, wal_dir, SEGMENT_BYTES)
     }
 
     /// As [`DiskStorage::open`] with a WAL segment size (tests use small ones).
     pub fn open_with(
         member_dir: &Path,
+        wal_dir: &Path,
         segment_bytes: u64,
     ) -> Result<(DiskStorage, OpenReport), StorageError> {
         let snap_dir = member_dir.join("snap");
@@ -67,7 +72,7 @@ impl DiskStorage {
             source,
         })?;
         let loaded = snaps.load()?;
-        let (wal, rec) = Wal::open(&member_dir.join("wal"), segment_bytes)?;
+        let (wal, rec) = Wal::open(wal_dir, segment_bytes)?;
         let snapshot = loaded
             .snapshot
             .unwrap_or_else(|| MemStorage::joining().snapshot());
@@ -333,14 +338,14 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let membership = Membership::new([1, 2], Some(3)).unwrap();
         {
-            let (mut s, _) = DiskStorage::open(dir.path()).unwrap();
+            let (mut s, _) = DiskStorage::open(dir.path(), &dir.path().join("wal")).unwrap();
             assert!(s.is_empty());
             s.bootstrap(membership.clone(), None, |_| Ok(())).unwrap();
             s.persist(&batch(vec![entry(2, 2), entry(3, 2)], 2))
                 .unwrap();
             s.persist(&batch(vec![entry(3, 3)], 2)).unwrap();
         }
-        let (s, _) = DiskStorage::open(dir.path()).unwrap();
+        let (s, _) = DiskStorage::open(dir.path(), &dir.path().join("wal")).unwrap();
         assert!(!s.is_empty());
         assert_eq!(s.snapshot().meta.membership, membership);
         assert_eq!(s.entries(), vec![entry(2, 2), entry(3, 3)]);
@@ -363,7 +368,7 @@ mod tests {
 
     fn compaction_and_restart(release: bool) {
         let dir = tempfile::tempdir().unwrap();
-        let (mut s, _) = DiskStorage::open_with(dir.path(), 2048).unwrap();
+        let (mut s, _) = DiskStorage::open_with(dir.path(), &dir.path().join("wal"), 2048).unwrap();
         s.bootstrap(Membership::new([1], None).unwrap(), None, |_| Ok(()))
             .unwrap();
         if release {
@@ -386,7 +391,7 @@ mod tests {
         let after = std::fs::read_dir(dir.path().join("wal")).unwrap().count();
         assert!(after < segments, "{after} < {segments}");
         drop(s);
-        let (s, _) = DiskStorage::open_with(dir.path(), 2048).unwrap();
+        let (s, _) = DiskStorage::open_with(dir.path(), &dir.path().join("wal"), 2048).unwrap();
         // (the data stays in its file)
         assert_eq!(s.snapshot().meta, snap.meta);
         let mut data = Vec::new();
@@ -409,7 +414,8 @@ mod tests {
             return; // only meaningful as the crash test's child process
         };
         crate::failpoint::setup().unwrap();
-        let (mut s, _) = DiskStorage::open_with(Path::new(&dir), 4096).unwrap();
+        let (mut s, _) =
+            DiskStorage::open_with(Path::new(&dir), &Path::new(&dir).join("wal"), 4096).unwrap();
         if s.is_empty() {
             s.bootstrap(Membership::new([1], None).unwrap(), None, |_| Ok(()))
                 .unwrap();
@@ -453,7 +459,7 @@ mod tests {
                 {
                     acked = last;
                 }
-                let (s, _) = DiskStorage::open_with(dir.path(), 4096)
+                let (s, _) = DiskStorage::open_with(dir.path(), &dir.path().join("wal"), 4096)
                     .unwrap_or_else(|e| panic!("{failpoint}: reopen failed: {e}"));
                 let last = s.entries().last().map_or(1, |e| e.index);
                 assert!(

@@ -27,6 +27,33 @@ pub fn parent_dir(path: &Path) -> Option<&Path> {
     })
 }
 
+/// The WAL directory of the member whose data directory is `data_dir`: `--wal-dir` when given
+/// and not empty (etcd's dedicated WAL directory, for a disk of the WAL's own), else
+/// `<data-dir>/member/wal`. Refuses a `--wal-dir` inside the `member` directory other than
+/// `member/wal` itself: that directory's other entries are the snapshots and the key space.
+pub fn wal_dir(data_dir: &Path, flag: Option<&Path>) -> Result<PathBuf, String> {
+    let default = data_dir.join("member").join("wal");
+    let Some(flag) = flag.filter(|f| !f.as_os_str().is_empty()) else {
+        return Ok(default);
+    };
+    let absolute = |p: &Path| std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());
+    let (wal, member) = (absolute(flag), absolute(&data_dir.join("member")));
+    if wal == member.join("wal") {
+        return Ok(default);
+    }
+    if wal.starts_with(&member) {
+        return Err(format!(
+            "--wal-dir {} is inside {}, where the member keeps its snapshots and key space: \
+             give the WAL a directory of its own (such as /var/lib/etcd-wal, on the disk meant \
+             for it), or leave --wal-dir out to keep it in {}",
+            flag.display(),
+            member.display(),
+            default.display()
+        ));
+    }
+    Ok(flag.to_path_buf())
+}
+
 /// Makes durable what a member's first start creates in its data directory: the entries in
 /// `member_dir` (`wal`, `snap`, `kv.redb`) and `member_dir`'s own entry in the data directory,
 /// by an fsync of both directories. Every start calls it (a start cut short before it ran may
@@ -78,6 +105,39 @@ pub enum StorageError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_wal_is_in_the_data_directory_unless_wal_dir_names_a_directory_of_its_own() {
+        let data = Path::new("/var/lib/etcd");
+        let default = PathBuf::from("/var/lib/etcd/member/wal");
+        assert_eq!(wal_dir(data, None).unwrap(), default);
+        // (etcd's default is an empty --wal-dir)
+        assert_eq!(wal_dir(data, Some(Path::new(""))).unwrap(), default);
+        for same in ["/var/lib/etcd/member/wal", "/var/lib/etcd/./member/wal/"] {
+            assert_eq!(wal_dir(data, Some(Path::new(same))).unwrap(), default);
+        }
+        for own in ["/var/lib/etcd-wal", "/fast/wal", "/var/lib/etcd/wal"] {
+            assert_eq!(
+                wal_dir(data, Some(Path::new(own))).unwrap(),
+                PathBuf::from(own)
+            );
+        }
+        for inside in [
+            "/var/lib/etcd/member",
+            "/var/lib/etcd/member/snap",
+            "/var/lib/etcd/member/wal2",
+        ] {
+            let err = wal_dir(data, Some(Path::new(inside))).unwrap_err();
+            assert!(
+                err.contains(inside) && err.contains("a directory of its own"),
+                "{err}"
+            );
+        }
+        // A relative data directory and an absolute --wal-dir naming the same place.
+        let cwd = std::env::current_dir().unwrap();
+        let inside = cwd.join("n1.etcd/member/snap");
+        assert!(wal_dir(Path::new("n1.etcd"), Some(&inside)).is_err());
+    }
 
     #[test]
     fn a_relative_data_directory_is_named_in_the_working_directory() {

@@ -211,6 +211,18 @@ impl<W: io::Write> io::Write for Checksummed<W> {
     }
 }
 
+/// True if `dir` holds one of the member's snapshot files (false if it does not exist);
+/// creates nothing.
+pub fn holds_snapshot(dir: &Path) -> io::Result<bool> {
+    if !dir.exists() {
+        return Ok(false);
+    }
+    let snaps = SnapDir {
+        dir: dir.to_path_buf(),
+    };
+    Ok(!snaps.files()?.is_empty())
+}
+
 impl SnapDir {
     /// The directory's path.
     pub fn dir(&self) -> &Path {

@@ -67,6 +67,11 @@ pub enum WalError {
         offset: u64,
         kind: u8,
     },
+    /// Another process holds the WAL directory's lock ([`lock_dir`]).
+    #[error(
+        "another process has the WAL in {0} open: a member is already running on it. Nothing was changed. Stop that member first (two processes writing one WAL would damage it); if two members were given the same --wal-dir, give each a directory of its own"
+    )]
+    Locked(PathBuf),
 }
 
 fn io_err(path: &Path) -> impl FnOnce(io::Error) -> WalError + '_ {
@@ -108,6 +113,9 @@ pub struct Wal {
     next_index: u64,
     /// How much of the current segment is durable (fsynced).
     synced: u64,
+    /// The directory's lock, held while the WAL is open (None where the file system has no
+    /// locks).
+    _lock: Option<nix::fcntl::Flock<File>>,
 }
 
 /// The note a failed fsync leaves in the WAL directory: `<segment> <durable end> <written end>`
@@ -261,10 +269,61 @@ fn sync_dir(dir: &Path) -> Result<(), WalError> {
         .map_err(io_err(dir))
 }
 
+/// Creates `dir` and whatever of its ancestors is missing, each made durable in its parent (a
+/// power cut must not take a WAL directory that already holds acknowledged entries: with
+/// `--wal-dir` it is not under the data directory, whose entries the member syncs itself).
+fn create_dir_durably(dir: &Path) -> Result<(), WalError> {
+    let missing: Vec<&Path> = dir.ancestors().take_while(|d| !d.exists()).collect();
+    fs::create_dir_all(dir).map_err(io_err(dir))?;
+    for created in missing.iter().rev() {
+        if let Some(parent) = super::parent_dir(created) {
+            sync_dir(parent)?;
+        }
+    }
+    Ok(())
+}
+
+/// Takes an exclusive lock on the WAL directory for as long as the returned value lives, so
+/// that a second member started on the same directory stops before it reads or changes
+/// anything ([`WalError::Locked`]). A file system without locks (NFS refuses an exclusive lock
+/// on a directory) gets a warning and no lock.
+pub fn lock_dir(dir: &Path) -> Result<Option<nix::fcntl::Flock<File>>, WalError> {
+    let file = File::open(dir).map_err(io_err(dir))?;
+    match nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock) {
+        Ok(lock) => Ok(Some(lock)),
+        Err((_, nix::errno::Errno::EWOULDBLOCK)) => Err(WalError::Locked(dir.to_path_buf())),
+        Err((_, errno)) => {
+            tracing::warn!(dir = %dir.display(), error = %errno, "cannot lock the WAL directory: make sure no other member runs on it");
+            Ok(None)
+        }
+    }
+}
+
+/// True if `dir` holds a WAL segment (false if it does not exist).
+pub fn holds_segments(dir: &Path) -> io::Result<bool> {
+    match fs::read_dir(dir) {
+        Ok(entries) => {
+            for e in entries {
+                if e?
+                    .file_name()
+                    .to_str()
+                    .is_some_and(|n| parse_segment_name(n).is_some())
+                {
+                    return Ok(true);
+                }
+            }
+            Ok(false)
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
 impl Wal {
     /// Opens (creating if needed) the WAL in `dir` and recovers its contents.
     pub fn open(dir: &Path, segment_bytes: u64) -> Result<(Wal, Recovered), WalError> {
-        fs::create_dir_all(dir).map_err(io_err(dir))?;
+        create_dir_durably(dir)?;
+        let lock = lock_dir(dir)?;
         let discarded = discard_unsynced(dir)?;
         remove_unfinished_segments(dir)?;
         let Scan {
@@ -323,6 +382,7 @@ impl Wal {
             snapshot: rec.snapshot,
             next_index,
             synced: offset,
+            _lock: lock,
         };
         wal.file
             .seek(SeekFrom::Start(wal.offset))
@@ -810,6 +870,35 @@ mod tests {
         assert!(other.exists(), "a file the WAL did not name is left alone");
         assert_eq!(rec.entries, vec![entry(1, 1), entry(2, 1)]);
         assert_eq!(rec.hard_state, hs(1, 2));
+    }
+
+    /// A second open of a WAL directory while the first is open (a second member started on
+    /// the same `--wal-dir` or data directory) stops before it reads or changes anything.
+    #[test]
+    fn a_wal_directory_is_opened_by_one_member_at_a_time() {
+        let dir = tempfile::tempdir().unwrap();
+        let wal_dir = dir.path().join("a/b/wal");
+        let (mut wal, _) = Wal::open(&wal_dir, 4096).unwrap();
+        wal.save(Some(hs(1, 1)), &[entry(1, 1)]).unwrap();
+        assert!(holds_segments(&wal_dir).unwrap());
+        assert!(!holds_segments(&dir.path().join("nothing")).unwrap());
+        assert!(!holds_segments(dir.path()).unwrap());
+        let segment = fs::read(only_segment(&wal_dir)).unwrap();
+        let err = Wal::open(&wal_dir, 4096).unwrap_err();
+        assert!(matches!(err, WalError::Locked(_)), "{err}");
+        assert!(
+            err.to_string()
+                .contains("a member is already running on it"),
+            "{err}"
+        );
+        assert_eq!(
+            fs::read(only_segment(&wal_dir)).unwrap(),
+            segment,
+            "nothing changed"
+        );
+        drop(wal);
+        let (_, rec) = Wal::open(&wal_dir, 4096).unwrap();
+        assert_eq!(rec.entries, vec![entry(1, 1)]);
     }
 
     #[test]

@@ -2494,8 +2494,8 @@ fn etcdutl(args: &[&str]) -> Output {
 
 /// Disaster recovery, as docs/operations.md tells it: `etcdctl snapshot save`, every member
 /// lost, the old witness cleaned, `etcdutl snapshot restore` per member into a new cluster (new
-/// token, so new ids), then the restored cluster holds exactly the snapshot and its fresh
-/// witness works (a member killed, writes go on).
+/// token, so new ids; one member's WAL restored into a `--wal-dir`), then the restored cluster
+/// holds exactly the snapshot and its fresh witness works (a member killed, writes go on).
 #[test]
 fn a_snapshot_restores_into_a_new_cluster_with_a_clean_witness() {
     let mut c = cluster();
@@ -2626,10 +2626,33 @@ fn a_snapshot_restores_into_a_new_cluster_with_a_clean_witness() {
     c.stop(0);
     std::fs::remove_dir_all(c.data_dir(0)).unwrap();
     clean_witness(&c);
+    // One member's WAL in a directory of its own (`--wal-dir`, given to the restore and then
+    // to the member); a restore never writes into a --wal-dir that holds something.
+    let wal1 = c.dir.path().join("n1-restored-wal");
+    let wal1_flag = ["--wal-dir", wal1.to_str().unwrap()];
+    restored(restore(&c, 1, &wal1_flag));
+    let wal1_segments = std::fs::read_dir(&wal1)
+        .unwrap()
+        .filter(|e| {
+            e.as_ref()
+                .unwrap()
+                .path()
+                .extension()
+                .is_some_and(|x| x == "wal")
+        })
+        .count();
+    assert_eq!(wal1_segments, 1);
+    assert!(!c.data_dir(1).join("member/wal").exists());
+    let refused = restore(&c, 0, &wal1_flag);
+    let why = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        !refused.status.success() && why.contains("already exists and is not empty"),
+        "{why}"
+    );
+    assert!(!c.data_dir(0).exists());
     restored(restore(&c, 0, &[]));
-    restored(restore(&c, 1, &[]));
     c.start_member(0);
-    c.start_member(1);
+    c.start_member_with(1, &wal1_flag, &[]);
     c.wait_leader(LEADER_WAIT);
 
     let keys = ok(etcdctl(

@@ -10,6 +10,7 @@ mod etcdutl;
 mod main_job;
 mod metrics;
 mod tls;
+mod wal_dir;
 mod witness_lifecycle;
 mod witness_runtime;
 

@@ -362,6 +362,8 @@ fn a_real_etcd_config_file_starts_with_a_warning_for_ignored_keys() {
     for unset in ["strict-reconfig-check", "wal-dir", "cors"] {
         assert!(!warning.contains(unset), "{unset} was not set: {warning}");
     }
+    // An empty wal-dir (etcd's default) keeps the WAL in the data directory.
+    assert!(dir.path().join("solo.etcd/member/wal").is_dir());
     // The certificate auto-TLS made is in the data directory.
     assert!(
         dir.path()
