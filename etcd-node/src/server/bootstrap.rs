@@ -30,7 +30,7 @@ use super::witness_slot::{Credentials, WitnessSlot};
 use crate::config::{ClusterState, HttpUrl, PeerUrls, ServerConfig};
 use crate::mvcc::Mvcc;
 use crate::raft::{self, KnownWitness, Membership, Raft, Storage};
-use crate::storage::disk::{DiskStorage, save_in_place};
+use crate::storage::disk::{BootKeySpace, DiskStorage, save_in_place};
 use crate::storage::snap::DataReader;
 use crate::tls::{self, Dialer, ServerTls};
 use crate::witness::{Unread, load_within};
@@ -267,7 +267,7 @@ async fn open_storage(
                 let witness = read_witness_at_bootstrap(cfg, cfg.cluster_id).await?;
                 mvcc.seed_members(&initial_members(cfg))?;
                 mvcc.set_identity(cfg.member_id, cfg.cluster_id)?;
-                disk.bootstrap(membership, witness, |_| Ok(()))?;
+                disk.bootstrap(membership, witness, BootKeySpace::Empty)?;
                 tracing::info!(
                     members = cfg.initial_cluster.len(),
                     "bootstrapped a new cluster"

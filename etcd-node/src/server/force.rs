@@ -166,7 +166,8 @@ mod tests {
         let member = dir.path().join("member");
         let (mut disk, _) = DiskStorage::open(&member, &member.join("wal")).unwrap();
         let members = Membership::new([1, 2], Some(3)).unwrap();
-        disk.bootstrap(members, None, |_| Ok(())).unwrap();
+        disk.bootstrap(members, None, crate::storage::BootKeySpace::Empty)
+            .unwrap();
         let entries: Vec<Entry> = (2..=5)
             .map(|index| Entry {
                 term: 2,

@@ -6,7 +6,7 @@
 //! Invariants: the data directory is built aside and renamed into place only when complete, so
 //! a failed restore leaves nothing a member could start from; every member restored from the
 //! same file with the same flags starts from the same committed position holding the same key
-//! space (the bootstrap snapshot at index 1 carries it); an existing data directory is never
+//! space (at index 1, durable, the starting snapshot in place); an existing data directory is never
 //! touched; a witness that still holds another cluster's (or the old cluster's) state is
 //! refused, because its term and log position would outvote the restored members' logs.
 //!
@@ -33,7 +33,7 @@ use crate::mvcc::etcd::EtcdFileSummary;
 use crate::mvcc::{self, DumpSummary, Hashing, Mvcc};
 use crate::raft::KnownWitness;
 use crate::storage::backup;
-use crate::storage::disk::DiskStorage;
+use crate::storage::disk::{BootKeySpace, DiskStorage};
 use crate::witness::open_store;
 
 /// How to restore.
@@ -245,9 +245,9 @@ fn aside_path(dir: &Path) -> PathBuf {
     dir.with_file_name(name)
 }
 
-/// Writes the member's storage under `root` (its WAL in `wal_dir`): the key space (durably),
-/// then the bootstrap snapshot that holds it, bound to the generation of its fresh witness;
-/// both read from the restored dump in the file `dump`.
+/// Writes the member's storage under `root` (its WAL in `wal_dir`): the key space from the
+/// restored dump in the file `dump`, durably at the starting index, then the starting snapshot
+/// in place (the key space file is its data), bound to the generation of its fresh witness.
 fn build(
     cfg: &ServerConfig,
     cluster_id: u64,
@@ -262,9 +262,8 @@ fn build(
     mvcc.restore(BufReader::new(std::fs::File::open(dump)?), 1)?;
     mvcc.set_identity(cfg.member_id, cluster_id)?;
     let (mut disk, _) = DiskStorage::open(&member_dir, wal_dir)?;
-    disk.bootstrap(initial_membership(cfg)?, witness, |out| {
-        std::io::copy(&mut std::fs::File::open(dump)?, out).map(drop)
-    })?;
+    // (the key space is durable at the starting index: the starting snapshot is in place)
+    disk.bootstrap(initial_membership(cfg)?, witness, BootKeySpace::InPlace)?;
     crate::storage::sync_member_dir(&member_dir)?;
     Ok(())
 }

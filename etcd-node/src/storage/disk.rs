@@ -36,6 +36,16 @@ pub struct DiskStorage {
     entries_kept: bool,
 }
 
+/// The key space a new member starts from ([`DiskStorage::bootstrap`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BootKeySpace {
+    /// A new cluster's: empty (the starting snapshot holds an empty dump).
+    Empty,
+    /// The key-space file's, durable at the starting index already (a restore): the starting
+    /// snapshot is in place, so the restored key space is not written a second time.
+    InPlace,
+}
+
 /// What opening found besides the state.
 #[derive(Debug, Default)]
 pub struct OpenReport {
@@ -130,18 +140,20 @@ impl DiskStorage {
     }
 
     /// Makes a new member of a new cluster: the committed starting position every member shares
-    /// (see [`crate::raft::MemStorage::bootstrap`]), holding the key space `data` (empty, or a
-    /// restored snapshot's, written by `data` straight into the snapshot's file), knowing
-    /// `witness` of its witness.
+    /// (see [`crate::raft::MemStorage::bootstrap`]), holding the key space `key_space` says,
+    /// knowing `witness` of its witness.
     pub fn bootstrap(
         &mut self,
         membership: Membership,
         witness: Option<KnownWitness>,
-        data: impl FnOnce(&mut dyn std::io::Write) -> std::io::Result<()>,
+        key_space: BootKeySpace,
     ) -> Result<(), StorageError> {
         let boot = MemStorage::bootstrap(membership, witness);
         let snapshot = boot.snapshot();
-        save_streamed(&self.snaps, &snapshot.meta, data)?;
+        match key_space {
+            BootKeySpace::Empty => save_streamed(&self.snaps, &snapshot.meta, |_| Ok(()))?,
+            BootKeySpace::InPlace => save_in_place(&self.snaps, &snapshot.meta)?,
+        }
         self.wal
             .mark_snapshot(snapshot.meta.index, snapshot.meta.term)?;
         self.wal.save(Some(boot.hard_state()), &[])?;
@@ -340,7 +352,8 @@ mod tests {
         {
             let (mut s, _) = DiskStorage::open(dir.path(), &dir.path().join("wal")).unwrap();
             assert!(s.is_empty());
-            s.bootstrap(membership.clone(), None, |_| Ok(())).unwrap();
+            s.bootstrap(membership.clone(), None, BootKeySpace::Empty)
+                .unwrap();
             s.persist(&batch(vec![entry(2, 2), entry(3, 2)], 2))
                 .unwrap();
             s.persist(&batch(vec![entry(3, 3)], 2)).unwrap();
@@ -369,8 +382,12 @@ mod tests {
     fn compaction_and_restart(release: bool) {
         let dir = tempfile::tempdir().unwrap();
         let (mut s, _) = DiskStorage::open_with(dir.path(), &dir.path().join("wal"), 2048).unwrap();
-        s.bootstrap(Membership::new([1], None).unwrap(), None, |_| Ok(()))
-            .unwrap();
+        s.bootstrap(
+            Membership::new([1], None).unwrap(),
+            None,
+            BootKeySpace::Empty,
+        )
+        .unwrap();
         if release {
             s.release_entries();
         }
@@ -417,8 +434,12 @@ mod tests {
         let (mut s, _) =
             DiskStorage::open_with(Path::new(&dir), &Path::new(&dir).join("wal"), 4096).unwrap();
         if s.is_empty() {
-            s.bootstrap(Membership::new([1], None).unwrap(), None, |_| Ok(()))
-                .unwrap();
+            s.bootstrap(
+                Membership::new([1], None).unwrap(),
+                None,
+                BootKeySpace::Empty,
+            )
+            .unwrap();
         }
         let start = s.entries().last().map_or(2, |e| e.index + 1);
         for i in start..start + 1000 {

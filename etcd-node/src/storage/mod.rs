@@ -10,7 +10,7 @@ pub mod disk;
 pub mod snap;
 pub mod wal;
 
-pub use disk::{DiskStorage, OpenReport};
+pub use disk::{BootKeySpace, DiskStorage, OpenReport};
 
 use std::io;
 use std::path::{Path, PathBuf};
