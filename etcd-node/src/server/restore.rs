@@ -24,8 +24,9 @@ use std::io::{BufReader, BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
+use etcd_client::proto::PbMember;
 use sha2::{Digest, Sha256};
-use witness_core::{Seen, WitnessUrl};
+use witness_core::{Seen, WitnessState, WitnessUrl};
 
 use super::bootstrap::{initial_members, initial_membership};
 use crate::config::ServerConfig;
@@ -148,10 +149,12 @@ pub async fn restore(
     })
 }
 
-/// Writes the restored member's data directory at `aside`: an etcd file converted to a dump
-/// (in a file of its own), the dump rewritten for the new cluster into a file of its own (its
-/// SHA-256 computed on the way), the witness checked, then the member's storage from that
-/// file. Returns the summary, the cluster id and what an etcd file held.
+/// Writes the restored member's data directory at `aside` (its WAL at `wal_aside`): an etcd
+/// file converted to a dump (in a file of its own), the witness read (one with a past is
+/// refused before anything else is written), the dump rewritten for the new cluster straight
+/// into the key space (its SHA-256, which the cluster id is made of, computed on the way), the
+/// witness read again, then the rest of the member's storage. Returns the summary, the
+/// cluster id and what an etcd file held.
 async fn build_aside(
     cfg: &ServerConfig,
     aside: &Path,
@@ -177,42 +180,119 @@ async fn build_aside(
             (Box::new(dump), Some(imported))
         }
     };
-    let rewritten = aside.join("restored.dump");
-    let mut out = Hashing {
-        out: BufWriter::new(
-            std::fs::File::create(&rewritten)
-                .with_context(|| format!("creating {}", rewritten.display()))?,
-        ),
-        sha: Sha256::new(),
+    let members = initial_members(cfg);
+    let rewrite = |dump, out| rewritten(dump, out, &members, opts);
+    // A witness with a past is refused whatever this restore makes, but which words say why
+    // depends on the restored cluster's id: the rewrite alone gives it, nothing is written.
+    let witness = match cfg.witness() {
+        Some((member, url)) => Some((member, url, read_witness(&member.name, url).await?)),
+        None => None,
     };
-    let summary = mvcc::rewrite(
-        dump,
-        &mut out,
-        &initial_members(cfg),
-        opts.bump_revision,
-        opts.mark_compacted,
-    )
-    .map_err(anyhow::Error::msg)?;
-    out.flush()
-        .with_context(|| format!("writing {}", rewritten.display()))?;
+    if let Some((member, url, state)) = &witness
+        && !is_fresh(state)
+    {
+        let (_, sha) = rewrite(dump, Box::new(std::io::sink()))?;
+        let cluster_id = restored_cluster_id(cfg.cluster_id, &sha);
+        return Err(refused_witness(&member.name, url, state, cluster_id));
+    }
+    let member_dir = aside.join("member");
+    std::fs::create_dir_all(&member_dir)
+        .with_context(|| format!("creating {}", member_dir.display()))?;
+    let mvcc = Mvcc::open(&member_dir.join("kv.redb"))?;
+    let (summary, sha) = rewrite_into(&mvcc, dump, rewrite)?;
     if imported.is_some() {
         // (read whole: its disk is needed for what comes)
         std::fs::remove_file(&converted)
             .with_context(|| format!("removing {}", converted.display()))?;
     }
-    let cluster_id = restored_cluster_id(cfg.cluster_id, &out.sha.finalize());
-    let witness = match cfg.witness() {
-        Some((member, url)) => Some(KnownWitness {
-            id: member.id,
-            seen: check_witness(&member.name, url, cluster_id).await?,
-        }),
+    let cluster_id = restored_cluster_id(cfg.cluster_id, &sha);
+    let witness = match witness {
+        Some((member, url, _)) => {
+            // (read again: a member of this very restore may have started meanwhile)
+            let state = read_witness(&member.name, url).await?;
+            if !is_fresh(&state) {
+                return Err(refused_witness(&member.name, url, &state, cluster_id));
+            }
+            Some(KnownWitness {
+                id: member.id,
+                seen: Seen::of(&state),
+            })
+        }
         None => None,
     };
-    build(cfg, cluster_id, aside, wal_aside, &rewritten, witness)
+    build(cfg, cluster_id, &mvcc, &member_dir, wal_aside, witness)
         .with_context(|| format!("restoring into {}", aside.display()))?;
-    std::fs::remove_file(&rewritten)
-        .with_context(|| format!("removing {}", rewritten.display()))?;
     Ok((summary, cluster_id, imported))
+}
+
+/// The dump `dump` rewritten for the new cluster into `out` (`--initial-cluster`'s members,
+/// `--bump-revision`, `--mark-compacted`): what it holds, and the SHA-256 of what was written.
+fn rewritten(
+    dump: Box<dyn Read + '_>,
+    out: Box<dyn Write + '_>,
+    members: &[PbMember],
+    opts: &RestoreOptions,
+) -> anyhow::Result<(DumpSummary, Vec<u8>)> {
+    let mut out = Hashing {
+        out: BufWriter::with_capacity(PIPE_BUFFER, out),
+        sha: Sha256::new(),
+    };
+    let summary = mvcc::rewrite(
+        dump,
+        &mut out,
+        members,
+        opts.bump_revision,
+        opts.mark_compacted,
+    )
+    .map_err(anyhow::Error::msg)?;
+    out.flush().context("writing the rewritten dump")?;
+    Ok((summary, out.sha.finalize().to_vec()))
+}
+
+/// Buffers on both ends of the pipe between the rewrite and the key space.
+const PIPE_BUFFER: usize = 1 << 20;
+
+/// Restores the key space `mvcc` from `dump` as `rewrite` rewrites it, durably at the starting
+/// index (1), the rewrite on this thread and the key space on another, through a pipe: the
+/// rewritten dump is never written to a file (at 2M keys that was 600 MB written and read
+/// back). Returns what `rewrite` returns.
+fn rewrite_into<'a>(
+    mvcc: &Mvcc,
+    dump: Box<dyn Read + 'a>,
+    rewrite: impl FnOnce(
+        Box<dyn Read + 'a>,
+        Box<dyn Write + 'a>,
+    ) -> anyhow::Result<(DumpSummary, Vec<u8>)>,
+) -> anyhow::Result<(DumpSummary, Vec<u8>)> {
+    let (reader, writer) = std::io::pipe().context("creating a pipe")?;
+    std::thread::scope(|scope| {
+        let restoring = std::thread::Builder::new()
+            .name("restore".into())
+            .spawn_scoped(scope, move || {
+                mvcc.restore(BufReader::with_capacity(PIPE_BUFFER, reader), 1)
+            })
+            .context("starting the restore thread")?;
+        // (`writer` is closed when `rewrite` returns: the key space sees the dump's end)
+        let written = rewrite(dump, Box::new(writer));
+        let restored = restoring
+            .join()
+            .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+        match (written, restored) {
+            (Ok(done), Ok(())) => Ok(done),
+            (Ok(_), Err(e)) => Err(e.into()),
+            // (a pipe the key space stopped reading: its error says why)
+            (Err(w), Err(e)) if broke_the_pipe(&w) => Err(e.into()),
+            (Err(w), _) => Err(w),
+        }
+    })
+}
+
+/// Whether the rewrite stopped because the pipe's reader went away.
+fn broke_the_pipe(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+    })
 }
 
 /// The restored member's `--wal-dir`, when it has one (None: its WAL is in the data directory).
@@ -245,26 +325,21 @@ fn aside_path(dir: &Path) -> PathBuf {
     dir.with_file_name(name)
 }
 
-/// Writes the member's storage under `root` (its WAL in `wal_dir`): the key space from the
-/// restored dump in the file `dump`, durably at the starting index, then the starting snapshot
-/// in place (the key space file is its data), bound to the generation of its fresh witness.
+/// Writes the rest of the member's storage in `member_dir` (its WAL in `wal_dir`), its key
+/// space `mvcc` restored durably at the starting index: its ids, then the starting snapshot in
+/// place (the key space file is its data), bound to the generation of its fresh witness.
 fn build(
     cfg: &ServerConfig,
     cluster_id: u64,
-    root: &Path,
+    mvcc: &Mvcc,
+    member_dir: &Path,
     wal_dir: &Path,
-    dump: &Path,
     witness: Option<KnownWitness>,
 ) -> anyhow::Result<()> {
-    let member_dir = root.join("member");
-    std::fs::create_dir_all(&member_dir)?;
-    let mvcc = Mvcc::open(&member_dir.join("kv.redb"))?;
-    mvcc.restore(BufReader::new(std::fs::File::open(dump)?), 1)?;
     mvcc.set_identity(cfg.member_id, cluster_id)?;
-    let (mut disk, _) = DiskStorage::open(&member_dir, wal_dir)?;
-    // (the key space is durable at the starting index: the starting snapshot is in place)
+    let (mut disk, _) = DiskStorage::open(member_dir, wal_dir)?;
     disk.bootstrap(initial_membership(cfg)?, witness, BootKeySpace::InPlace)?;
-    crate::storage::sync_member_dir(&member_dir)?;
+    crate::storage::sync_member_dir(member_dir)?;
     Ok(())
 }
 
@@ -279,12 +354,38 @@ fn restored_cluster_id(flags_id: u64, dump_sha: &[u8]) -> u64 {
     u64::from_be_bytes(digest[..8].try_into().expect("SHA-256 has 32 bytes")).max(1)
 }
 
+/// What the witness named in `--initial-cluster` holds (refusing one never initialised).
+async fn read_witness(name: &str, url: &WitnessUrl) -> anyhow::Result<WitnessState> {
+    let store = open_store(url).with_context(|| format!("--initial-cluster {name}={url}"))?;
+    let loaded = store
+        .load()
+        .await
+        .with_context(|| format!("reading the witness {name}={url}"))?;
+    match loaded {
+        Some(loaded) => Ok(loaded.state),
+        None => bail!(
+            "the witness {name}={url} is not initialised: run `etcdutl witness init --name \
+             {name} --advertise-peer-url '{url}'` first"
+        ),
+    }
+}
+
 /// The restored cluster needs a witness with no past: any witness state comes from a log the
 /// restored members do not have (the old cluster's, or a started member's of this same
 /// restore), so its term and log position would outvote them, or its term and subterm numbers
-/// would be reused for other entries. Returns what the restored members see of it (its
-/// generation).
-async fn check_witness(name: &str, url: &WitnessUrl, cluster_id: u64) -> anyhow::Result<Seen> {
+/// would be reused for other entries.
+fn is_fresh(s: &WitnessState) -> bool {
+    s.cluster_id == 0 && s.term == 0 && s.last_log_term == 0
+}
+
+/// Why the witness `name`, whose state `s` is not fresh ([`is_fresh`]), is refused for the
+/// restored cluster `cluster_id`, and what to do.
+fn refused_witness(
+    name: &str,
+    url: &WitnessUrl,
+    s: &WitnessState,
+    cluster_id: u64,
+) -> anyhow::Error {
     let clean = format!(
         "initialise a witness at a new location (`etcdutl witness init`) and name that in \
          --initial-cluster, or, once no member of any cluster that uses this witness is running \
@@ -292,21 +393,8 @@ async fn check_witness(name: &str, url: &WitnessUrl, cluster_id: u64) -> anyhow:
          --advertise-peer-url '{url}'` (a cluster still using it would refuse the cleaned \
          witness and lose its vote)"
     );
-    let store = open_store(url).with_context(|| format!("--initial-cluster {name}={url}"))?;
-    let loaded = store
-        .load()
-        .await
-        .with_context(|| format!("reading the witness {name}={url}"))?;
-    let Some(loaded) = loaded else {
-        bail!(
-            "the witness {name}={url} is not initialised: run `etcdutl witness init --name \
-             {name} --advertise-peer-url '{url}'` first"
-        );
-    };
-    let s = &loaded.state;
-    let fresh = s.cluster_id == 0 && s.term == 0 && s.last_log_term == 0;
-    if !fresh && s.cluster_id == cluster_id {
-        bail!(
+    if s.cluster_id == cluster_id {
+        return anyhow::anyhow!(
             "the witness {name}={url} is already bound to this restored cluster {cluster_id:x} \
              (term {}): a member restored from the same file has started, so the cluster has \
              moved on from the snapshot. Restore every member before starting any. To add this \
@@ -317,21 +405,67 @@ async fn check_witness(name: &str, url: &WitnessUrl, cluster_id: u64) -> anyhow:
             s.term
         );
     }
-    if !fresh {
-        bail!(
-            "the witness {name}={url} holds another cluster's state (cluster {:x}, term {}, last \
-             entry term {}; this restore makes cluster {cluster_id:x}): {clean}",
-            s.cluster_id,
-            s.term,
-            s.last_log_term
-        );
-    }
-    Ok(Seen::of(s))
+    anyhow::anyhow!(
+        "the witness {name}={url} holds another cluster's state (cluster {:x}, term {}, last \
+         entry term {}; this restore makes cluster {cluster_id:x}): {clean}",
+        s.cluster_id,
+        s.term,
+        s.last_log_term
+    )
 }
 
 #[cfg(test)]
 mod tests {
-    use super::restored_cluster_id;
+    use super::*;
+
+    /// The rewrite and the key space's restore run on two threads through a pipe: what the
+    /// rewrite wrote is what the key space holds, with the same SHA-256; a dump that is not one
+    /// fails with the rewrite's own error, not the pipe's or the key space's.
+    #[test]
+    fn the_rewritten_dump_streams_into_the_key_space() {
+        let dir = tempfile::tempdir().unwrap();
+        let source = Mvcc::open(&dir.path().join("source.redb")).unwrap();
+        let dump = source.dump().unwrap();
+        let members = vec![PbMember {
+            id: 42,
+            name: "fresh".into(),
+            ..Default::default()
+        }];
+        let opts = RestoreOptions::default();
+        let mut copy = Vec::new();
+        let (_, want_sha) = rewritten(
+            Box::new(dump.as_slice()),
+            Box::new(&mut copy),
+            &members,
+            &opts,
+        )
+        .unwrap();
+        let restored = Mvcc::open(&dir.path().join("restored.redb")).unwrap();
+        let (summary, sha) = rewrite_into(&restored, Box::new(dump.as_slice()), |d, o| {
+            rewritten(d, o, &members, &opts)
+        })
+        .unwrap();
+        assert_eq!(sha, want_sha);
+        assert_eq!(summary.revision, restored.position().unwrap().revision);
+        assert_eq!(restored.position().unwrap().applied, 1);
+        assert_eq!(restored.members().unwrap(), members);
+        let held = mvcc::summarize(restored.dump().unwrap().as_slice()).unwrap();
+        assert_eq!(held, mvcc::summarize(copy.as_slice()).unwrap());
+
+        let other = Mvcc::open(&dir.path().join("other.redb")).unwrap();
+        let err = rewrite_into(&other, Box::new(&b"\xff\xff"[..]), |d, o| {
+            rewritten(d, o, &members, &opts)
+        })
+        .unwrap_err();
+        let want = rewritten(
+            Box::new(&b"\xff\xff"[..]),
+            Box::new(std::io::sink()),
+            &members,
+            &opts,
+        )
+        .unwrap_err();
+        assert_eq!(err.to_string(), want.to_string());
+    }
 
     #[test]
     fn a_restored_cluster_id_depends_on_the_flags_and_on_the_restored_key_space() {
