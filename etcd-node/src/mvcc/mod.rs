@@ -36,6 +36,7 @@
 
 mod apply;
 pub mod auth;
+mod defrag;
 mod dump;
 pub mod etcd;
 pub mod events;
@@ -179,6 +180,8 @@ pub struct Mvcc {
     /// (Defragment), which redb allows only with no transaction open.
     db: RwLock<Database>,
     path: String,
+    /// The page cache's size (`--backend-cache-bytes`), for the file a defragment writes.
+    cache_bytes: usize,
     /// Whether auth is on, as applied (every request asks: kept here, not read from redb).
     auth_on: AtomicBool,
     /// The encoded size of what was applied since the last durable commit: redb may hold those
@@ -275,6 +278,7 @@ impl Mvcc {
     /// memory (reads beyond come from the file, through the kernel's page cache).
     pub fn open_with_cache(path: &Path, cache_bytes: usize) -> Result<Mvcc, StoreError> {
         let name = path.display().to_string();
+        defrag::remove_leftover(path).map_err(|e| store_error(&name, e))?;
         let db = redb::Builder::new()
             .set_cache_size(cache_bytes)
             .create(path)
@@ -282,6 +286,7 @@ impl Mvcc {
         let mvcc = Mvcc {
             db: RwLock::new(db),
             path: name.clone(),
+            cache_bytes,
             auth_on: AtomicBool::new(false),
             unsynced_bytes: AtomicU64::new(0),
             file_bytes: AtomicU64::new(0),
@@ -453,11 +458,19 @@ impl Mvcc {
     }
 
     /// Compacts the database file (etcd's Defragment): waits for the operations under way,
-    /// holds off new ones until done; the file shrinks to what the key space uses.
+    /// holds off new ones until done; the file shrinks to what the key space uses. The rows
+    /// are copied into a new file that replaces this one ([`defrag`]), or, when the file holds
+    /// a table this release does not copy, compacted in place by redb.
     pub fn defragment(&self) -> Result<(), StoreError> {
         let mut db = self.db.write().unwrap_or_else(PoisonError::into_inner);
         self.settle()?;
-        while db.compact().map_err(|e| self.fail(e))? {}
+        match defrag::copied(&db, Path::new(&self.path), self.cache_bytes)
+            .map_err(|e| self.fail(e))?
+        {
+            Some(copy) => *db = copy,
+            // (a table this release does not copy: redb's compaction keeps it)
+            None => while db.compact().map_err(|e| self.fail(e))? {},
+        }
         // (compaction commits durably: everything applied is in the file)
         self.unsynced_bytes.store(0, Ordering::Release);
         self.committed();

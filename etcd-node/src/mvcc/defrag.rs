@@ -1,0 +1,128 @@
+//! Defragmenting by copy: every row of the key space written into a new file beside it
+//! (`kv.redb.defrag`), in key order, made durable, then renamed over the old file. This is
+//! etcd's way (bbolt's defragment copies every bucket into a new file), and it writes each page
+//! once, where redb's own compaction moves pages toward the file's start one durable commit at
+//! a time (docs/benchmarks.md, "Growth, memory and disk").
+//!
+//! Invariants: the old file is untouched until the rename, so a failure or a crash before it
+//! leaves the key space as it was (the copy left by a crash is removed when the key space
+//! opens: [`remove_leftover`]); the copy holds exactly the rows of one read transaction, taken
+//! with every other use of the database held off; a table this release does not know how to
+//! copy is never dropped: the copy is abandoned and redb's compaction runs instead.
+
+use std::path::{Path, PathBuf};
+
+use redb::{
+    Database, Durability, Key, ReadTransaction, ReadableDatabase, ReadableTable, TableDefinition,
+    TableHandle, Value, WriteTransaction,
+};
+
+use super::{
+    ALARMS, AUTH, CLUSTER, DOWNGRADE_GUARD, HISTORY, LEASE_KEYS, LEASES, MEMBERS, META, REMOVED,
+    record,
+};
+
+/// The file a defragment writes before it replaces the key space's file `path`.
+fn copy_path(path: &Path) -> PathBuf {
+    let mut name = path.as_os_str().to_owned();
+    name.push(".defrag");
+    PathBuf::from(name)
+}
+
+/// Removes the copy a crash in the middle of a defragment left beside the key space's file
+/// `path` (it was never renamed into place, so it holds nothing the key space needs).
+pub(super) fn remove_leftover(path: &Path) -> std::io::Result<()> {
+    let copy = copy_path(path);
+    match std::fs::remove_file(&copy) {
+        Ok(()) => {
+            tracing::info!(file = %copy.display(), "removed the copy an unfinished defragment left");
+            Ok(())
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// Copies the database `db`, whose file is `path`, into a new file and renames that over
+/// `path`: the new database, open with a page cache of `cache_bytes`. None, with nothing
+/// changed, when the file holds a table this release does not copy (the caller compacts in
+/// place instead). The caller holds every other use of `db` off.
+pub(super) fn copied(
+    db: &Database,
+    path: &Path,
+    cache_bytes: usize,
+) -> Result<Option<Database>, String> {
+    let target = copy_path(path);
+    let at = |e: &dyn std::fmt::Display| format!("{}: {e}", target.display());
+    remove_leftover(path).map_err(|e| at(&e))?;
+    let from = db.begin_read().map_err(|e| e.to_string())?;
+    let copy = redb::Builder::new()
+        .set_cache_size(cache_bytes)
+        .create(&target)
+        .map_err(|e| at(&e))?;
+    let written = copy_into(&from, &copy);
+    if !matches!(written, Ok(true)) {
+        drop(copy);
+        let _ = std::fs::remove_file(&target);
+        return written.map(|_| None).map_err(|e| at(&e));
+    }
+    std::fs::rename(&target, path).map_err(|e| at(&e))?;
+    if let Some(dir) = crate::storage::parent_dir(path) {
+        std::fs::File::open(dir)
+            .and_then(|d| d.sync_all())
+            .map_err(|e| format!("{}: {e}", dir.display()))?;
+    }
+    Ok(Some(copy))
+}
+
+/// Copies every table `from` holds into `to` in one durable transaction: false (nothing
+/// committed) if one of them is a table this release does not copy.
+fn copy_into(from: &ReadTransaction, to: &Database) -> Result<bool, redb::Error> {
+    if from.list_multimap_tables()?.next().is_some() {
+        return Ok(false);
+    }
+    let mut tx = to.begin_write()?;
+    tx.set_durability(Durability::Immediate)?;
+    for table in from.list_tables()? {
+        let name = table.name();
+        if name == HISTORY.name() {
+            copy_table(from, &tx, HISTORY)?;
+        } else if name == record::VALUES.name() {
+            copy_table(from, &tx, record::VALUES)?;
+        } else if name == META.name() {
+            copy_table(from, &tx, META)?;
+        } else if name == DOWNGRADE_GUARD.name() {
+            copy_table(from, &tx, DOWNGRADE_GUARD)?;
+        } else if let Some(sealed) = [MEMBERS, REMOVED].iter().find(|t| t.name() == name) {
+            copy_table(from, &tx, *sealed)?;
+        } else if name == LEASES.name() {
+            copy_table(from, &tx, LEASES)?;
+        } else if name == LEASE_KEYS.name() {
+            copy_table(from, &tx, LEASE_KEYS)?;
+        } else if name == ALARMS.name() {
+            copy_table(from, &tx, ALARMS)?;
+        } else if let Some(sealed) = [AUTH, CLUSTER].iter().find(|t| t.name() == name) {
+            copy_table(from, &tx, *sealed)?;
+        } else {
+            tx.abort()?;
+            return Ok(false);
+        }
+    }
+    tx.commit()?;
+    Ok(true)
+}
+
+/// Copies the table `def` of `from` into `to`, row by row in key order.
+fn copy_table<K: Key + 'static, V: Value + 'static>(
+    from: &ReadTransaction,
+    to: &WriteTransaction,
+    def: TableDefinition<K, V>,
+) -> Result<(), redb::Error> {
+    let source = from.open_table(def)?;
+    let mut target = to.open_table(def)?;
+    for row in source.iter()? {
+        let (key, value) = row?;
+        target.insert(key.value(), value.value())?;
+    }
+    Ok(())
+}
