@@ -8,7 +8,9 @@
 //! leaves the key space as it was (the copy left by a crash is removed when the key space
 //! opens: [`remove_leftover`]); the copy holds exactly the rows of one read transaction, taken
 //! with every other use of the database held off; a table this release does not know how to
-//! copy is never dropped: the copy is abandoned and redb's compaction runs instead.
+//! copy is never dropped: the copy is abandoned and redb's compaction runs instead. So does a
+//! file system without room for the copy (etcd's defragment fails there), and a copy that
+//! fails: the defragment that frees space must not need more of it.
 
 use std::path::{Path, PathBuf};
 
@@ -41,6 +43,19 @@ pub(super) fn remove_leftover(path: &Path) -> std::io::Result<()> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
         Err(e) => Err(e),
     }
+}
+
+/// Whether the file system holding the key space's file `path` has room for a copy of it
+/// (the blocks it takes; true when that cannot be told: a copy that fails is given up).
+pub(super) fn room_for_copy(path: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let (Ok(file), Some(dir)) = (std::fs::metadata(path), crate::storage::parent_dir(path)) else {
+        return true;
+    };
+    nix::sys::statvfs::statvfs(dir).map_or(true, |fs| {
+        let free = fs.blocks_available().saturating_mul(fs.fragment_size());
+        free > file.blocks() * 512
+    })
 }
 
 /// Copies the database `db`, whose file is `path`, into a new file and renames that over

@@ -459,16 +459,25 @@ impl Mvcc {
 
     /// Compacts the database file (etcd's Defragment): waits for the operations under way,
     /// holds off new ones until done; the file shrinks to what the key space uses. The rows
-    /// are copied into a new file that replaces this one ([`defrag`]), or, when the file holds
-    /// a table this release does not copy, compacted in place by redb.
+    /// are copied into a new file that replaces this one ([`defrag`]), or compacted in place by
+    /// redb when the disk has no room for the copy, the copy fails, or the file holds a table
+    /// this release does not copy.
     pub fn defragment(&self) -> Result<(), StoreError> {
         let mut db = self.db.write().unwrap_or_else(PoisonError::into_inner);
         self.settle()?;
-        match defrag::copied(&db, Path::new(&self.path), self.cache_bytes)
-            .map_err(|e| self.fail(e))?
-        {
+        let path = Path::new(&self.path);
+        let copy = if !defrag::room_for_copy(path) {
+            tracing::info!(file = %self.path, "no room on the disk for a copy of the key space: compacting it in place");
+            None
+        } else {
+            // (None: a table this release does not copy, which redb's compaction keeps)
+            defrag::copied(&db, path, self.cache_bytes).unwrap_or_else(|e| {
+                tracing::warn!(error = %e, "could not copy the key space into a new file: compacting it in place");
+                None
+            })
+        };
+        match copy {
             Some(copy) => *db = copy,
-            // (a table this release does not copy: redb's compaction keeps it)
             None => while db.compact().map_err(|e| self.fail(e))? {},
         }
         // (compaction commits durably: everything applied is in the file)

@@ -1819,8 +1819,8 @@ fn the_size_a_write_is_checked_against_follows_every_commit() {
 /// A defragment copies every row into a new file that replaces the old one: the same key space
 /// before, after and after a reopen, in a file a fraction of the size once a compaction freed
 /// most of it, and writes go on after it. A copy a crash left beside the file is removed when
-/// the key space opens; a table the copy does not know is never dropped (redb's compaction
-/// runs instead).
+/// the key space opens; a copy that fails, and a table the copy does not know, leave the
+/// defragment to redb's compaction in place (which never drops a table).
 #[test]
 fn a_defragment_copies_every_row_into_a_smaller_file() {
     let mut f = fixture();
@@ -1858,6 +1858,14 @@ fn a_defragment_copies_every_row_into_a_smaller_file() {
     f.mvcc = Mvcc::open(&path).unwrap();
     assert!(!copy.exists());
     assert_eq!(f.mvcc.dump().unwrap(), after, "reopened");
+
+    // A copy that fails (its path taken by a directory): compacted in place instead.
+    std::fs::create_dir(&copy).unwrap();
+    let in_place = inode();
+    f.mvcc.defragment().unwrap();
+    assert_eq!(inode(), in_place, "compacted in place");
+    std::fs::remove_dir(&copy).unwrap();
+    assert_eq!(f.mvcc.dump().unwrap(), after);
 
     // A table this release does not copy (a later format's): kept, by a compaction in place.
     const OTHER: TableDefinition<u64, u64> = TableDefinition::new("a_later_table");
