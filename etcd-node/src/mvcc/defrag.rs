@@ -59,9 +59,11 @@ pub(super) fn room_for_copy(path: &Path) -> bool {
 }
 
 /// Copies the database `db`, whose file is `path`, into a new file and renames that over
-/// `path`: the new database, open with a page cache of `cache_bytes`. None, with nothing
-/// changed, when the file holds a table this release does not copy (the caller compacts in
-/// place instead). The caller holds every other use of `db` off.
+/// `path`: the new database, open with a page cache of `cache_bytes`, which the caller must use
+/// from then on (the old file is gone) and whose rename it makes durable ([`sync_rename`]).
+/// None, with nothing changed, when the file holds a table this release does not copy (the
+/// caller compacts in place instead); an error, with nothing changed either, when the copy or
+/// its rename fails. The caller holds every other use of `db` off.
 pub(super) fn copied(
     db: &Database,
     path: &Path,
@@ -81,13 +83,21 @@ pub(super) fn copied(
         let _ = std::fs::remove_file(&target);
         return written.map(|_| None).map_err(|e| at(&e));
     }
-    std::fs::rename(&target, path).map_err(|e| at(&e))?;
-    if let Some(dir) = crate::storage::parent_dir(path) {
-        std::fs::File::open(dir)
-            .and_then(|d| d.sync_all())
-            .map_err(|e| format!("{}: {e}", dir.display()))?;
+    if let Err(e) = std::fs::rename(&target, path) {
+        drop(copy);
+        let _ = std::fs::remove_file(&target);
+        return Err(at(&e));
     }
     Ok(Some(copy))
+}
+
+/// Makes the rename of a copy over the key space's file `path` durable (an fsync of its
+/// directory).
+pub(super) fn sync_rename(path: &Path) -> std::io::Result<()> {
+    match crate::storage::parent_dir(path) {
+        Some(dir) => std::fs::File::open(dir).and_then(|d| d.sync_all()),
+        None => Ok(()),
+    }
 }
 
 /// Copies every table `from` holds into `to` in one durable transaction: false (nothing

@@ -477,7 +477,18 @@ impl Mvcc {
             })
         };
         match copy {
-            Some(copy) => *db = copy,
+            Some(copy) => {
+                // (the old file is gone: the copy is the key space from now on, whatever comes)
+                *db = copy;
+                if let Err(e) = defrag::sync_rename(path) {
+                    // Unsynced, the rename could be undone by a power cut, bringing back the
+                    // old file without what is applied from now on: nothing more is applied.
+                    self.failed.store(true, Ordering::Release);
+                    return Err(self.fail(format!(
+                        "making the defragmented file's rename durable: {e}"
+                    )));
+                }
+            }
             None => while db.compact().map_err(|e| self.fail(e))? {},
         }
         // (compaction commits durably: everything applied is in the file)

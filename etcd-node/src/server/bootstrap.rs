@@ -152,14 +152,27 @@ fn check_wal_location(cfg: &ServerConfig, member_dir: &std::path::Path) -> anyho
     let same = |a: &std::path::Path, b: &std::path::Path| matches!((a.canonicalize(), b.canonicalize()), (Ok(a), Ok(b)) if a == b);
     if *wal != default && !same(wal, &default) && holds(&default)? {
         if here {
+            let copies = crate::storage::wal::same_segments(&default, wal).unwrap_or(false);
+            let what = if copies {
+                format!(
+                    "they are copies of each other: you copied the WAL into --wal-dir, so \
+                     remove {} and start again",
+                    default.display()
+                )
+            } else {
+                format!(
+                    "they differ, so the member ran on each: keep the one it last ran with (the \
+                     one `etcdutl wal dump --data-dir {} [--wal-dir {}]` shows further on, in \
+                     its last entry and hard state) and move the other one out of the way",
+                    cfg.data_dir.display(),
+                    wal.display()
+                )
+            };
             bail!(
                 "there is a WAL both in {} and in --wal-dir {}: this member has two logs. \
-                 Nothing was changed. If you copied the WAL into --wal-dir, remove {} and start \
-                 again; otherwise keep the one the member last ran with and move the other one \
-                 out of the way",
+                 Nothing was changed. {what}",
                 default.display(),
-                wal.display(),
-                default.display()
+                wal.display()
             );
         }
         bail!(
@@ -174,12 +187,15 @@ fn check_wal_location(cfg: &ServerConfig, member_dir: &std::path::Path) -> anyho
             default.display()
         );
     }
+    // A member has state once its key space exists: its WAL's first segment is made durable
+    // before the key-space file is created.
     let snap = member_dir.join("snap");
-    let has_snapshot = crate::storage::snap::holds_snapshot(&snap)
-        .with_context(|| format!("reading the snapshot directory {}", snap.display()))?;
-    if has_snapshot && !here {
+    let has_state = crate::storage::snap::holds_snapshot(&snap)
+        .with_context(|| format!("reading the snapshot directory {}", snap.display()))?
+        || member_dir.join("kv.redb").exists();
+    if has_state && !here {
         bail!(
-            "{} holds this member's snapshot, but its WAL directory {} holds no WAL: the \
+            "{} holds this member's state, but its WAL directory {} holds no WAL: the \
              member's log and vote are somewhere else. Nothing was changed. Start it with the \
              --wal-dir it last ran with (without --wal-dir the WAL is {}); if its WAL is lost, \
              replace the member: move {} aside and follow \"Replacing a member whose machine is \
@@ -189,6 +205,20 @@ fn check_wal_location(cfg: &ServerConfig, member_dir: &std::path::Path) -> anyho
             default.display(),
             cfg.data_dir.display()
         );
+    }
+    if !has_state && here {
+        let log = crate::storage::wal::read_only(wal)?.rec;
+        if log.hard_state != Default::default() || !log.entries.is_empty() {
+            bail!(
+                "the WAL directory {} holds a member's log, but {} holds no member: the WAL \
+                 belongs to a data directory that is gone. Nothing was changed. If the member \
+                 is being replaced, move {} aside too (or give the new member another \
+                 --wal-dir); if the data directory was moved, point --data-dir at it",
+                wal.display(),
+                cfg.data_dir.display(),
+                wal.display()
+            );
+        }
     }
     Ok(())
 }

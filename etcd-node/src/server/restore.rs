@@ -92,14 +92,15 @@ pub async fn restore(
     let wal_dir = dedicated_wal_dir(cfg);
     if let Some(wal) = wal_dir
         && wal.exists()
-        && std::fs::read_dir(wal).map_or(true, |mut d| d.next().is_some())
     {
         bail!(
-            "--wal-dir {} already exists and is not empty; restore into a new directory (a \
-             restore never overwrites a member's WAL). A restore cut short between its last two \
-             steps leaves the restored WAL there and no --data-dir {}: only then does it hold \
-             nothing else, and it can be removed",
+            "--wal-dir {} already exists; restore into a new directory, which the restore \
+             creates (a restore never overwrites a member's WAL; on a disk mounted for the WAL, \
+             name a directory inside the mount point, such as {}). A restore cut short between \
+             its last two steps leaves the restored WAL there and no --data-dir {}: only then \
+             does it hold nothing else, and it can be removed",
             wal.display(),
+            wal.join("wal").display(),
             dir.display()
         );
     }

@@ -29,29 +29,52 @@ pub fn parent_dir(path: &Path) -> Option<&Path> {
 
 /// The WAL directory of the member whose data directory is `data_dir`: `--wal-dir` when given
 /// and not empty (etcd's dedicated WAL directory, for a disk of the WAL's own), else
-/// `<data-dir>/member/wal`. Refuses a `--wal-dir` inside the `member` directory other than
-/// `member/wal` itself: that directory's other entries are the snapshots and the key space.
+/// `<data-dir>/member/wal`. Refuses a `--wal-dir` that is the data directory, inside it (other
+/// than `member/wal` itself: the rest is the snapshots and the key space, and a restore renames
+/// the data directory into place whole), or holding it. Paths are compared as written, made
+/// absolute, with `.` and `..` resolved (not symbolic links).
 pub fn wal_dir(data_dir: &Path, flag: Option<&Path>) -> Result<PathBuf, String> {
     let default = data_dir.join("member").join("wal");
     let Some(flag) = flag.filter(|f| !f.as_os_str().is_empty()) else {
         return Ok(default);
     };
-    let absolute = |p: &Path| std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());
-    let (wal, member) = (absolute(flag), absolute(&data_dir.join("member")));
-    if wal == member.join("wal") {
+    let (wal, data) = (lexical_absolute(flag), lexical_absolute(data_dir));
+    if wal == data.join("member").join("wal") {
         return Ok(default);
     }
-    if wal.starts_with(&member) {
+    if wal.starts_with(&data) || data.starts_with(&wal) {
         return Err(format!(
-            "--wal-dir {} is inside {}, where the member keeps its snapshots and key space: \
-             give the WAL a directory of its own (such as /var/lib/etcd-wal, on the disk meant \
-             for it), or leave --wal-dir out to keep it in {}",
+            "--wal-dir {} is {} the data directory {}: give the WAL a directory of its own, \
+             outside it (such as /var/lib/etcd-wal, on the disk meant for it), or leave \
+             --wal-dir out to keep it in {}",
             flag.display(),
-            member.display(),
+            if data.starts_with(&wal) {
+                "or holds"
+            } else {
+                "inside"
+            },
+            data_dir.display(),
             default.display()
         ));
     }
     Ok(flag.to_path_buf())
+}
+
+/// `path` made absolute (against the working directory), with `.` and `..` resolved as text.
+fn lexical_absolute(path: &Path) -> PathBuf {
+    use std::path::Component;
+    let absolute = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
+    let mut out = PathBuf::new();
+    for c in absolute.components() {
+        match c {
+            Component::ParentDir => {
+                out.pop();
+            }
+            Component::CurDir => {}
+            other => out.push(other),
+        }
+    }
+    out
 }
 
 /// Makes durable what a member's first start creates in its data directory: the entries in
@@ -116,16 +139,24 @@ mod tests {
         for same in ["/var/lib/etcd/member/wal", "/var/lib/etcd/./member/wal/"] {
             assert_eq!(wal_dir(data, Some(Path::new(same))).unwrap(), default);
         }
-        for own in ["/var/lib/etcd-wal", "/fast/wal", "/var/lib/etcd/wal"] {
+        for own in [
+            "/var/lib/etcd-wal",
+            "/fast/wal",
+            "/var/lib/etcd/member/../../wal",
+        ] {
             assert_eq!(
                 wal_dir(data, Some(Path::new(own))).unwrap(),
                 PathBuf::from(own)
             );
         }
         for inside in [
+            "/var/lib/etcd",
             "/var/lib/etcd/member",
             "/var/lib/etcd/member/snap",
             "/var/lib/etcd/member/wal2",
+            "/var/lib/etcd/wal",
+            "/var/lib/etcd/x/../member/snap",
+            "/var/lib",
         ] {
             let err = wal_dir(data, Some(Path::new(inside))).unwrap_err();
             assert!(

@@ -60,7 +60,8 @@ fn put_all(c: &Cluster, prefix: &str, n: usize) {
 /// A member given `--wal-dir` writes its log there and nowhere else; `etcdutl wal dump` reads
 /// it with the same flag. Started again without the flag it refuses, changing nothing, since
 /// it would have forgotten its log and its vote; a second member on the same WAL directory is
-/// refused while the first runs; started with its flag again it has every write.
+/// refused while the first runs; started with its flag again it has every write. With its
+/// data directory moved aside, the WAL is not taken for a new member's.
 #[test]
 fn a_member_keeps_its_log_in_wal_dir_and_refuses_to_start_without_it() {
     let (node, etcdutl) = bins();
@@ -172,6 +173,26 @@ fn a_member_keeps_its_log_in_wal_dir_and_refuses_to_start_without_it() {
         local_value(&c, 0, "w/29") == "v29" && local_value(&c, 0, "x/04") == "v4"
     });
     assert!(!default_wal.exists());
+
+    // Its data directory moved aside (as when the member is replaced), the --wal-dir kept: the
+    // old log is not taken for a new member's.
+    c.stop(0);
+    let data = c.data_dir(0);
+    std::fs::rename(&data, data.with_extension("aside")).unwrap();
+    let log = refused_start(
+        &mut c,
+        0,
+        &wal_flag,
+        "started on a WAL whose data directory is gone",
+    );
+    assert!(
+        log.contains("holds a member's log, but") && log.contains("move"),
+        "{log}"
+    );
+    assert!(
+        !data.join("member/kv.redb").exists(),
+        "the refused start made a key space"
+    );
 }
 
 /// A running member is given a `--wal-dir` for the first time. The start refuses and says how
