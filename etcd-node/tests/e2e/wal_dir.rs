@@ -3,7 +3,7 @@
 //! way of moving a WAL there, run as the refusal tells it.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Output};
 use std::time::Duration;
 
 use crate::{LEADER_WAIT, bins, ok, text};
@@ -44,6 +44,25 @@ fn local_value(c: &Cluster, i: usize, key: &str) -> String {
     ))
     .trim()
     .to_string()
+}
+
+/// Runs a second process as member `i` on `data_dir` with `flags`, on ports of its own, to its
+/// end (the tests expect it refused): its output.
+fn start_beside(c: &Cluster, i: usize, data_dir: &Path, flags: &[&str], more: &[&str]) -> Output {
+    let (client, peer) = (free_port(), free_port());
+    let client_url = format!("http://127.0.0.1:{client}");
+    Command::new(bins().0)
+        .args(["--name", &c.members[i].name])
+        .args(["--data-dir", data_dir.to_str().unwrap()])
+        .args(flags)
+        .args(["--listen-client-urls", &client_url])
+        .args(["--advertise-client-urls", &client_url])
+        .args(["--listen-peer-urls", &format!("http://127.0.0.1:{peer}")])
+        .args(["--initial-advertise-peer-urls", &c.members[i].peer_url()])
+        .args(["--initial-cluster", c.initial_cluster()])
+        .args(more)
+        .output()
+        .unwrap()
 }
 
 fn put_all(c: &Cluster, prefix: &str, n: usize) {
@@ -96,25 +115,13 @@ fn a_member_keeps_its_log_in_wal_dir_and_refuses_to_start_without_it() {
 
     // A second process given the same --wal-dir (its own data directory and ports).
     let other = c.dir.path().join("other.etcd");
-    let (client, peer) = (free_port(), free_port());
-    let second = Command::new(node)
-        .args(["--name", &c.members[0].name])
-        .args(["--data-dir", other.to_str().unwrap()])
-        .args(wal_flag)
-        .args([
-            "--listen-client-urls",
-            &format!("http://127.0.0.1:{client}"),
-        ])
-        .args([
-            "--advertise-client-urls",
-            &format!("http://127.0.0.1:{client}"),
-        ])
-        .args(["--listen-peer-urls", &format!("http://127.0.0.1:{peer}")])
-        .args(["--initial-advertise-peer-urls", &c.members[0].peer_url()])
-        .args(["--initial-cluster", c.initial_cluster()])
-        .args(["--initial-cluster-state", "existing"])
-        .output()
-        .unwrap();
+    let second = start_beside(
+        &c,
+        0,
+        &other,
+        &wal_flag,
+        &["--initial-cluster-state", "existing"],
+    );
     assert!(
         !second.status.success() && text(&second).contains("a member is already running on it"),
         "{}",
@@ -122,26 +129,14 @@ fn a_member_keeps_its_log_in_wal_dir_and_refuses_to_start_without_it() {
     );
     // And one on n1's data directory (its WAL in member/wal) with a --wal-dir: told n1 runs
     // there, not how to move its WAL.
-    let second = Command::new(node)
-        .args(["--name", &c.members[1].name])
-        .args(["--data-dir", c.data_dir(1).to_str().unwrap()])
-        .args([
-            "--wal-dir",
-            c.dir.path().join("another-wal").to_str().unwrap(),
-        ])
-        .args([
-            "--listen-client-urls",
-            &format!("http://127.0.0.1:{client}"),
-        ])
-        .args([
-            "--advertise-client-urls",
-            &format!("http://127.0.0.1:{client}"),
-        ])
-        .args(["--listen-peer-urls", &format!("http://127.0.0.1:{peer}")])
-        .args(["--initial-advertise-peer-urls", &c.members[1].peer_url()])
-        .args(["--initial-cluster", c.initial_cluster()])
-        .output()
-        .unwrap();
+    let another = c.dir.path().join("another-wal");
+    let second = start_beside(
+        &c,
+        1,
+        &c.data_dir(1),
+        &["--wal-dir", another.to_str().unwrap()],
+        &[],
+    );
     assert!(
         !second.status.success() && text(&second).contains("a member is already running on it"),
         "{}",
