@@ -60,7 +60,7 @@ pub(super) fn room_for_copy(path: &Path) -> bool {
 
 /// Copies the database `db`, whose file is `path`, into a new file and renames that over
 /// `path`: the new database, open with a page cache of `cache_bytes`, which the caller must use
-/// from then on (the old file is gone) and whose rename it makes durable ([`sync_rename`]).
+/// from then on (the old file is gone) and whose rename the caller makes durable (`storage::sync_dir`).
 /// None, with nothing changed, when the file holds a table this release does not copy (the
 /// caller compacts in place instead); an error, with nothing changed either, when the copy or
 /// its rename fails. The caller holds every other use of `db` off.
@@ -89,15 +89,6 @@ pub(super) fn copied(
         return Err(at(&e));
     }
     Ok(Some(copy))
-}
-
-/// Makes the rename of a copy over the key space's file `path` durable (an fsync of its
-/// directory).
-pub(super) fn sync_rename(path: &Path) -> std::io::Result<()> {
-    match crate::storage::parent_dir(path) {
-        Some(dir) => std::fs::File::open(dir).and_then(|d| d.sync_all()),
-        None => Ok(()),
-    }
 }
 
 /// Copies every table `from` holds into `to` in one durable transaction: false (nothing

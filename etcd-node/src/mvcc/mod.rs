@@ -480,7 +480,8 @@ impl Mvcc {
             Some(copy) => {
                 // (the old file is gone: the copy is the key space from now on, whatever comes)
                 *db = copy;
-                if let Err(e) = defrag::sync_rename(path) {
+                let dir = crate::storage::parent_dir(path).unwrap_or(Path::new("/"));
+                if let Err(e) = crate::storage::sync_dir(dir) {
                     // Unsynced, the rename could be undone by a power cut, bringing back the
                     // old file without what is applied from now on: nothing more is applied.
                     self.failed.store(true, Ordering::Release);

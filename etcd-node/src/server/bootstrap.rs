@@ -142,6 +142,9 @@ fn check_wal_location(cfg: &ServerConfig, member_dir: &std::path::Path) -> anyho
             .with_context(|| format!("reading the WAL directory {}", dir.display()))
     };
     let (wal, default) = (&cfg.wal_dir, member_dir.join("wal"));
+    if member_dir.is_dir() {
+        crate::storage::lock_member_dir(member_dir)?;
+    }
     for dir in [wal.as_path(), &default] {
         if dir.is_dir() {
             // (a member running on either: say so, rather than how to move its WAL)
@@ -237,21 +240,21 @@ async fn open_storage(
     dialer: &Dialer,
 ) -> anyhow::Result<(DiskStorage, Arc<Mvcc>, Ids, bool)> {
     let member_dir = cfg.data_dir.join("member");
+    // (refusals first: a refused start creates nothing)
+    if let Ok(why) = std::fs::read_to_string(member_dir.join(REMOVED_MARK)) {
+        bail!("{why}");
+    }
+    check_wal_location(cfg, &member_dir)?;
     let data_dir_is_new = !cfg.data_dir.exists();
     std::fs::create_dir_all(&member_dir)
         .with_context(|| format!("--data-dir: cannot create {}", member_dir.display()))?;
     if data_dir_is_new {
         // Its entry in its parent, so that a power cut does not take the new data directory.
         if let Some(parent) = crate::storage::parent_dir(&cfg.data_dir) {
-            std::fs::File::open(parent)
-                .and_then(|d| d.sync_all())
+            crate::storage::sync_dir(parent)
                 .with_context(|| format!("--data-dir: fsync of {}", parent.display()))?;
         }
     }
-    if let Ok(why) = std::fs::read_to_string(member_dir.join(REMOVED_MARK)) {
-        bail!("{why}");
-    }
-    check_wal_location(cfg, &member_dir)?;
     let (mut disk, report) = DiskStorage::open(&member_dir, &cfg.wal_dir)?;
     if report.torn_bytes > 0 {
         tracing::warn!(
@@ -401,7 +404,7 @@ fn removed(cfg: &ServerConfig, member: u64, by: u64) -> anyhow::Error {
         std::io::Write::write_all(&mut f, why.as_bytes())?;
         f.sync_all()?;
         // The mark's name too: a power cut must not let the member start again.
-        std::fs::File::open(mark.parent().unwrap_or(&cfg.data_dir))?.sync_all()
+        crate::storage::sync_dir(mark.parent().unwrap_or(&cfg.data_dir))
     });
     if let Err(e) = written {
         tracing::error!(path = %mark.display(), error = %e, "could not mark the data directory as removed");

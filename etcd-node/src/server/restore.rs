@@ -138,9 +138,9 @@ pub async fn restore(
     };
     // The WAL first: a data directory in place without its WAL refuses to start, saying so.
     if let Some(wal) = wal_dir {
-        rename_durably(&wal_aside, wal)?;
+        rename_into(&wal_aside, wal)?;
     }
-    rename_durably(&aside, dir)?;
+    rename_into(&aside, dir)?;
     Ok(RestoreReport {
         data_dir: dir.clone(),
         member_id: cfg.member_id,
@@ -302,20 +302,14 @@ fn dedicated_wal_dir(cfg: &ServerConfig) -> Option<&Path> {
     (wal != cfg.data_dir.join("member").join("wal")).then_some(wal)
 }
 
-/// Renames `from` to `to` and makes the rename durable.
-fn rename_durably(from: &Path, to: &Path) -> anyhow::Result<()> {
+/// Renames `from` to `to` durably, creating `to`'s directory if needed.
+fn rename_into(from: &Path, to: &Path) -> anyhow::Result<()> {
     if let Some(parent) = crate::storage::parent_dir(to) {
         std::fs::create_dir_all(parent)
             .with_context(|| format!("creating {}", parent.display()))?;
     }
-    std::fs::rename(from, to)
-        .with_context(|| format!("renaming {} to {}", from.display(), to.display()))?;
-    if let Some(parent) = crate::storage::parent_dir(to) {
-        std::fs::File::open(parent)
-            .and_then(|d| d.sync_all())
-            .with_context(|| format!("syncing {}", parent.display()))?;
-    }
-    Ok(())
+    crate::storage::rename_durably(from, to)
+        .with_context(|| format!("renaming {} to {}", from.display(), to.display()))
 }
 
 /// `<dir>.restoring`, next to the directory `dir` (same file system, so the rename is

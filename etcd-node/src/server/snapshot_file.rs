@@ -121,11 +121,8 @@ pub fn export_etcd(
             etcd::export(dump, BufWriter::new(out), &dir).map_err(anyhow::Error::msg)?;
         let mut out = out.into_inner().map_err(|e| e.into_error())?;
         backup::seal_etcd(&mut out).with_context(|| format!("writing {}", part.display()))?;
-        std::fs::rename(&part, output)
+        crate::storage::rename_durably(&part, output)
             .with_context(|| format!("renaming {} to {}", part.display(), output.display()))?;
-        std::fs::File::open(&dir)
-            .and_then(|d| d.sync_all())
-            .with_context(|| format!("syncing {}", dir.display()))?;
         Ok(summary)
     })();
     if result.is_err() {

@@ -34,6 +34,10 @@ pub struct DiskStorage {
     /// Whether `mem` keeps the entries (until the Raft core, which keeps its own copy, is built
     /// from them: two copies of up to `--snapshot-count` entries were tens of megabytes).
     entries_kept: bool,
+    /// The member directory's lock, held while open: a second process on it stops before it
+    /// clears this member's received snapshots (the WAL's own lock does not cover a second
+    /// process given another `--wal-dir`).
+    _member_lock: Option<nix::fcntl::Flock<std::fs::File>>,
 }
 
 /// The key space a new member starts from ([`DiskStorage::bootstrap`]).
@@ -72,6 +76,11 @@ impl DiskStorage {
         wal_dir: &Path,
         segment_bytes: u64,
     ) -> Result<(DiskStorage, OpenReport), StorageError> {
+        std::fs::create_dir_all(member_dir).map_err(|source| StorageError::Io {
+            path: member_dir.to_path_buf(),
+            source,
+        })?;
+        let member_lock = super::lock_member_dir(member_dir)?;
         let snap_dir = member_dir.join("snap");
         let snaps = SnapDir::open(&snap_dir).map_err(|source| StorageError::Io {
             path: snap_dir,
@@ -127,6 +136,7 @@ impl DiskStorage {
                 snaps,
                 mem: MemStorage::from_parts(rec.hard_state, snapshot, entries),
                 entries_kept: true,
+                _member_lock: member_lock,
             },
             report,
         ))
@@ -343,6 +353,29 @@ mod tests {
             entries,
             ..Ready::default()
         }
+    }
+
+    /// A second process on a member's directory stops before it changes anything there, even
+    /// when given a WAL directory of its own (which passes the WAL's lock).
+    #[test]
+    fn a_member_directory_is_opened_by_one_process_at_a_time() {
+        let dir = tempfile::tempdir().unwrap();
+        let (_first, _) = DiskStorage::open(dir.path(), &dir.path().join("wal")).unwrap();
+        // (what a start clears: a snapshot being received)
+        let unfinished = dir.path().join("snap/being-received.tmp");
+        std::fs::write(&unfinished, b"part").unwrap();
+        let err = DiskStorage::open(dir.path(), &dir.path().join("other-wal")).unwrap_err();
+        assert!(matches!(err, StorageError::Locked(_)), "{err}");
+        assert!(
+            err.to_string()
+                .contains("a member is already running on this data directory"),
+            "{err}"
+        );
+        assert!(
+            unfinished.exists(),
+            "the second open cleared the snapshot directory"
+        );
+        assert!(!dir.path().join("other-wal").exists());
     }
 
     #[test]

@@ -27,6 +27,59 @@ pub fn parent_dir(path: &Path) -> Option<&Path> {
     })
 }
 
+/// Makes `dir`'s entries durable (an fsync of the directory): after a file in it was created,
+/// renamed or removed.
+pub fn sync_dir(dir: &Path) -> io::Result<()> {
+    std::fs::File::open(dir)?.sync_all()
+}
+
+/// Renames `from` to `to` and makes the rename durable (an fsync of `to`'s directory, and of
+/// `from`'s when that is another one). On an error the rename may or may not have happened.
+pub fn rename_durably(from: &Path, to: &Path) -> io::Result<()> {
+    std::fs::rename(from, to)?;
+    let (old, new) = (parent_dir(from), parent_dir(to));
+    if let Some(dir) = new {
+        sync_dir(dir)?;
+    }
+    match old {
+        Some(dir) if Some(dir) != new => sync_dir(dir),
+        _ => Ok(()),
+    }
+}
+
+/// Takes an exclusive lock on the directory `dir` for as long as the returned value lives, so
+/// that a second process opening it stops before it reads or changes anything: an error of kind
+/// `WouldBlock` when another process holds it. A file system without locks (NFS refuses an
+/// exclusive lock on a directory) gets a warning naming `what` and no lock.
+pub fn lock_dir(dir: &Path, what: &str) -> io::Result<Option<nix::fcntl::Flock<std::fs::File>>> {
+    let file = std::fs::File::open(dir)?;
+    match nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock) {
+        Ok(lock) => Ok(Some(lock)),
+        Err((_, nix::errno::Errno::EWOULDBLOCK)) => Err(io::ErrorKind::WouldBlock.into()),
+        Err((_, errno)) => {
+            tracing::warn!(dir = %dir.display(), error = %errno, "cannot lock the {what}: make sure no other member runs on it");
+            Ok(None)
+        }
+    }
+}
+
+/// Locks the member directory `member_dir` (its snapshots and key space) while the returned
+/// value lives ([`lock_dir`]): [`StorageError::Locked`] when another process has it.
+pub fn lock_member_dir(
+    member_dir: &Path,
+) -> Result<Option<nix::fcntl::Flock<std::fs::File>>, StorageError> {
+    lock_dir(member_dir, "member directory").map_err(|source| {
+        if source.kind() == io::ErrorKind::WouldBlock {
+            StorageError::Locked(member_dir.to_path_buf())
+        } else {
+            StorageError::Io {
+                path: member_dir.to_path_buf(),
+                source,
+            }
+        }
+    })
+}
+
 /// The WAL directory of the member whose data directory is `data_dir`: `--wal-dir` when given
 /// and not empty (etcd's dedicated WAL directory, for a disk of the WAL's own), else
 /// `<data-dir>/member/wal`. Refuses a `--wal-dir` that is the data directory, inside it (other
@@ -88,12 +141,10 @@ pub fn sync_member_dir(member_dir: &Path) -> Result<(), StorageError> {
         .into_iter()
         .flatten()
     {
-        std::fs::File::open(dir)
-            .and_then(|d| d.sync_all())
-            .map_err(|source| StorageError::Io {
-                path: dir.to_path_buf(),
-                source,
-            })?;
+        sync_dir(dir).map_err(|source| StorageError::Io {
+            path: dir.to_path_buf(),
+            source,
+        })?;
     }
     Ok(())
 }
@@ -123,6 +174,11 @@ pub enum StorageError {
     /// the log).
     #[error("{}: {what}", dir.display())]
     Inconsistent { dir: PathBuf, what: String },
+    /// Another process holds the member directory's lock ([`lock_member_dir`]).
+    #[error(
+        "another process has the member directory {0} open: a member is already running on this data directory. Nothing was changed. Stop that member first (two processes on one data directory would damage it); if two members were given the same --data-dir, give each a directory of its own"
+    )]
+    Locked(PathBuf),
 }
 
 #[cfg(test)]

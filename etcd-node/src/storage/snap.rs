@@ -278,7 +278,7 @@ impl SnapDir {
     pub fn publish_received(&self, meta: &SnapshotMeta) -> io::Result<bool> {
         match fs::rename(self.received(meta), self.dir.join(name(meta))) {
             Ok(()) => {
-                fs::File::open(&self.dir)?.sync_all()?;
+                super::sync_dir(&self.dir)?;
                 Ok(true)
             }
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
@@ -318,7 +318,7 @@ impl SnapDir {
         }
         crate::crash!("snap-before-rename");
         fs::rename(&tmp, &path)?;
-        fs::File::open(&self.dir)?.sync_all()?;
+        super::sync_dir(&self.dir)?;
         Ok(path)
     }
 

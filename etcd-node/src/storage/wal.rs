@@ -264,9 +264,7 @@ fn valid_record_after(data: &[u8], from: usize) -> bool {
 }
 
 fn sync_dir(dir: &Path) -> Result<(), WalError> {
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(io_err(dir))
+    super::sync_dir(dir).map_err(io_err(dir))
 }
 
 /// Creates `dir` and whatever of its ancestors is missing, each made durable in its parent (a
@@ -283,20 +281,16 @@ fn create_dir_durably(dir: &Path) -> Result<(), WalError> {
     Ok(())
 }
 
-/// Takes an exclusive lock on the WAL directory for as long as the returned value lives, so
-/// that a second member started on the same directory stops before it reads or changes
-/// anything ([`WalError::Locked`]). A file system without locks (NFS refuses an exclusive lock
-/// on a directory) gets a warning and no lock.
+/// Takes an exclusive lock on the WAL directory for as long as the returned value lives
+/// ([`super::lock_dir`]): [`WalError::Locked`] when another process holds it.
 pub fn lock_dir(dir: &Path) -> Result<Option<nix::fcntl::Flock<File>>, WalError> {
-    let file = File::open(dir).map_err(io_err(dir))?;
-    match nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock) {
-        Ok(lock) => Ok(Some(lock)),
-        Err((_, nix::errno::Errno::EWOULDBLOCK)) => Err(WalError::Locked(dir.to_path_buf())),
-        Err((_, errno)) => {
-            tracing::warn!(dir = %dir.display(), error = %errno, "cannot lock the WAL directory: make sure no other member runs on it");
-            Ok(None)
+    super::lock_dir(dir, "WAL directory").map_err(|e| {
+        if e.kind() == io::ErrorKind::WouldBlock {
+            WalError::Locked(dir.to_path_buf())
+        } else {
+            io_err(dir)(e)
         }
-    }
+    })
 }
 
 /// True if the WAL directories `a` and `b` hold the same segments, byte for byte (a copy of a

@@ -3,7 +3,7 @@
 //! way of moving a WAL there, run as the refusal tells it.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
 use std::time::Duration;
 
 use crate::{LEADER_WAIT, bins, ok, text};
@@ -46,12 +46,12 @@ fn local_value(c: &Cluster, i: usize, key: &str) -> String {
     .to_string()
 }
 
-/// Runs a second process as member `i` on `data_dir` with `flags`, on ports of its own, to its
-/// end (the tests expect it refused): its output.
-fn start_beside(c: &Cluster, i: usize, data_dir: &Path, flags: &[&str], more: &[&str]) -> Output {
+/// Runs a second process as member `i` on `data_dir` with `flags`, on ports of its own, and
+/// checks that it stops at once saying `says`.
+fn refused_beside(c: &Cluster, i: usize, data_dir: &Path, flags: &[&str], says: &str) {
     let (client, peer) = (free_port(), free_port());
     let client_url = format!("http://127.0.0.1:{client}");
-    Command::new(bins().0)
+    let second = Command::new(bins().0)
         .args(["--name", &c.members[i].name])
         .args(["--data-dir", data_dir.to_str().unwrap()])
         .args(flags)
@@ -60,9 +60,13 @@ fn start_beside(c: &Cluster, i: usize, data_dir: &Path, flags: &[&str], more: &[
         .args(["--listen-peer-urls", &format!("http://127.0.0.1:{peer}")])
         .args(["--initial-advertise-peer-urls", &c.members[i].peer_url()])
         .args(["--initial-cluster", c.initial_cluster()])
-        .args(more)
         .output()
-        .unwrap()
+        .unwrap();
+    assert!(
+        !second.status.success() && text(&second).contains(says),
+        "{}",
+        text(&second)
+    );
 }
 
 fn put_all(c: &Cluster, prefix: &str, n: usize) {
@@ -115,33 +119,25 @@ fn a_member_keeps_its_log_in_wal_dir_and_refuses_to_start_without_it() {
 
     // A second process given the same --wal-dir (its own data directory and ports).
     let other = c.dir.path().join("other.etcd");
-    let second = start_beside(
-        &c,
-        0,
-        &other,
-        &wal_flag,
-        &["--initial-cluster-state", "existing"],
-    );
-    assert!(
-        !second.status.success() && text(&second).contains("a member is already running on it"),
-        "{}",
-        text(&second)
-    );
+    let mut flags = wal_flag.to_vec();
+    flags.extend(["--initial-cluster-state", "existing"]);
+    refused_beside(&c, 0, &other, &flags, "a member is already running on it");
     // And one on n1's data directory (its WAL in member/wal) with a --wal-dir: told n1 runs
     // there, not how to move its WAL.
     let another = c.dir.path().join("another-wal");
-    let second = start_beside(
-        &c,
-        1,
-        &c.data_dir(1),
-        &["--wal-dir", another.to_str().unwrap()],
-        &[],
-    );
-    assert!(
-        !second.status.success() && text(&second).contains("a member is already running on it"),
-        "{}",
-        text(&second)
-    );
+    let flags = ["--wal-dir", another.to_str().unwrap()];
+    let running = "a member is already running on this data directory";
+    refused_beside(&c, 1, &c.data_dir(1), &flags, running);
+    // And one on n0's data directory with another --wal-dir that holds a WAL (a copy of n0's):
+    // that passes the WAL's lock, and is stopped by the data directory's.
+    let copy = c.dir.path().join("n0-wal-copy");
+    let copied = Command::new("cp")
+        .args(["-a", wal.to_str().unwrap(), copy.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(copied.status.success(), "{}", text(&copied));
+    let flags = ["--wal-dir", copy.to_str().unwrap()];
+    refused_beside(&c, 0, &c.data_dir(0), &flags, running);
 
     c.stop(0);
     let before: Vec<_> = std::fs::read_dir(&wal)
@@ -185,15 +181,17 @@ fn a_member_keeps_its_log_in_wal_dir_and_refuses_to_start_without_it() {
         "{log}"
     );
     assert!(
-        !data.join("member/kv.redb").exists(),
-        "the refused start made a key space"
+        !data.exists(),
+        "the refused start created the data directory"
     );
 }
 
 /// A running member is given a `--wal-dir` for the first time. The start refuses and says how
 /// to move the WAL; doing exactly that (its `cp` command, run as printed) and starting again is
-/// refused once more, because the old copy is still there, and that refusal says to remove it;
-/// once it is removed the member starts with every acknowledged write.
+/// refused once more, because the old copy is still there, and that refusal says to remove it.
+/// Started without the flag once more and written to, the two WALs differ, and the refusal says
+/// which to keep; once the other is out of the way and the move redone, the member starts with
+/// every acknowledged write.
 #[test]
 fn a_wal_moved_into_wal_dir_as_the_refusal_says_keeps_every_write() {
     let (node, etcdutl) = bins();
@@ -224,13 +222,49 @@ fn a_wal_moved_into_wal_dir_as_the_refusal_says_keeps_every_write() {
             && log.contains(&format!("remove {}", default_wal.display())),
         "{log}"
     );
+
+    // Started once more without --wal-dir before the old WAL was removed, and written to: the
+    // two WALs differ, and the refusal says to keep the one `etcdutl wal dump` shows further on.
+    c.start_member(1);
+    c.wait_leader(LEADER_WAIT);
+    put_all(&c, "d/", 5);
+    eventually(Duration::from_secs(30), "n1 has the new writes", || {
+        local_value(&c, 1, "d/04") == "v4"
+    });
+    c.stop(1);
+    let log = refused_start(&mut c, 1, &wal_flag, "started with two differing WALs");
+    assert!(
+        log.contains("this member has two logs")
+            && log.contains("they differ")
+            && log.contains("etcdutl wal dump"),
+        "{log}"
+    );
+    let puts = |dir: &Path| {
+        let data = c.data_dir(1);
+        let dumped = ok(Command::new(bins().1)
+            .args(["wal", "dump", "--data-dir", data.to_str().unwrap()])
+            .args(["--wal-dir", dir.to_str().unwrap()])
+            .output()
+            .unwrap());
+        dumped.matches("\"op\":\"put\"").count()
+    };
+    assert!(
+        puts(&default_wal) > puts(&wal),
+        "member/wal is not further on"
+    );
+    // So the copy in --wal-dir goes out of the way, and the WAL is moved again.
+    std::fs::rename(&wal, wal.with_extension("old")).unwrap();
+    let copied = Command::new("sh").args(["-c", &command]).output().unwrap();
+    assert!(copied.status.success(), "{command}: {}", text(&copied));
     std::fs::remove_dir_all(&default_wal).unwrap();
 
     c.start_member_with(1, &wal_flag, &[]);
     c.wait_leader(LEADER_WAIT);
     put_all(&c, "n/", 5);
     eventually(Duration::from_secs(30), "n1 has every write", || {
-        local_value(&c, 1, "m/29") == "v29" && local_value(&c, 1, "n/04") == "v4"
+        local_value(&c, 1, "m/29") == "v29"
+            && local_value(&c, 1, "d/04") == "v4"
+            && local_value(&c, 1, "n/04") == "v4"
     });
     assert!(!default_wal.exists());
 }
