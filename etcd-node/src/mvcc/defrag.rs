@@ -49,6 +49,7 @@ pub(super) fn remove_leftover(path: &Path) -> std::io::Result<()> {
 /// (the blocks it takes; true when that cannot be told: a copy that fails is given up).
 pub(super) fn room_for_copy(path: &Path) -> bool {
     use std::os::unix::fs::MetadataExt;
+    fail::fail_point!("defrag-no-room", |_| false);
     let (Ok(file), Some(dir)) = (std::fs::metadata(path), crate::storage::parent_dir(path)) else {
         return true;
     };
@@ -60,7 +61,7 @@ pub(super) fn room_for_copy(path: &Path) -> bool {
 
 /// Copies the database `db`, whose file is `path`, into a new file and renames that over
 /// `path`: the new database, open with a page cache of `cache_bytes`, which the caller must use
-/// from then on (the old file is gone) and whose rename the caller makes durable (`storage::sync_dir`).
+/// from then on (the old file is gone) and whose rename the caller makes durable ([`sync_renamed`]).
 /// None, with nothing changed, when the file holds a table this release does not copy (the
 /// caller compacts in place instead); an error, with nothing changed either, when the copy or
 /// its rename fails. The caller holds every other use of `db` off.
@@ -83,12 +84,20 @@ pub(super) fn copied(
         let _ = std::fs::remove_file(&target);
         return written.map(|_| None).map_err(|e| at(&e));
     }
+    crate::crash!("defrag-before-rename");
     if let Err(e) = std::fs::rename(&target, path) {
         drop(copy);
         let _ = std::fs::remove_file(&target);
         return Err(at(&e));
     }
     Ok(Some(copy))
+}
+
+/// Makes the rename of a copy over the key space's file `path` durable (an fsync of its
+/// directory).
+pub(super) fn sync_renamed(path: &Path) -> std::io::Result<()> {
+    crate::storage_error!("defrag-sync-eio", crate::failpoint::EIO, |e| e);
+    crate::storage::sync_dir(crate::storage::parent_dir(path).unwrap_or(Path::new("/")))
 }
 
 /// Copies every table `from` holds into `to` in one durable transaction: false (nothing

@@ -480,14 +480,13 @@ impl Mvcc {
             Some(copy) => {
                 // (the old file is gone: the copy is the key space from now on, whatever comes)
                 *db = copy;
-                let dir = crate::storage::parent_dir(path).unwrap_or(Path::new("/"));
-                if let Err(e) = crate::storage::sync_dir(dir) {
+                if let Err(e) = defrag::sync_renamed(path) {
                     // Unsynced, the rename could be undone by a power cut, bringing back the
                     // old file without what is applied from now on: nothing more is applied.
                     self.failed.store(true, Ordering::Release);
-                    return Err(self.fail(format!(
-                        "making the defragmented file's rename durable: {e}"
-                    )));
+                    let e = format!("making the defragmented file's rename durable: {e}");
+                    tracing::error!(file = %self.path, error = %e, "the key space applies nothing more");
+                    return Err(self.fail(e));
                 }
             }
             None => while db.compact().map_err(|e| self.fail(e))? {},

@@ -1819,8 +1819,9 @@ fn the_size_a_write_is_checked_against_follows_every_commit() {
 /// A defragment copies every row into a new file that replaces the old one: the same key space
 /// before, after and after a reopen, in a file a fraction of the size once a compaction freed
 /// most of it, and writes go on after it. A copy a crash left beside the file is removed when
-/// the key space opens; a copy that fails, and a table the copy does not know, leave the
-/// defragment to redb's compaction in place (which never drops a table).
+/// the key space opens; no room on the disk for a copy, a copy that fails, and a table the copy
+/// does not know leave the defragment to redb's compaction in place (which never drops a
+/// table).
 #[test]
 fn a_defragment_copies_every_row_into_a_smaller_file() {
     let mut f = fixture();
@@ -1858,6 +1859,16 @@ fn a_defragment_copies_every_row_into_a_smaller_file() {
     f.mvcc = Mvcc::open(&path).unwrap();
     assert!(!copy.exists());
     assert_eq!(f.mvcc.dump().unwrap(), after, "reopened");
+
+    // No room on the disk for a copy: compacted in place.
+    fail::cfg("defrag-no-room", "return").unwrap();
+    let in_place = inode();
+    let defragmented = f.mvcc.defragment();
+    fail::remove("defrag-no-room");
+    defragmented.unwrap();
+    assert_eq!(inode(), in_place, "compacted in place");
+    assert!(!copy.exists());
+    assert_eq!(f.mvcc.dump().unwrap(), after);
 
     // A copy that fails (its path taken by a directory): compacted in place instead.
     std::fs::create_dir(&copy).unwrap();

@@ -99,6 +99,64 @@ fn a_member_whose_key_space_fsync_fails_with_eio_stops_and_comes_back() {
     disk_fails_stops_says_why_and_comes_back("kv-sync-eio", &["--backend-batch-limit", "1"]);
 }
 
+/// A member that crashes in a defragment after the copy of its key space was written and
+/// before the copy's rename (failpoint `defrag-before-rename`) comes back on its old file with
+/// every write, and removes the copy.
+#[test]
+fn a_member_that_crashes_defragmenting_comes_back_with_every_write() {
+    defragment_fails_and_the_member_comes_back("defrag-before-rename", "aborting");
+}
+
+/// The fsync of the directory after the copy's rename fails (failpoint `defrag-sync-eio`): the
+/// copy is the key space, and a power cut could undo its rename, so the member applies nothing
+/// more and stops saying why; started again, it has every write.
+#[test]
+fn a_member_whose_fsync_after_a_defragment_fails_stops_and_comes_back() {
+    let log = defragment_fails_and_the_member_comes_back("defrag-sync-eio", "Input/output error");
+    assert!(
+        log.contains("making the defragmented file's rename durable"),
+        "{log}"
+    );
+}
+
+/// Member 0 runs with the failpoint `failpoint` armed and is told to defragment, which fails;
+/// writes go on through member 1, member 0 stops (its log says `says`), and started again it
+/// holds every write: its log.
+fn defragment_fails_and_the_member_comes_back(failpoint: &str, says: &str) -> String {
+    let mut c = cluster();
+    c.stop(0);
+    c.start_member_with(0, &[], &[("ETCD_NODE_FAILPOINT", failpoint)]);
+    c.wait_leader(LEADER_WAIT);
+    let put = |eps: &[String], k: usize| {
+        ok(etcdctl(eps, &["put", &format!("d/{k:02}"), "v"], None));
+    };
+    let eps = c.endpoints();
+    (0..20).for_each(|k| put(&eps, k));
+    let defrag = etcdctl(&[c.members[0].endpoint()], &["defrag"], None);
+    assert!(!defrag.status.success(), "the defragment succeeded");
+    let second = [c.members[1].endpoint()];
+    (20..40).for_each(|k| put(&second, k));
+    eventually(Duration::from_secs(30), "member 0 stops", || c.exited(0));
+    let log = c.log(0);
+    assert!(
+        log.contains(&format!("failpoint {failpoint}")) && log.contains(says),
+        "{log}"
+    );
+    c.kill(0); // (reaps the exited process)
+    c.start_member(0);
+    let mut last = String::new();
+    let back = within(Duration::from_secs(30), || {
+        let args = ["get", "d/", "--prefix", "--keys-only", "--consistency=s"];
+        let got = etcdctl(&[c.members[0].endpoint()], &args, None);
+        last = format!("{got:?}");
+        let stdout = String::from_utf8_lossy(&got.stdout);
+        stdout.lines().filter(|l| l.starts_with("d/")).count() == 40
+    });
+    assert!(back, "member 0 lacks writes: {last}\n{}", c.log(0));
+    assert!(!c.data_dir(0).join("member/kv.redb.defrag").exists());
+    c.log(0)
+}
+
 /// Member 0 runs with `flags` and fails at the 60th hit of the storage-error failpoint
 /// `failpoint` (its name ends with the error: `enospc` or `eio`), while a client writes through
 /// member 1. Returns the member's log once it came back with every acknowledged write.
