@@ -1378,7 +1378,11 @@ fn snapshot_count_snapshots_copy_nothing_and_a_lost_key_space_is_refused() {
     }
     rt.block_on(wait_caught_up(&c.members[follower].url(), "q", &acked));
     for i in [leader, follower] {
-        // (the last 50 writes may not have reached a snapshot yet: the one before them has)
+        // (the last 50 writes may not have reached a snapshot yet: the one before them has;
+        // a snapshot just taken stands beside the one before it until that one is purged)
+        within(Duration::from_secs(10), || {
+            snapshot_files(&c.data_dir(i)).len() == 1
+        });
         let files = snapshot_files(&c.data_dir(i));
         let sizes: Vec<_> = files.iter().map(|(p, b)| (p, b.len())).collect();
         assert_eq!(files.len(), 1, "one snapshot kept: {sizes:?}");
