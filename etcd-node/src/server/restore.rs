@@ -305,7 +305,7 @@ fn dedicated_wal_dir(cfg: &ServerConfig) -> Option<&Path> {
 /// Renames `from` to `to` durably, creating `to`'s directory if needed.
 fn rename_into(from: &Path, to: &Path) -> anyhow::Result<()> {
     if let Some(parent) = crate::storage::parent_dir(to) {
-        std::fs::create_dir_all(parent)
+        crate::storage::create_dir_durably(parent)
             .with_context(|| format!("creating {}", parent.display()))?;
     }
     crate::storage::rename_durably(from, to)

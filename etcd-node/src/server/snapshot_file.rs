@@ -101,10 +101,9 @@ pub fn export_etcd(
     }
     let dump =
         backup::open(BufReader::new(opened), !skip_hash_check).map_err(anyhow::Error::msg)?;
-    let dir = match output.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
+    let dir = crate::storage::parent_dir(output)
+        .unwrap_or(Path::new("."))
+        .to_path_buf();
     let mut part = output.as_os_str().to_os_string();
     part.push(".part");
     let part = PathBuf::from(part);

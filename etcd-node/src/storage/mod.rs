@@ -33,6 +33,20 @@ pub fn sync_dir(dir: &Path) -> io::Result<()> {
     std::fs::File::open(dir)?.sync_all()
 }
 
+/// Creates `dir` and whatever of its ancestors is missing, each made durable in its parent (a
+/// power cut must not take a WAL directory that already holds acknowledged entries: with
+/// `--wal-dir` it is not under the data directory, whose entries the member syncs itself).
+pub fn create_dir_durably(dir: &Path) -> io::Result<()> {
+    let missing: Vec<&Path> = dir.ancestors().take_while(|d| !d.exists()).collect();
+    std::fs::create_dir_all(dir)?;
+    for created in missing.iter().rev() {
+        if let Some(parent) = parent_dir(created) {
+            sync_dir(parent)?;
+        }
+    }
+    Ok(())
+}
+
 /// Renames `from` to `to` and makes the rename durable (an fsync of `to`'s directory, and of
 /// `from`'s when that is another one). On an error the rename may or may not have happened.
 pub fn rename_durably(from: &Path, to: &Path) -> io::Result<()> {

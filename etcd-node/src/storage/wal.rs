@@ -267,20 +267,6 @@ fn sync_dir(dir: &Path) -> Result<(), WalError> {
     super::sync_dir(dir).map_err(io_err(dir))
 }
 
-/// Creates `dir` and whatever of its ancestors is missing, each made durable in its parent (a
-/// power cut must not take a WAL directory that already holds acknowledged entries: with
-/// `--wal-dir` it is not under the data directory, whose entries the member syncs itself).
-fn create_dir_durably(dir: &Path) -> Result<(), WalError> {
-    let missing: Vec<&Path> = dir.ancestors().take_while(|d| !d.exists()).collect();
-    fs::create_dir_all(dir).map_err(io_err(dir))?;
-    for created in missing.iter().rev() {
-        if let Some(parent) = super::parent_dir(created) {
-            sync_dir(parent)?;
-        }
-    }
-    Ok(())
-}
-
 /// Takes an exclusive lock on the WAL directory for as long as the returned value lives
 /// ([`super::lock_dir`]): [`WalError::Locked`] when another process holds it.
 pub fn lock_dir(dir: &Path) -> Result<Option<nix::fcntl::Flock<File>>, WalError> {
@@ -354,7 +340,7 @@ pub fn holds_segments(dir: &Path) -> io::Result<bool> {
 impl Wal {
     /// Opens (creating if needed) the WAL in `dir` and recovers its contents.
     pub fn open(dir: &Path, segment_bytes: u64) -> Result<(Wal, Recovered), WalError> {
-        create_dir_durably(dir)?;
+        super::create_dir_durably(dir).map_err(io_err(dir))?;
         let lock = lock_dir(dir)?;
         let discarded = discard_unsynced(dir)?;
         remove_unfinished_segments(dir)?;
