@@ -127,7 +127,7 @@ impl<W: Waiter<Answer = u64>> Reads<W> {
     /// A follower asks this member (as leader) for a read index.
     pub fn asked(&mut self, raft: &mut Raft, from: NodeId, ctx: u64, out: &mut Outbox) {
         let round = self.next_ctx();
-        match raft.read_index(round.to_be_bytes().to_vec()) {
+        match raft.read_index_for(round.to_be_bytes().to_vec(), from) {
             Ok(()) => {
                 self.rounds
                     .insert(round, Round::Remote { member: from, ctx });

@@ -23,6 +23,40 @@ impl Raft {
         Ok(())
     }
 
+    /// As [`Raft::read_index`], for a read that the regular voter `asker` forwarded to this
+    /// leader. When the voters are this leader and `asker` (and a witness at most), the
+    /// forwarded request is itself the confirmation a round would ask `asker` for, and the
+    /// read is answered at the current commit index without one. `asker` sent the request after
+    /// its reads arrived, believing this member led its term, so its term was at most this
+    /// leader's and it had voted in no later term: with this leader still leading that term, no
+    /// leader of a later term could exist then (it needs the vote of one of the two), and every
+    /// write acknowledged before the reads arrived is in this leader's log, at or below its
+    /// commit index (docs/raft.md, "Reads").
+    pub fn read_index_for(&mut self, ctx: Vec<u8>, asker: NodeId) -> Result<(), Refused> {
+        let current = self.lead.is_some() && self.term_at(self.commit) == Some(self.term);
+        if current && self.confirmed_by_asking(asker) {
+            self.read_states.push(ReadState {
+                index: self.commit,
+                ctx,
+            });
+            return Ok(());
+        }
+        self.read_index(ctx)
+    }
+
+    /// Whether a request from `asker` confirms this leader as a round would: the voters are
+    /// this leader and `asker` (and a witness at most), settled (not joint, no configuration
+    /// change in the log beyond what is applied).
+    fn confirmed_by_asking(&self, asker: NodeId) -> bool {
+        let m = &self.membership;
+        let pair = [self.cfg.id, asker];
+        asker != self.cfg.id
+            && !m.is_joint()
+            && self.pending_conf_index <= self.applied
+            && m.voters.regular.len() == 2
+            && pair.iter().all(|id| m.voters.regular.contains(id))
+    }
+
     /// Starts ReadIndex for `ctxs` at the current commit index (which is of this term).
     pub(super) fn start_reads(&mut self, ctxs: Vec<Vec<u8>>) {
         if ctxs.is_empty() {

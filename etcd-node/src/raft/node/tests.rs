@@ -632,3 +632,90 @@ fn a_commit_covering_a_conf_change_waits_for_the_leaders_fsync() {
         turn(&mut raft);
     }
 }
+
+/// Node 1 leads `members` with node 2's vote, and its first entry is committed with node 2's
+/// acknowledgement (its commit index is of its term: reads may be answered).
+fn leading_with_2(members: Membership) -> Raft {
+    let mut cfg = Config::new(1);
+    cfg.pre_vote = false;
+    let mut raft = Raft::new(cfg, &MemStorage::bootstrap(members, None)).unwrap();
+    raft.campaign();
+    turn(&mut raft);
+    let granted = Body::VoteResp {
+        pre: false,
+        granted: true,
+    };
+    raft.step(from_2(raft.term(), granted));
+    assert_eq!(raft.role(), Role::Leader);
+    turn(&mut raft);
+    let index = raft.log().last_index();
+    let ack = Body::AppendResp {
+        index,
+        reject: false,
+    };
+    raft.step(from_2(raft.term(), ack));
+    turn(&mut raft);
+    assert_eq!(
+        raft.term_at(raft.commit),
+        Some(raft.term()),
+        "commit current"
+    );
+    raft
+}
+
+/// A read forwarded by the other regular voter of two (with a witness) is answered at the
+/// leader's commit index without a heartbeat round: the request confirmed the leader as the
+/// round would (docs/raft.md, "Reads"). With three regular voters, or forwarded
+/// by a member that is not the other voter, it takes a round as before.
+#[test]
+fn a_read_forwarded_by_the_other_of_two_voters_is_answered_without_a_round() {
+    let heartbeats = |sent: &[Message]| {
+        sent.iter()
+            .filter(|m| matches!(m.body, Body::Heartbeat { read, .. } if read > 0))
+            .count()
+    };
+    let pair = Membership::new([1, 2], Some(3)).unwrap();
+    let mut raft = leading_with_2(pair.clone());
+    raft.read_index_for(b"f".to_vec(), 2).unwrap();
+    let ready = raft.ready();
+    assert_eq!(
+        ready.read_states,
+        vec![ReadState {
+            index: raft.commit,
+            ctx: b"f".to_vec()
+        }],
+        "answered at once"
+    );
+    let mut sent = ready.early_messages.clone();
+    sent.extend(ready.messages.iter().cloned());
+    raft.advance(&ready);
+    assert_eq!(heartbeats(&sent), 0, "no round: {sent:?}");
+
+    // A local read still takes a round.
+    raft.read_index(b"l".to_vec()).unwrap();
+    let ready = raft.ready();
+    assert!(
+        ready.read_states.is_empty(),
+        "the local read waits for its round"
+    );
+    let mut sent = ready.early_messages.clone();
+    sent.extend(ready.messages.iter().cloned());
+    raft.advance(&ready);
+    assert_eq!(heartbeats(&sent), 1, "one round: {sent:?}");
+
+    let three = Membership::new([1, 2, 4], None).unwrap();
+    let mut raft = leading_with_2(three);
+    raft.read_index_for(b"f".to_vec(), 2).unwrap();
+    let ready = raft.ready();
+    assert!(ready.read_states.is_empty(), "three voters: a round");
+    raft.advance(&ready);
+
+    let mut raft = leading_with_2(pair);
+    raft.read_index_for(b"f".to_vec(), 9).unwrap();
+    let ready = raft.ready();
+    assert!(
+        ready.read_states.is_empty(),
+        "asked by a non-voter: a round"
+    );
+    raft.advance(&ready);
+}
