@@ -15,25 +15,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 KEYS=${KEYS:-2000000} ROUNDS=${ROUNDS:-3}
-bash scripts/build-go.sh etcd
-cargo build --release --locked -p etcd-node --bin etcd-node --bin etcdutl --bin etcd-bench
-bin=$PWD/target/release e36=$PWD/target/go/etcd36
-work=$(mktemp -d "${BENCH_DIR:-/var/tmp}/bench-restore.XXXXXX")
-pids=()
-cleanup() { kill -9 "${pids[@]}" 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$work"; }
-trap cleanup EXIT
-enc() { python3 -c 'import sys,urllib.parse;print(urllib.parse.quote(sys.argv[1],safe=""))' "$1"; }
+source scripts/bench-lib.sh bench-restore
 url="witness:mount?path=$(enc "$work/w")"
 ic="n1=http://127.0.0.1:26380,n2=http://127.0.0.1:27380,w=$url"
 
 ours() { # etcd-node binary
   pids=()
-  for i in 1 2; do
-    "$1" --name n$i --data-dir "$work/n$i" --listen-client-urls http://127.0.0.1:$((25379 + i * 1000)) \
-      --advertise-client-urls http://127.0.0.1:$((25379 + i * 1000)) --listen-peer-urls http://127.0.0.1:$((25380 + i * 1000)) \
-      --initial-advertise-peer-urls http://127.0.0.1:$((25380 + i * 1000)) --initial-cluster "$ic" 2>>"$work/n$i.log" &
-    pids+=($!)
-  done
+  start_members "$1"
   until "$e36/etcdctl" --endpoints 127.0.0.1:26379,127.0.0.1:27379 endpoint health >/dev/null 2>&1; do sleep 0.2; done
 }
 theirs() {
