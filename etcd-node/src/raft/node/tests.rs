@@ -633,9 +633,8 @@ fn a_commit_covering_a_conf_change_waits_for_the_leaders_fsync() {
     }
 }
 
-/// Node 1 leads `members` with node 2's vote, and its first entry is committed with node 2's
-/// acknowledgement (its commit index is of its term: reads may be answered).
-fn leading_with_2(members: Membership) -> Raft {
+/// Node 1 leads `members` with node 2's vote; its first entry is not committed yet.
+fn elected_by_2(members: Membership) -> Raft {
     let mut cfg = Config::new(1);
     cfg.pre_vote = false;
     let mut raft = Raft::new(cfg, &MemStorage::bootstrap(members, None)).unwrap();
@@ -648,6 +647,13 @@ fn leading_with_2(members: Membership) -> Raft {
     raft.step(from_2(raft.term(), granted));
     assert_eq!(raft.role(), Role::Leader);
     turn(&mut raft);
+    raft
+}
+
+/// Node 1 leads `members` with node 2's vote, and its first entry is committed with node 2's
+/// acknowledgement (its commit index is of its term: reads may be answered).
+fn leading_with_2(members: Membership) -> Raft {
+    let mut raft = elected_by_2(members);
     let index = raft.log().last_index();
     let ack = Body::AppendResp {
         index,
@@ -669,81 +675,67 @@ fn leading_with_2(members: Membership) -> Raft {
 /// by a member that is not the other voter, it takes a round as before.
 #[test]
 fn a_read_forwarded_by_the_other_of_two_voters_is_answered_without_a_round() {
-    let heartbeats = |sent: &[Message]| {
-        sent.iter()
+    // (carries out a Ready: the read states it held, and how many read rounds it started)
+    let read_turn = |raft: &mut Raft| {
+        let ready = raft.ready();
+        let reads = ready.read_states.clone();
+        raft.advance(&ready);
+        let rounds = ready
+            .early_messages
+            .iter()
+            .chain(&ready.messages)
             .filter(|m| matches!(m.body, Body::Heartbeat { read, .. } if read > 0))
-            .count()
+            .count();
+        (reads, rounds)
     };
     let pair = Membership::new([1, 2], Some(3)).unwrap();
     let mut raft = leading_with_2(pair.clone());
     raft.read_index_for(b"f".to_vec(), 2).unwrap();
-    let ready = raft.ready();
+    let answered = vec![ReadState {
+        index: raft.commit,
+        ctx: b"f".to_vec(),
+    }];
     assert_eq!(
-        ready.read_states,
-        vec![ReadState {
-            index: raft.commit,
-            ctx: b"f".to_vec()
-        }],
-        "answered at once"
+        read_turn(&mut raft),
+        (answered, 0),
+        "answered at once, no round"
     );
-    let mut sent = ready.early_messages.clone();
-    sent.extend(ready.messages.iter().cloned());
-    raft.advance(&ready);
-    assert_eq!(heartbeats(&sent), 0, "no round: {sent:?}");
 
     // A local read still takes a round.
     raft.read_index(b"l".to_vec()).unwrap();
-    let ready = raft.ready();
-    assert!(
-        ready.read_states.is_empty(),
+    assert_eq!(
+        read_turn(&mut raft),
+        (vec![], 1),
         "the local read waits for its round"
     );
-    let mut sent = ready.early_messages.clone();
-    sent.extend(ready.messages.iter().cloned());
-    raft.advance(&ready);
-    assert_eq!(heartbeats(&sent), 1, "one round: {sent:?}");
 
     let three = Membership::new([1, 2, 4], None).unwrap();
     let mut raft = leading_with_2(three);
     raft.read_index_for(b"f".to_vec(), 2).unwrap();
-    let ready = raft.ready();
-    assert!(ready.read_states.is_empty(), "three voters: a round");
-    raft.advance(&ready);
+    assert_eq!(read_turn(&mut raft).0, vec![], "three voters: a round");
 
     let mut raft = leading_with_2(pair.clone());
     raft.read_index_for(b"f".to_vec(), 9).unwrap();
-    let ready = raft.ready();
-    assert!(
-        ready.read_states.is_empty(),
+    assert_eq!(
+        read_turn(&mut raft).0,
+        vec![],
         "asked by a non-voter: a round"
     );
-    raft.advance(&ready);
 
     // A new leader whose commit index is not of its term yet: the read waits for its first
     // commit (the index it would answer may miss writes the previous leader acknowledged).
     // Two guards hold it back, each enough alone: the commit index's term, and the entry a new
     // leader appends counting as a configuration change until it is applied.
-    let mut cfg = Config::new(1);
-    cfg.pre_vote = false;
-    let mut raft = Raft::new(cfg, &MemStorage::bootstrap(pair, None)).unwrap();
-    raft.campaign();
-    turn(&mut raft);
-    let granted = Body::VoteResp {
-        pre: false,
-        granted: true,
-    };
-    raft.step(from_2(raft.term(), granted));
-    turn(&mut raft);
+    let mut raft = elected_by_2(pair);
     assert_ne!(
         raft.term_at(raft.commit),
         Some(raft.term()),
         "not current yet"
     );
     raft.read_index_for(b"f".to_vec(), 2).unwrap();
-    let ready = raft.ready();
-    assert!(
-        ready.read_states.is_empty(),
+    assert_eq!(
+        read_turn(&mut raft).0,
+        vec![],
         "answered before the first commit"
     );
-    raft.advance(&ready);
 }
