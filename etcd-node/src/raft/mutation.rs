@@ -43,11 +43,14 @@ pub enum Mutation {
     /// A leader's read of the witness's term confirms its read round whatever term the witness
     /// holds: a deposed leader serves reads at its old commit index.
     WitnessTermReadTrusted,
+    /// The leader answers a read forwarded by any other voter at once, whatever the
+    /// configuration, as it may only when the voters are itself and the asker (and a witness).
+    ForwardedReadFromAnyVoter,
 }
 
 impl Mutation {
     /// Every mutation.
-    pub const ALL: [Mutation; 16] = [
+    pub const ALL: [Mutation; 17] = [
         Mutation::WitnessVoteWithoutLogRule,
         Mutation::WitnessIgnoresTerm,
         Mutation::CreditWitnessWithoutWrite,
@@ -64,6 +67,7 @@ impl Mutation {
         Mutation::ForwardInAnyTerm,
         Mutation::WitnessKeptOutOfR,
         Mutation::WitnessTermReadTrusted,
+        Mutation::ForwardedReadFromAnyVoter,
     ];
 
     /// The mutation named `name` (as written in the enum).
@@ -96,14 +100,15 @@ mod tests {
             | Mutation::FailPendingOnNewTerm
             | Mutation::ForwardInAnyTerm
             | Mutation::WitnessKeptOutOfR
-            | Mutation::WitnessTermReadTrusted => (),
+            | Mutation::WitnessTermReadTrusted
+            | Mutation::ForwardedReadFromAnyVoter => (),
         };
         let distinct: std::collections::BTreeSet<String> =
             Mutation::ALL.iter().map(|m| format!("{m:?}")).collect();
         assert_eq!(
             distinct.len(),
-            16,
-            "the 16 mutations of the match above, once each"
+            17,
+            "the 17 mutations of the match above, once each"
         );
         for m in Mutation::ALL {
             assert_eq!(Mutation::named(&format!("{m:?}")), Some(m));

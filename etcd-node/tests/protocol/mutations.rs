@@ -102,6 +102,26 @@ fn reading_without_confirming_leadership_is_caught() {
     );
 }
 
+/// Runs scenario `file` with every node running `mutation` and returns the report it fails
+/// with; panics if the scenario passes.
+fn scenario_report(file: &str, mutation: Mutation) -> String {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/scenarios")
+        .join(file);
+    let failed =
+        std::panic::catch_unwind(|| crate::scenarios::run_file_with(&path, Some(mutation)));
+    let report = match failed {
+        Ok(()) => panic!("{mutation:?} went unnoticed by {}", path.display()),
+        Err(p) => p
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+            .unwrap_or_default(),
+    };
+    println!("{mutation:?} caught:\n{report}");
+    report
+}
+
 /// A deposed leader whose read of the witness's term shows a later term must not serve reads.
 /// The random runs do not reach that case within 300 seeds of two or three regular members (a
 /// deposed leader that regains the witness first sends it an append, which deposes it, before a
@@ -109,23 +129,23 @@ fn reading_without_confirming_leadership_is_caught() {
 /// catches the bug.
 #[test]
 fn trusting_the_witness_term_read_of_a_deposed_leader_is_caught() {
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/scenarios/13-deposed-leader-read.txt");
-    let failed = std::panic::catch_unwind(|| {
-        crate::scenarios::run_file_with(&path, Some(Mutation::WitnessTermReadTrusted))
-    });
-    let report = match failed {
-        Ok(()) => panic!(
-            "WitnessTermReadTrusted went unnoticed by {}",
-            path.display()
-        ),
-        Err(p) => p
-            .downcast_ref::<String>()
-            .cloned()
-            .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
-            .unwrap_or_default(),
-    };
-    println!("WitnessTermReadTrusted caught:\n{report}");
+    let report = scenario_report(
+        "13-deposed-leader-read.txt",
+        Mutation::WitnessTermReadTrusted,
+    );
+    assert!(report.contains("linearizable read"), "{report}");
+}
+
+/// A leader may answer a forwarded read without a round only when the voters are itself and
+/// the asker (and a witness). The random runs did not show the bug of trusting any asker in
+/// 1,000 seeds of four regular members (the partition that shows it is rare); scenario
+/// `16-forwarded-read-five-voters.txt` builds it: a deposed leader's partner forwards reads.
+#[test]
+fn answering_a_forwarded_read_from_any_voter_is_caught() {
+    let report = scenario_report(
+        "16-forwarded-read-five-voters.txt",
+        Mutation::ForwardedReadFromAnyVoter,
+    );
     assert!(report.contains("linearizable read"), "{report}");
 }
 

@@ -3,12 +3,15 @@
 //! (`#` starts a comment):
 //!
 //! ```text
-//! cluster N [witness]          N regular nodes (ids 1..N), witness id N+1
+//! cluster N [witness] [no-check-quorum]
+//!                              N regular nodes (ids 1..N), witness id N+1; check-quorum off:
+//!                              a leader cut off from its quorum goes on believing it leads
 //! campaign ID                  node ID starts an election now
 //! run TICKS                    advance time
 //! run-loaded TICKS             advance time with one proposal per tick, held while the
 //!                              leader asks for it (as the server does)
-//! run-until leader ID|any MAX  tick until ID (or anyone) leads, failing after MAX ticks
+//! run-until leader IDS|any MAX tick until one of IDS (`3` or `3,4,5`; or anyone) leads, failing
+//!                              after MAX ticks
 //! propose N                    N proposals on the current leader
 //! run-until committed MAX      tick until everything proposed so far is applied somewhere
 //! crash ID | restart ID        stop a node (losing nothing persisted) | start it again
@@ -128,10 +131,12 @@ impl Script {
         let mut w = words.iter().copied();
         match (w.next(), w.next()) {
             (Some("cluster"), n) => {
-                let witness = words.get(2) == Some(&"witness");
+                let witness = words.contains(&"witness");
+                let check_quorum = !words.contains(&"no-check-quorum");
                 let mutation = self.mutation;
                 let mut c = Cluster::with_config(num(n, line), witness, 7, |cfg| {
                     cfg.mutation = mutation;
+                    cfg.check_quorum = check_quorum;
                 });
                 c.record_trace();
                 if let Some(t) = c.trace.as_mut() {
@@ -148,12 +153,16 @@ impl Script {
                 let max = num(words.last().copied(), line);
                 match what {
                     "leader" => {
-                        let want = words[2];
+                        let want = match words[2] {
+                            "any" => None,
+                            list => Some(ids(list, line)),
+                        };
                         self.run_until(max, line, |s| {
                             let leader = s.cluster.as_ref().expect("cluster").leader();
-                            match want {
-                                "any" => leader.is_some(),
-                                id => leader == id.parse().ok(),
+                            match (&want, leader) {
+                                (None, _) => leader.is_some(),
+                                (Some(ids), Some(id)) => ids.contains(&id),
+                                (Some(_), None) => false,
                             }
                         });
                     }

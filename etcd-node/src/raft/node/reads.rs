@@ -50,6 +50,9 @@ impl Raft {
     fn confirmed_by_asking(&self, asker: NodeId) -> bool {
         let m = &self.membership;
         let pair = [self.cfg.id, asker];
+        if self.mutated(Mutation::ForwardedReadFromAnyVoter) {
+            return asker != self.cfg.id;
+        }
         asker != self.cfg.id
             && !m.is_joint()
             && self.pending_conf_index <= self.applied
