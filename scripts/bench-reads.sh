@@ -12,45 +12,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=${ROUNDS:-3} READS=${READS:-100000}
 source scripts/bench-lib.sh bench-reads
-# cpu <pid>...: their user and system time, in clock ticks.
-cpu() { local t=0 p; for p in "$@"; do t=$((t + $(awk '{print $14+$15}' "/proc/$p/stat"))); done; echo "$t"; }
-tick=$(getconf CLK_TCK)
-
-ours() { # etcd-node binary
-  local url="witness:mount?path=$(enc "$work/w")"
-  ic="n1=http://127.0.0.1:26380,n2=http://127.0.0.1:27380,w=$url"
-  mkdir -p "$work/w"
-  "$bin/etcdutl" witness init --name w --advertise-peer-url "$url" >/dev/null 2>&1
-  start_members "$1"
-  eps=http://127.0.0.1:26379,http://127.0.0.1:27379
-}
-theirs() {
-  local ic=e1=http://127.0.0.1:28380,e2=http://127.0.0.1:29380,e3=http://127.0.0.1:30380
-  for i in 1 2 3; do
-    "$e36/etcd" --name e$i --data-dir "$work/e$i" --listen-client-urls http://127.0.0.1:$((27379 + i * 1000)) \
-      --advertise-client-urls http://127.0.0.1:$((27379 + i * 1000)) --listen-peer-urls http://127.0.0.1:$((27380 + i * 1000)) \
-      --initial-advertise-peer-urls http://127.0.0.1:$((27380 + i * 1000)) --initial-cluster $ic 2>>"$work/e$i.log" &
-    pids+=($!)
-  done
-  eps=http://127.0.0.1:28379,http://127.0.0.1:29379,http://127.0.0.1:30379
-}
-
-systems=(etcd-node etcd36x3)
-[ -n "${OLD_BIN:-}" ] && systems=(old etcd-node etcd36x3)
 for round in $(seq 1 "$ROUNDS"); do
   for sys in "${systems[@]}"; do
-    rm -rf "${work:?}"/*
-    pids=()
-    case $sys in
-      old) ours "$OLD_BIN" ;;
-      etcd-node) ours "$bin/etcd-node" ;;
-      *) theirs ;;
-    esac
-    for _ in $(seq 1 100); do
-      "$e36/etcdctl" --endpoints "${eps//http:\/\//}" endpoint health >/dev/null 2>&1 && break
-      sleep 0.3
-    done
-    for p in "${pids[@]}"; do kill -0 "$p" 2>/dev/null || { echo "$sys: a member exited; logs in $work"; exit 1; }; done
+    fresh "$sys"
     "$bin/etcd-bench" --endpoints "$eps" --clients 16 --conns 4 put --total 20000 --key-size 8 \
       --val-size 256 --key-space-size 10000 >/dev/null
     before=$(cpu "${pids[@]}")

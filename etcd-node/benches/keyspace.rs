@@ -18,6 +18,7 @@ use std::time::Instant;
 
 use etcd_client::proto::PbPutRequest;
 use etcd_node::mvcc::{Command, Mvcc, Op, Proposal};
+use rand::SeedableRng;
 
 /// Entries per applied batch (`BATCH`), and entries between durable commits (`SYNC_EVERY`), as
 /// the server's applier takes them by default.
@@ -155,7 +156,12 @@ fn main() {
         Mvcc::open_with_cache(&path, (cache as usize) << 20)
     }
     .expect("open the key space");
-    let value = vec![b'v'; value_len as usize];
+    // (random bytes, as etcd's benchmark tool writes: values that do not compress)
+    let mut value = vec![0u8; value_len as usize];
+    rand::Rng::fill(
+        &mut rand::rngs::StdRng::seed_from_u64(1),
+        value.as_mut_slice(),
+    );
     let mut index = 0u64;
     let mut unsynced = 0u64;
     let mut started = Instant::now();

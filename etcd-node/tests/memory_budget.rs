@@ -32,7 +32,8 @@ fn status_bytes(field: &str) -> u64 {
 /// process's RSS grew.
 fn growth_writing(dir: &Path, cache: usize, total: u64) -> (Mvcc, u64) {
     let mvcc = Mvcc::open_with_cache(&dir.join("kv.redb"), cache).unwrap();
-    let value = vec![b'v'; 32 << 10];
+    // (bytes the key space cannot compress: the file must grow with what is written)
+    let value = e2e_tests::incompressible(32 << 10, 1).into_bytes();
     let before = rss_bytes();
     let started = Instant::now();
     let mut index = 0;

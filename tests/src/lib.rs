@@ -48,6 +48,18 @@ pub fn eventually(limit: Duration, what: impl std::fmt::Display, cond: impl FnMu
     }
 }
 
+/// `len` random characters of 64 kinds (the same for the same `seed`): a value the key space
+/// cannot compress (LZ4 finds almost no repeats in it), for tests whose files must grow with
+/// what they write (a quota, a snapshot's size).
+pub fn incompressible(len: usize, seed: u64) -> String {
+    use rand::{Rng, SeedableRng};
+    const KINDS: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    (0..len)
+        .map(|_| char::from(KINDS[rng.random_range(0..64)]))
+        .collect()
+}
+
 /// A free TCP port on 127.0.0.1, never the same one twice in this process (tests run in
 /// parallel threads: a port released by one probe could otherwise be handed to two servers).
 pub fn free_port() -> u16 {

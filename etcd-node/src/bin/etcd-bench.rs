@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, Parser, Subcommand, ValueEnum};
 use etcd_client::{
     Client, ConnectOptions, EventType, GetOptions, PutOptions, Txn, TxnOp, WatchOptions,
 };
@@ -72,7 +72,29 @@ struct Writes {
     /// Keys in order (0, 1, 2, ... modulo the key space) instead of at random.
     #[arg(long)]
     sequential_keys: bool,
+    /// What the values hold.
+    #[arg(long, value_enum, default_value_t = Values::Random)]
+    values: Values,
 }
+
+/// What a benchmark's values hold (every request writes the same value, as etcd's `benchmark`
+/// tool does).
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+enum Values {
+    /// Random bytes, as etcd's `benchmark` tool writes: nothing to compress.
+    Random,
+    /// JSON text like a Kubernetes object's (a ConfigMap with labels and managed fields),
+    /// repeated to the size asked: what compresses.
+    Object,
+}
+
+/// The text `Values::Object` repeats.
+const OBJECT: &str = r#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"config-4711","namespace":"default","uid":"3f2a8c71-2b5c-4c1d-9e7f-0a6b3c9d1e42","resourceVersion":"184467","creationTimestamp":"2026-12-02T10:15:31Z","labels":{"app.kubernetes.io/name":"edge-gateway","app.kubernetes.io/instance":"edge-gateway-7","app.kubernetes.io/component":"proxy","tier":"edge"},"managedFields":[{"manager":"kubectl-client-side-apply","operation":"Update","apiVersion":"v1","time":"2026-12-02T10:15:31Z","fieldsType":"FieldsV1","fieldsV1":{"f:data":{".":{},"f:config.yaml":{}},"f:metadata":{"f:labels":{".":{},"f:tier":{}}}}}]},"data":{"config.yaml":"listen: 0.0.0.0:8443
+upstreams:
+  - name: api
+    url: https://10.0.4.17:6443
+    timeout: 5s
+"}}"#;
 
 impl Writes {
     /// The key number of request `i`.
@@ -91,7 +113,14 @@ impl Writes {
         k
     }
     fn value(&self) -> Vec<u8> {
-        vec![b'v'; self.val_size]
+        match self.values {
+            Values::Random => {
+                let mut v = vec![0u8; self.val_size];
+                StdRng::seed_from_u64(self.val_size as u64).fill(v.as_mut_slice());
+                v
+            }
+            Values::Object => OBJECT.bytes().cycle().take(self.val_size).collect(),
+        }
     }
 }
 

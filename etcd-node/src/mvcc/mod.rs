@@ -103,8 +103,8 @@ pub const DEFAULT_CACHE_BYTES: usize = 16 << 20;
 /// 2: `live` holds only the revision of the record in `history` (a record is stored once);
 /// 3: values in a table of their own, appended ([`record`]); 4: no `live` table (a key's
 /// newest `history` row says the same); 5: the small tables' rows and `meta`'s carry checksums
-/// ([`sealed`]).
-pub const FORMAT: u64 = 5;
+/// ([`sealed`]); 6: values may be stored compressed ([`record`]).
+pub const FORMAT: u64 = 6;
 
 /// What a committed entry asks of the store.
 #[derive(Debug, Clone, PartialEq)]
@@ -1213,6 +1213,13 @@ fn upgrade(tx: &redb::WriteTransaction, path: &str, format: u64) -> Result<(), r
     if format == FORMAT {
         return Ok(());
     }
+    if format == 5 {
+        // Format 6 reads every format-5 row as it is: only the number changes, so that a
+        // release of format 5 refuses the file once a value may be compressed.
+        sealed::meta_set(&mut tx.open_table(META)?, "format", FORMAT)?;
+        tracing::info!(path, "key-space file upgraded from format 5 to {FORMAT}");
+        return Ok(());
+    }
     // (from format 2 on, a table of that name is the downgrade guard)
     let format1 = format < 2
         && tx
@@ -1237,7 +1244,7 @@ fn upgrade(tx: &redb::WriteTransaction, path: &str, format: u64) -> Result<(), r
     }
     tx.open_table(DOWNGRADE_GUARD)?;
     tx.open_table(META)?.insert("format", FORMAT)?;
-    // (format 5: the small tables and `meta`, this row included, sealed)
+    // (from format 5: the small tables and `meta`, this row included, sealed)
     sealed::seal_all(tx)
 }
 

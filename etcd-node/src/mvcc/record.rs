@@ -24,6 +24,14 @@
 //! fields. A flip in field 101's own tag leaves a row that reads as one from before checksums
 //! (2 of a row's 30-odd bytes).
 //!
+//! From format 6 a value of at least [`COMPRESS_FROM`] bytes is stored LZ4-compressed (block
+//! format) when that saves an eighth of it or more, and its row then holds the value's length
+//! before compression as field 103, before the checksums; the value checksum (field 102) is of
+//! the bytes stored, so damage is found before decompressing. A release of format 5 or earlier
+//! would skip field 103 and read the compressed bytes as the value: it refuses a file of format
+//! 6 (`meta`'s `format`) instead. Values that do not compress (random bytes) are stored as
+//! they are.
+//!
 //! The logical record, `KeyValue` without its key and with its value, is what HashKV hashes
 //! and what snapshot dumps carry, as formats 1 and 2 stored it: members of different formats
 //! answer the same hash and read each other's snapshots.
@@ -47,25 +55,53 @@ fn corrupted(what: String) -> redb::Error {
 const SUB_FIELD: u32 = 100;
 /// The row's checksum: CRC-32C of the key, then of the row's bytes before this field (last).
 const ROW_CHECK_FIELD: u32 = 101;
-/// The value's checksum: CRC-32C of the value's bytes (rows with a value).
+/// The value's checksum: CRC-32C of the bytes of its `values` row (rows with a value).
 const VALUE_CHECK_FIELD: u32 = 102;
+/// The value's length before compression, when its `values` row holds it LZ4-compressed.
+const RAW_LEN_FIELD: u32 = 103;
+
+/// Values shorter than this are stored as they are: below it LZ4 seldom saves an eighth.
+const COMPRESS_FROM: usize = 64;
+/// The longest value a row may say it decompresses to (etcd's requests are far smaller): a
+/// damaged length is refused before anything is allocated for it.
+const RAW_LEN_MAX: u64 = 1 << 31;
 
 /// What to say after a checksum fails.
 pub(super) const RECOVERY: &str = "the key-space file is damaged (a bit flipped on the disk?): replace \
      this member (remove it, add it again with an empty data directory: it receives a snapshot \
      from the leader), or restore it from a snapshot (docs/operations.md)";
 
-/// Where a row's value is: its `values` row (0: none), and the value's checksum when the row
-/// carries one.
+/// Where a row's value is: its `values` row (0: none), the value's checksum when the row
+/// carries one, and its length before compression when the row holds it compressed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct ValueRef {
     pub number: u64,
     check: Option<u32>,
+    raw_len: Option<u64>,
 }
 
-/// The stored form of `kv` (its key and value left out) whose value is row `number`, with its
-/// sub-revision when known and its checksums.
-fn encode(key: &[u8], number: u64, kv: &PbKeyValue, sub: Option<u64>) -> Vec<u8> {
+/// A value as its `values` row holds it: compressed (with its length before) when that saves
+/// an eighth or more, else as it is.
+fn stored_value(value: &[u8]) -> (std::borrow::Cow<'_, [u8]>, Option<u64>) {
+    if value.len() >= COMPRESS_FROM {
+        let packed = lz4_flex::block::compress(value);
+        if packed.len() <= value.len() - value.len() / 8 {
+            return (packed.into(), Some(value.len() as u64));
+        }
+    }
+    (value.into(), None)
+}
+
+/// The stored form of `kv` (its key and value left out) whose value is row `number`, holding
+/// `value` (the row's bytes and the length before compression, for a number other than 0),
+/// with its sub-revision when known and its checksums.
+fn encode(
+    key: &[u8],
+    number: u64,
+    kv: &PbKeyValue,
+    sub: Option<u64>,
+    value: (&[u8], Option<u64>),
+) -> Vec<u8> {
     let rest = PbKeyValue {
         key: Vec::new(),
         value: Vec::new(),
@@ -79,7 +115,11 @@ fn encode(key: &[u8], number: u64, kv: &PbKeyValue, sub: Option<u64>) -> Vec<u8>
         prost::encoding::uint64::encode(SUB_FIELD, &sub, &mut out);
     }
     if number != 0 {
-        let check = crc32c::crc32c(&kv.value);
+        let (bytes, raw_len) = value;
+        if let Some(raw_len) = raw_len {
+            prost::encoding::uint64::encode(RAW_LEN_FIELD, &raw_len, &mut out);
+        }
+        let check = crc32c::crc32c(bytes);
         prost::encoding::fixed32::encode(VALUE_CHECK_FIELD, &check, &mut out);
     }
     let check = crc32c::crc32c_append(crc32c::crc32c(key), &out);
@@ -99,14 +139,18 @@ enum BadRow {
 }
 
 /// Checks the row checksum of `stored` (the row of `key`) if it has one, and returns its
-/// value's checksum if it has one.
-fn checks(key: &[u8], stored: &[u8]) -> Result<Option<u32>, BadRow> {
+/// value's checksum and its length before compression, each if it has one.
+fn checks(key: &[u8], stored: &[u8]) -> Result<(Option<u32>, Option<u64>), BadRow> {
     let mut bytes = stored;
     decode_varint(&mut bytes)?;
-    let mut value_check = None;
+    let (mut value_check, mut raw_len) = (None, None);
     while !bytes.is_empty() {
         let start = stored.len() - bytes.len();
         let (tag, wire_type) = prost::encoding::decode_key(&mut bytes)?;
+        if tag == RAW_LEN_FIELD && wire_type == prost::encoding::WireType::Varint {
+            raw_len = Some(decode_varint(&mut bytes)?);
+            continue;
+        }
         let fixed = wire_type == prost::encoding::WireType::ThirtyTwoBit;
         if fixed && (tag == ROW_CHECK_FIELD || tag == VALUE_CHECK_FIELD) {
             let word: [u8; 4] = bytes
@@ -122,11 +166,15 @@ fn checks(key: &[u8], stored: &[u8]) -> Result<Option<u32>, BadRow> {
             if crc32c::crc32c_append(crc32c::crc32c(key), &stored[..start]) != check {
                 return Err(BadRow::Mismatch);
             }
-            return Ok(value_check);
+            return Ok((value_check, raw_len));
         }
         prost::encoding::skip_field(wire_type, tag, &mut bytes, Default::default())?;
     }
-    Ok(value_check)
+    // (only a row with its checksum can hold a compressed value: one without is damaged)
+    match raw_len {
+        Some(_) => Err(BadRow::Mismatch),
+        None => Ok((value_check, None)),
+    }
 }
 
 /// The sub-revision a stored row holds (None: written by a release before them, or restored
@@ -152,11 +200,18 @@ pub(super) fn decode_meta(
 ) -> Result<(PbKeyValue, ValueRef), redb::Error> {
     let mut bytes = stored;
     let damaged = |e: &dyn std::fmt::Display| corrupted(format!("record of key {key:?}: {e}"));
-    let check = checks(key, stored).map_err(|e| damaged(&e))?;
+    let (check, raw_len) = checks(key, stored).map_err(|e| damaged(&e))?;
     let number = decode_varint(&mut bytes).map_err(|e| damaged(&e))?;
     let mut kv = PbKeyValue::decode(bytes).map_err(|e| damaged(&e))?;
     kv.key = key.to_vec();
-    Ok((kv, ValueRef { number, check }))
+    Ok((
+        kv,
+        ValueRef {
+            number,
+            check,
+            raw_len,
+        },
+    ))
 }
 
 /// A stored row back into the full `KeyValue` of `key`, its value read from `values`.
@@ -171,7 +226,7 @@ pub(super) fn decode(
 }
 
 /// Reads into `kv` (as [`decode_meta`] gave it) its value, from `values` at `at`, checked
-/// against the row's checksum of it.
+/// against the row's checksum of it, and decompressed when stored compressed.
 pub(super) fn fill_value(
     values: &impl ValuesTable,
     kv: &mut PbKeyValue,
@@ -194,9 +249,30 @@ pub(super) fn fill_value(
                 kv.key, kv.mod_revision
             )));
         }
-        kv.value = value.to_vec();
+        kv.value = match at.raw_len {
+            None => value.to_vec(),
+            Some(len) => unpack(value, len).map_err(|e| {
+                corrupted(format!(
+                    "the value of key {:?} at revision {} (row {number}) cannot be \
+                     decompressed ({e}); {RECOVERY}",
+                    kv.key, kv.mod_revision
+                ))
+            })?,
+        };
     }
     Ok(())
+}
+
+/// The value `packed` holds, of `len` bytes before compression.
+fn unpack(packed: &[u8], len: u64) -> Result<Vec<u8>, String> {
+    if len > RAW_LEN_MAX {
+        return Err(format!("it says it holds {len} bytes"));
+    }
+    let value = lz4_flex::block::decompress(packed, len as usize).map_err(|e| e.to_string())?;
+    if value.len() as u64 != len {
+        return Err(format!("{} bytes where it says {len}", value.len()));
+    }
+    Ok(value)
 }
 
 /// The logical record of a stored row: its `KeyValue` without the key, with the value.
@@ -232,16 +308,18 @@ impl Rows<'_> {
         (rev, sub): (u64, Option<u64>),
         kv: &PbKeyValue,
     ) -> Result<(), redb::Error> {
+        let (value, raw_len) = stored_value(&kv.value);
         let number = if kv.value.is_empty() {
             0
         } else {
             self.last += 1;
-            self.values.insert(self.last, kv.value.as_slice())?;
+            self.values.insert(self.last, &*value)?;
             self.last
         };
+        let row = encode(key, number, kv, sub, (&value, raw_len));
         let replaced = self
             .history
-            .insert((key, rev), encode(key, number, kv, sub).as_slice())?
+            .insert((key, rev), row.as_slice())?
             .map(|old| old.value().to_vec());
         if let Some(old) = replaced {
             self.forget_value(key, &old)?;
@@ -285,7 +363,7 @@ mod tests {
             lease: 77,
         };
         for sub in [None, Some(0), Some(5)] {
-            let stored = encode(b"k", 300, &kv, sub);
+            let stored = encode(b"k", 300, &kv, sub, (b"v", None));
             let (back, at) = decode_meta(b"k", &stored).unwrap();
             assert_eq!(at.number, 300);
             assert_eq!(at.check, Some(crc32c::crc32c(b"v")));
@@ -310,7 +388,7 @@ mod tests {
             value: b"value".to_vec(),
             lease: 77,
         };
-        let stored = encode(b"key", 300, &kv, Some(2));
+        let stored = encode(b"key", 300, &kv, Some(2), (b"value", None));
         // (the last 6 bytes are the row checksum: its 2-byte tag, then the CRC)
         let tag = stored.len() - 6..stored.len() - 4;
         for byte in (0..stored.len()).filter(|b| !tag.contains(b)) {
@@ -350,6 +428,67 @@ mod tests {
         .encode(&mut old)
         .unwrap();
         assert_eq!(decode_meta(b"key", &old).unwrap().1.check, None);
+    }
+
+    #[test]
+    fn a_value_is_compressed_only_when_that_saves_an_eighth() {
+        let text = b"the quick brown fox jumps over the lazy dog; ".repeat(4);
+        let (packed, raw_len) = stored_value(&text);
+        assert_eq!(raw_len, Some(text.len() as u64));
+        assert!(packed.len() < text.len() * 7 / 8);
+        assert_eq!(unpack(&packed, text.len() as u64).unwrap(), text);
+        let mut x = 1u32;
+        let noise: Vec<u8> = (0..300)
+            .map(|_| {
+                x = x.wrapping_mul(1_103_515_245).wrapping_add(12_345);
+                (x >> 16) as u8
+            })
+            .collect();
+        assert_eq!(stored_value(&noise), (noise.as_slice().into(), None));
+        let short = b"aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
+        assert_eq!(stored_value(short), (short.as_slice().into(), None));
+        assert!(
+            unpack(&packed, text.len() as u64 + 1).is_err(),
+            "a wrong length"
+        );
+        assert!(
+            unpack(&packed, RAW_LEN_MAX + 1).is_err(),
+            "no allocation for a wild length"
+        );
+    }
+
+    #[test]
+    fn every_flipped_bit_of_a_row_holding_a_compressed_value_fails() {
+        let value = b"abcdabcdabcdabcdabcdabcdabcdabcdabcdabcdabcdabcdabcdabcdabcdabcd".to_vec();
+        let kv = PbKeyValue {
+            key: b"key".to_vec(),
+            create_revision: 3,
+            mod_revision: 9,
+            version: 4,
+            value: value.clone(),
+            lease: 0,
+        };
+        let (packed, raw_len) = stored_value(&value);
+        let stored = encode(b"key", 300, &kv, Some(2), (&packed, raw_len));
+        let (_, at) = decode_meta(b"key", &stored).unwrap();
+        assert_eq!(
+            (at.raw_len, at.check),
+            (raw_len, Some(crc32c::crc32c(&packed)))
+        );
+        let tag = stored.len() - 6..stored.len() - 4;
+        for byte in (0..stored.len()).filter(|b| !tag.contains(b)) {
+            for bit in 0..8 {
+                let mut flipped = stored.clone();
+                flipped[byte] ^= 1 << bit;
+                assert!(
+                    decode_meta(b"key", &flipped).is_err(),
+                    "byte {byte} bit {bit} went unnoticed"
+                );
+            }
+        }
+        // A row that says its value is compressed but has no checksum is damaged.
+        let bare = stored[..stored.len() - 6].to_vec();
+        assert!(decode_meta(b"key", &bare).is_err());
     }
 
     #[test]

@@ -1791,9 +1791,10 @@ fn the_size_a_write_is_checked_against_follows_every_commit() {
     assert_eq!(checked, opened);
     // Puts of 4 KiB over 50 keys, applied as the applier does, then made durable: the file
     // grows, and what the quota check reads grew with it, without a look at the file.
-    let value = "v".repeat(4096);
+    // (values that do not compress: the file must grow with what is written)
     for i in 0..500 {
-        f.apply(put(&format!("k{}", i % 50), &value)).unwrap();
+        f.apply(put_bytes(&format!("k{}", i % 50), incompressible(4096)))
+            .unwrap();
     }
     f.mvcc.apply(&[], true).unwrap();
     // (the memory first: `db_size` reads the file and records what it found)
@@ -1827,9 +1828,10 @@ fn a_defragment_copies_every_row_into_a_smaller_file() {
     let mut f = fixture();
     let path = f._dir.path().join("kv.redb");
     let copy = f._dir.path().join("kv.redb.defrag");
-    let value = "v".repeat(4096);
+    // (values that do not compress: the file must grow with what is written)
     for i in 0..500 {
-        f.apply(put(&format!("k{}", i % 50), &value)).unwrap();
+        f.apply(put_bytes(&format!("k{}", i % 50), incompressible(4096)))
+            .unwrap();
     }
     let revision = f.revision() as i64;
     f.apply(Op::Compaction(PbCompactionRequest {
@@ -1902,4 +1904,164 @@ fn a_defragment_copies_every_row_into_a_smaller_file() {
     );
     drop((tx, db));
     assert_eq!(f.mvcc.dump().unwrap(), after);
+}
+
+/// A value of the kind Kubernetes stores (JSON with repeated field names), about 900 bytes,
+/// different for each `i`.
+fn object_like(i: u32) -> Vec<u8> {
+    let labels: String = (0..8)
+        .map(|l| format!(r#""app.kubernetes.io/part-{l}":"service-{}","#, i % 7 + l))
+        .collect();
+    format!(
+        r#"{{"apiVersion":"v1","kind":"ConfigMap","metadata":{{"name":"config-{i}","namespace":"default","uid":"{i:08x}-2b5c-4c1d-9e7f-{:012x}","resourceVersion":"{}","labels":{{{labels}"tier":"edge"}},"managedFields":[{{"manager":"kubectl-client-side-apply","operation":"Update","apiVersion":"v1","fieldsType":"FieldsV1","fieldsV1":{{"f:data":{{".":{{}},"f:config.yaml":{{}}}},"f:metadata":{{"f:labels":{{".":{{}}}}}}}}}}]}},"data":{{"config.yaml":"replicas: {}\nimage: registry.example/app:{i}\n"}}}}"#,
+        i as u64 * 7919,
+        1000 + i,
+        i % 5
+    )
+    .into_bytes()
+}
+
+/// Bytes that do not compress (xorshift from a fixed start: the same every run).
+fn incompressible(len: usize) -> Vec<u8> {
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+fn put_bytes(key: &str, value: Vec<u8>) -> Op {
+    Op::Put(PbPutRequest {
+        key: key.into(),
+        value,
+        ..Default::default()
+    })
+}
+
+/// The bytes of every `values` row in the file at `path` (closed), in number order.
+fn value_row_bytes(path: &Path) -> Vec<Vec<u8>> {
+    let db = redb::Database::open(path).unwrap();
+    let tx = db.begin_read().unwrap();
+    let values = tx.open_table(record::VALUES).unwrap();
+    values
+        .iter()
+        .unwrap()
+        .map(|r| r.unwrap().1.value().to_vec())
+        .collect()
+}
+
+/// Values that compress are stored compressed (format 6) and read back whole by every reader
+/// of the key space: ranges, HashKV (of the records as format 2 stored them), a dump restored
+/// elsewhere; values that do not compress, and short ones, are stored as they are.
+#[test]
+fn compressible_values_are_stored_compressed_and_read_back_whole() {
+    let mut f = fixture();
+    let objects: Vec<Vec<u8>> = (0..200).map(object_like).collect();
+    for (i, v) in objects.iter().enumerate() {
+        f.apply(put_bytes(&format!("o{i:03}"), v.clone())).unwrap();
+    }
+    let random = incompressible(256);
+    f.apply(put_bytes("r", random.clone())).unwrap();
+    f.apply(put("s", "short")).unwrap();
+    // (compared by checksum: a failure prints two numbers, not the values)
+    let read = |m: &Mvcc| -> Vec<u32> {
+        m.range(&get("\0", "\0"))
+            .unwrap()
+            .unwrap()
+            .kvs
+            .iter()
+            .map(|kv| crc32c::crc32c(&kv.value))
+            .collect()
+    };
+    let mut whole = objects.clone();
+    whole.push(random.clone());
+    whole.push(b"short".to_vec());
+    let want: Vec<u32> = whole.iter().map(|v| crc32c::crc32c(v)).collect();
+    assert_eq!(read(&f.mvcc), want);
+    let (hash, _, _) = f.mvcc.hash_kv(0).unwrap().unwrap();
+    let dump = f.mvcc.dump().unwrap();
+    let mut crc = 0u32;
+    for e in &PbDump::decode(dump.as_slice()).unwrap().history {
+        let record = decode_kv(&e.key, &e.record).unwrap();
+        assert!(whole.contains(&record.value), "a dump carries whole values");
+        crc = crc32c::crc32c_append(crc, &e.key);
+        crc = crc32c::crc32c_append(crc, &e.revision.to_le_bytes());
+        crc = crc32c::crc32c_append(crc, &e.record);
+    }
+    assert_eq!(hash, crc, "HashKV is of the whole values");
+    let g = fixture();
+    g.mvcc.restore(dump.as_slice(), f.index).unwrap();
+    assert_eq!(read(&g.mvcc), want, "a restored dump reads the same");
+    assert_eq!(g.mvcc.hash_kv(0).unwrap().unwrap().0, hash);
+
+    let path = f._dir.path().join("kv.redb");
+    drop(f.mvcc);
+    let rows = value_row_bytes(&path);
+    let (stored, whole): (usize, usize) = (
+        rows[..200].iter().map(Vec::len).sum(),
+        objects.iter().map(Vec::len).sum(),
+    );
+    assert!(
+        stored * 4 < whole * 3,
+        "the objects' rows hold {stored} bytes for {whole}"
+    );
+    assert!(
+        rows[200] == random,
+        "a value that does not compress is kept as it is"
+    );
+    assert_eq!(rows[201], b"short", "so is a short one");
+}
+
+/// A flipped bit in a compressed value is found by the value's checksum (of the bytes stored)
+/// before it is decompressed: the read fails naming the key and the recovery.
+#[test]
+fn a_flipped_bit_in_a_compressed_value_is_damage() {
+    for bit in [0x01, 0x10, 0x80] {
+        let mut f = fixture();
+        f.apply(put_bytes("obj", object_like(1))).unwrap();
+        let path = f._dir.path().join("kv.redb");
+        drop(f.mvcc);
+        assert!(value_row_bytes(&path)[0].len() < object_like(1).len());
+        assert!(flip_row(&path, record::VALUES, 0, false, bit));
+        let mvcc = Mvcc::open(&path).unwrap();
+        let err = mvcc.range(&get("obj", "")).unwrap_err().to_string();
+        assert!(
+            err.contains("\"obj\"") || err.contains("[111, 98, 106]"),
+            "names the key: {err}"
+        );
+        assert!(
+            err.contains("fails its checksum") && err.contains("replace"),
+            "{err}"
+        );
+    }
+}
+
+/// A file of format 5 (values never compressed) opens as format 6 with every row as it was;
+/// from then on a binary of format 5 refuses it (`a_file_of_a_newer_format_is_refused...`).
+#[test]
+fn a_format5_file_becomes_format6_with_nothing_changed() {
+    let mut f = fixture();
+    f.apply(put_bytes("r", incompressible(300))).unwrap();
+    f.apply(put("k", "v")).unwrap();
+    let path = f._dir.path().join("kv.redb");
+    let (before, position) = (f.mvcc.dump().unwrap(), f.mvcc.position().unwrap());
+    drop(f.mvcc);
+    {
+        let db = redb::Database::open(&path).unwrap();
+        let tx = db.begin_write().unwrap();
+        meta_set(&mut tx.open_table(META).unwrap(), "format", 5).unwrap();
+        tx.commit().unwrap();
+    }
+    let mvcc = Mvcc::open(&path).unwrap();
+    assert_eq!(mvcc.dump().unwrap(), before, "every table as it was");
+    assert_eq!(mvcc.position().unwrap(), position);
+    drop(mvcc);
+    let db = redb::Database::open(&path).unwrap();
+    let tx = db.begin_read().unwrap();
+    let format = sealed::stored_format(&tx.open_table(META).unwrap()).unwrap();
+    assert_eq!((format, FORMAT), (6, 6));
 }

@@ -1369,7 +1369,7 @@ fn snapshot_count_snapshots_copy_nothing_and_a_lost_key_space_is_refused() {
     let leader = c.wait_leader(LEADER_WAIT);
     let follower = 1 - leader;
     let ep = c.members[leader].url();
-    let padding = "x".repeat(4096);
+    let padding = e2e_tests::incompressible(4096, 1);
     let mut acked = Vec::new();
     for i in 0..200 {
         let (k, v) = (format!("q{i:03}"), format!("{i}{padding}"));
@@ -1477,7 +1477,7 @@ fn a_follower_paused_while_the_leader_snapshots_gets_one_snapshot() {
     let leader = c.wait_leader(LEADER_WAIT);
     let follower = 1 - leader;
     let ep = c.members[leader].url();
-    let padding = "x".repeat(16 * 1024);
+    let padding = e2e_tests::incompressible(16 * 1024, 1);
     let mut acked = Vec::new();
     // More writes than the leader sends a silent follower (256 Appends in flight).
     for i in 0..600 {
@@ -2769,7 +2769,7 @@ fn a_full_quota_raises_nospace_until_compact_defrag_and_disarm() {
     let eps: Vec<String> = c.members.iter().map(|m| m.endpoint()).collect();
     let first = std::slice::from_ref(&eps[0]);
     let second = std::slice::from_ref(&eps[1]);
-    let value = "x".repeat(100_000);
+    let value = e2e_tests::incompressible(100_000, 1);
     let mut refused = None;
     for i in 0..200 {
         let out = etcdctl(first, &["put", &format!("q/{}", i % 5), &value], None);
