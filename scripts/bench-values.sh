@@ -3,26 +3,27 @@
 # members and a witness in a local directory) against etcd 3.6 x 3, in alternated rounds on fresh
 # clusters (docs/benchmarks.md, "Values that compress"). Per round, system and kind of value
 # (etcd-bench --values random: random bytes, as etcd's benchmark tool writes; object: JSON text
-# like a Kubernetes object's): PUTS puts (default 65,000) of 256-byte values over 100,000 keys at
-# 16 clients, then PUTS at 64; prints each stretch's rate and the members' CPU per put per member
+# like a Kubernetes object's): PUTS puts (default 65,000) over 100,000 keys at 16 clients, then
+# PUTS at 64, of 256-byte random values or 1,024-byte objects (KINDS="random:256 object:1024"); prints each stretch's rate and the members' CPU per put per member
 # (from /proc), then the first member's key-space file (kv.redb; etcd: member/snap/db) and data
 # directory. OLD_BIN=<an etcd-node binary of another build> adds that build (`old`). Ports
 # 26379-30380.
 #   ROUNDS=3 bash scripts/bench-values.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
-ROUNDS=${ROUNDS:-3} PUTS=${PUTS:-65000}
+ROUNDS=${ROUNDS:-3} PUTS=${PUTS:-65000} KINDS=${KINDS:-random:256 object:1024}
 source scripts/bench-lib.sh bench-values
 mib() { echo "scale=1; $(du -sb "$1" | cut -f1) / 1048576" | bc; }
 for round in $(seq 1 "$ROUNDS"); do
-  for values in random object; do
+  for kind in $KINDS; do
+    values=${kind%:*} size=${kind#*:}
     for sys in "${systems[@]}"; do
       fresh "$sys"
-      line="round $round $values $sys:"
+      line="round $round $values/$size $sys:"
       for clients in 16 64; do
         before=$(cpu "${pids[@]}")
         result=$("$bin/etcd-bench" --endpoints "$eps" --clients $clients --conns $((clients / 8)) put \
-          --total "$PUTS" --key-size 8 --val-size 256 --key-space-size 100000 --values $values | grep RESULT)
+          --total "$PUTS" --key-size 8 --val-size "$size" --key-space-size 100000 --values "$values" | grep RESULT)
         after=$(cpu "${pids[@]}")
         rps=$(sed 's/.*rps=\([0-9.]*\).*/\1/' <<<"$result")
         us=$(( (after - before) * 1000000 / tick / PUTS / ${#pids[@]} ))
