@@ -1029,10 +1029,13 @@ fn defragment_while_auth_entries_apply_never_deadlocks() {
     use super::auth::{AuthChange, AuthOp};
     use etcd_client::proto::PbAuthRoleAddRequest;
     use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
     let dir = tempfile::tempdir().unwrap();
     let m = Arc::new(Mvcc::open(&dir.path().join("kv.redb")).unwrap());
     let (done_tx, done) = std::sync::mpsc::channel();
     let writer = m.clone();
+    let applied = Arc::new(AtomicU64::new(0));
+    let applying = applied.clone();
     std::thread::spawn(move || {
         for i in 1..=300u64 {
             let op = Op::Auth(AuthChange {
@@ -1045,21 +1048,30 @@ fn defragment_while_auth_entries_apply_never_deadlocks() {
                 op: Some(op),
             };
             writer.apply(&[(i, Command::Kv(p))], false).unwrap();
+            applying.store(i, Ordering::Release);
         }
         done_tx.send(()).unwrap();
     });
     let compactor = m.clone();
-    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stop = Arc::new(AtomicBool::new(false));
     let stopping = stop.clone();
     let defrags = std::thread::spawn(move || {
-        while !stopping.load(std::sync::atomic::Ordering::Relaxed) {
+        let mut seen = 0;
+        while !stopping.load(Ordering::Relaxed) {
             compactor.defragment().unwrap();
+            // One apply at least between two defragments, which a client's come a round trip
+            // apart anyway. Back to back, this thread took the lock again before the woken
+            // applier ran, and on a loaded machine the applier starved for over a minute.
+            while applied.load(Ordering::Acquire) == seen && !stopping.load(Ordering::Relaxed) {
+                std::thread::sleep(std::time::Duration::from_micros(100));
+            }
+            seen = applied.load(Ordering::Acquire);
         }
     });
     // (a deadlock shows as a timeout, not a hung test run)
     done.recv_timeout(std::time::Duration::from_secs(60))
         .expect("applying auth entries while defragmenting deadlocked");
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    stop.store(true, Ordering::Relaxed);
     defrags.join().unwrap();
     assert_eq!(m.auth_rows("role/").unwrap().len(), 300);
 }
