@@ -8,7 +8,7 @@
 # (from /proc) and, after each stretch, the first member's key-space file (kv.redb; etcd:
 # member/snap/db) and data directory, each as its length (what `ls -l` and `du -b` show) and as
 # the disk it takes (`du`; redb lengthens its file in doubling steps whose unwritten end takes no
-# disk, bbolt in steps of 16 MiB). OLD_BIN=<an etcd-node binary of another build> adds that build (`old`). Ports
+# disk; bbolt keeps etcd's up to 16 MiB longer than what it wrote). OLD_BIN=<an etcd-node binary of another build> adds that build (`old`). Ports
 # 26379-30380.
 #   ROUNDS=3 bash scripts/bench-values.sh
 set -euo pipefail
@@ -17,7 +17,7 @@ ROUNDS=${ROUNDS:-3} PUTS=${PUTS:-65000} KINDS=${KINDS:-random:256 object:1024}
 source scripts/bench-lib.sh bench-values
 mib() { echo "scale=1; $1 / 1048576" | bc; }
 # "<length> MiB long, <disk> MiB on disk" for a file or directory
-size() { echo "$(mib "$(du -sb "$1" | cut -f1)") MiB long, $(mib "$(du -sB1 "$1" | cut -f1)") MiB on disk"; }
+sizes() { echo "$(mib "$(du -sb "$1" | cut -f1)") MiB long, $(mib "$(du -sB1 "$1" | cut -f1)") MiB on disk"; }
 for round in $(seq 1 "$ROUNDS"); do
   for kind in $KINDS; do
     values=${kind%:*} size=${kind#*:}
@@ -32,7 +32,7 @@ for round in $(seq 1 "$ROUNDS"); do
         after=$(cpu "${pids[@]}")
         rps=$(sed 's/.*rps=\([0-9.]*\).*/\1/' <<<"$result")
         us=$(( (after - before) * 1000000 / tick / PUTS / ${#pids[@]} ))
-        line="$line puts/s at $clients $rps (CPU per put per member $us µs), key-space file $(size "$file"), data directory $(size "$dir");"
+        line="$line puts/s at $clients $rps (CPU per put per member $us µs), key-space file $(sizes "$file"), data directory $(sizes "$dir");"
       done
       echo "$line"
       kill "${pids[@]}"; wait "${pids[@]}" 2>/dev/null || true

@@ -2594,9 +2594,14 @@ fn restore_args(c: &Cluster, i: usize, file: &str, token: &str) -> Vec<String> {
     .to_vec()
 }
 
-/// Runs etcdutl with `args`.
-fn etcdutl(args: &[&str]) -> Output {
-    std::process::Command::new(bins().1)
+/// Runs this build's etcdutl with `args`.
+fn etcdutl<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> Output {
+    etcdutl_of(bins().1, args)
+}
+
+/// Runs the etcdutl binary `bin` with `args`.
+fn etcdutl_of<S: AsRef<std::ffi::OsStr>>(bin: &Path, args: &[S]) -> Output {
+    std::process::Command::new(bin)
         .args(args)
         .output()
         .expect("run etcdutl")
@@ -2658,7 +2663,7 @@ fn a_snapshot_restores_into_a_new_cluster_with_a_clean_witness() {
     let restore = |c: &Cluster, i: usize, extra: &[&str]| {
         let mut args = restore_args(c, i, file_arg, "restored");
         args.extend(extra.iter().map(|a| a.to_string()));
-        etcdutl(&args.iter().map(String::as_str).collect::<Vec<_>>())
+        etcdutl(&args)
     };
     // The old witness still holds the old cluster's term and log position: refused, nothing
     // written.
@@ -4065,16 +4070,17 @@ fn going_back_to_the_previous_release_through_a_snapshot_keeps_every_value() {
     c.stop(0);
     c.stop(1);
 
-    let old = |args: &[&str]| {
-        let run = std::process::Command::new(&old_etcdutl).args(args).output();
-        ok(run.expect("run the previous release's etcdutl"));
-    };
-    old(&witness_init_forced(&c.witness_url));
+    ok(etcdutl_of(
+        &old_etcdutl,
+        &witness_init_forced(&c.witness_url),
+    ));
     for i in 0..2 {
         let dir = c.data_dir(i);
         std::fs::rename(&dir, dir.with_extension("newer")).unwrap();
-        let args = restore_args(&c, i, file_arg, "back");
-        old(&args.iter().map(String::as_str).collect::<Vec<_>>());
+        ok(etcdutl_of(
+            &old_etcdutl,
+            &restore_args(&c, i, file_arg, "back"),
+        ));
     }
     c.set_binary(&old_node);
     c.start_member(0);
