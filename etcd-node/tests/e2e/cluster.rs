@@ -1822,6 +1822,51 @@ fn status_reports_an_unreachable_witness() {
     }
 }
 
+/// A write sent to a member that knows no leader waits for one, as etcd holds it, instead of
+/// failing at once: a write sent during an election is then served after it. The witness's share
+/// gone and the follower dead, the survivor leads no more. A put that finds no leader within the
+/// request timeout (5 s + 2 election timeouts, past etcdctl's default 5 s: hence the longer
+/// command timeout) gets `etcdserver: no leader` and was not applied; one sent before the share
+/// comes back is answered once the survivor leads again.
+#[test]
+fn a_write_sent_without_a_leader_waits_for_one() {
+    let mut c = cluster();
+    let survivor = c.wait_leader(LEADER_WAIT);
+    let share = c.dir.path().join("witness");
+    let gone = c.dir.path().join("witness.gone");
+    std::fs::rename(&share, &gone).unwrap();
+    c.kill(1 - survivor);
+    eventually(LEADER_WAIT, "the survivor knows no leader", || {
+        c.metric(survivor, "etcd_server_has_leader") == Some(0.0)
+    });
+    let ep = vec![c.members[survivor].url()];
+    refused_with(
+        etcdctl(&ep, &["--command-timeout=30s", "put", "never", "v"], None),
+        "etcdserver: no leader",
+    );
+    let put = {
+        let ep = ep.clone();
+        std::thread::spawn(move || etcdctl(&ep, &["--command-timeout=30s", "put", "k", "v"], None))
+    };
+    std::thread::sleep(Duration::from_secs(1));
+    assert!(
+        !put.is_finished(),
+        "the put did not wait for a leader: {}",
+        crate::text(&put.join().unwrap())
+    );
+    std::fs::rename(&gone, &share).unwrap();
+    ok(put.join().unwrap());
+    assert_eq!(
+        ok(etcdctl(&ep, &["get", "k", "--print-value-only"], None)),
+        "v\n"
+    );
+    assert_eq!(
+        ok(etcdctl(&ep, &["get", "never"], None)),
+        "",
+        "the refused put was not applied"
+    );
+}
+
 /// The kubelet's probes of an etcd static pod (kubeadm since 1.31: `/livez` and `/readyz`), as
 /// etcd 3.6 answers them: plain `ok`, `?verbose` listing each check, `?exclude=`, one check at
 /// its own path, 405 for other methods, 404 for an unknown check. Then the faults a probe must

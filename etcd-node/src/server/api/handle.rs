@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use etcd_client::proto::*;
 use tokio::sync::{oneshot, watch as status_watch};
+use tokio::time::Instant;
 use tonic::{Request, Status};
 
 use crate::errors::EtcdError;
@@ -184,23 +185,49 @@ impl Api {
         Ok(())
     }
 
+    /// Waits until this member knows a leader, until `deadline` at most, as etcd holds a
+    /// write while its member knows none: a write sent during an election is served after it
+    /// instead of refused. Still none by then: `no leader` (the write never reached Raft, so a
+    /// client may send it again).
+    async fn leader_by(&self, deadline: Instant) -> Result<(), Status> {
+        let mut status = self.status.clone();
+        match tokio::time::timeout_at(deadline, status.wait_for(|s| s.leader != 0)).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(_)) => Err(stopped()),
+            Err(_) => Err(EtcdError::NO_LEADER.into()),
+        }
+    }
+
     /// Hands the Raft loop `input` (built around the reply channel) and waits for its answer,
     /// at most the request timeout.
     pub(super) async fn ask<T>(
         &self,
         input: impl FnOnce(oneshot::Sender<Result<T, EtcdError>>) -> Input,
     ) -> Result<T, Status> {
+        self.ask_by(Instant::now() + self.request_timeout, input)
+            .await
+    }
+
+    /// [`Self::ask`], waiting until `deadline` at most.
+    async fn ask_by<T>(
+        &self,
+        deadline: Instant,
+        input: impl FnOnce(oneshot::Sender<Result<T, EtcdError>>) -> Input,
+    ) -> Result<T, Status> {
         let (reply, rx) = oneshot::channel();
         self.inputs.send(input(reply)).map_err(|_| stopped())?;
-        match tokio::time::timeout(self.request_timeout, rx).await {
+        match tokio::time::timeout_at(deadline, rx).await {
             Ok(Ok(r)) => Ok(r?),
             Ok(Err(_)) | Err(_) => Err(timed_out()),
         }
     }
 
+    /// A client's write: handed to Raft once this member knows a leader, and answered when
+    /// it is applied; the whole within the request timeout, as etcd's.
     pub(super) async fn propose(&self, op: Op) -> Result<Applied, Status> {
         check(&op)?;
-        self.require_leader()?;
+        let deadline = Instant::now() + self.request_timeout;
+        self.leader_by(deadline).await?;
         let space = needs_space(&op);
         let proposal = Proposal {
             id: 0,
@@ -233,7 +260,9 @@ impl Api {
             );
             return Err(EtcdError::NO_SPACE.into());
         }
-        let mut applied = self.ask(|reply| Input::Propose { proposal, reply }).await?;
+        let mut applied = self
+            .ask_by(deadline, |reply| Input::Propose { proposal, reply })
+            .await?;
         let h = applied.header_mut();
         *h = self.header(h.as_ref().map_or(0, |h| h.revision));
         Ok(applied)
