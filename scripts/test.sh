@@ -99,7 +99,9 @@ mkdir -p target
 kube_build=
 if runs go; then
   echo "==> compiling etcd's robustness suite (tests/go/robustness)"
-  (cd tests/go/robustness && go test -c -o /dev/null .)
+  # (with the backported fix of tests/go/robustness/backport: a patched copy of etcd's module)
+  robustness_modfile=$(bash scripts/robustness-modfile.sh)
+  (cd tests/go/robustness && go test -modfile "$robustness_modfile" -c -o /dev/null .)
   echo "==> building Kubernetes from its Go module in the background (log: target/go-build.log)"
   nice -n 19 bash scripts/build-go.sh kube > target/go-build.log 2>&1 &
   kube_build=$!
@@ -137,7 +139,7 @@ if runs go; then
   echo "==> [go] go vet (tests/go)"
   (cd tests/go/kube && go vet ./...)
   (cd tests/go/etcd36 && go vet ./...)
-  (cd tests/go/robustness && go vet ./...)
+  (cd tests/go/robustness && go vet -modfile "$robustness_modfile" ./...)
   # (the binaries the e2e tier runs, with its features and profile: built already when it ran)
   cargo test --locked --workspace --test e2e --no-run
   root=$PWD
@@ -151,9 +153,12 @@ if runs go; then
       local log=$1
       shift
       echo "==> [go] etcd's robustness suite ${*:-} (log: $log)"
-      if ! (cd tests/go/robustness && env "$@" go test -count=1 -v -timeout 30m -run TestRobustness .) \
+      if ! (cd tests/go/robustness && env "$@" go test -modfile "$robustness_modfile" -count=1 -v -timeout 30m -run TestRobustness .) \
         > "$log" 2>&1; then
         cat "$log" >&2
+        # (the log is long and its end is the teardown: the verdicts again, in short)
+        echo "==> [go] the robustness suite's seed, errors and verdicts, from $log:" >&2
+        grep -E 'ROBUSTNESS_SEED=|[[:space:]]ERROR[[:space:]]|Error:|Linearization|Failed|panicked|--- FAIL' "$log" | cut -c1-400 | tail -40 >&2 || true
         echo "!!! etcd's robustness suite failed (above; ROBUSTNESS_SEED replays it)" >&2
         return 1
       fi
