@@ -1,5 +1,6 @@
 //! Defragmenting by copy: every row of the key space written into a new file beside it
-//! (`kv.redb.defrag`), in key order, made durable, then renamed over the old file. This is
+//! (`kv.redb.defrag`), in key order, in transactions of [`ROWS_PER_COMMIT`] rows of which only
+//! the last is made durable, then renamed over the old file. This is
 //! etcd's way (bbolt's defragment copies every bucket into a new file), and it writes each page
 //! once, where redb's own compaction moves pages toward the file's start one durable commit at
 //! a time (docs/benchmarks.md, "Growth, memory and disk").
@@ -100,54 +101,122 @@ pub(super) fn sync_renamed(path: &Path) -> std::io::Result<()> {
     crate::storage::sync_dir(crate::storage::parent_dir(path).unwrap_or(Path::new("/")))
 }
 
-/// Copies every table `from` holds into `to` in one durable transaction: false (nothing
-/// committed) if one of them is a table this release does not copy.
+/// Rows per transaction of the copy. One transaction for the whole copy took a quarter longer
+/// per row than transactions of 20,000 (redb 4.5, 1,000,000 rows in key order with a 16 MiB page
+/// cache: 3.8 against 2.8 µs a row), and the chunks cost nothing in safety: the copy is not the
+/// key space until it is renamed over it, after the last, durable, commit. (Unit tests take 7,
+/// so that their small key spaces cross commits within tables and between them.)
+const ROWS_PER_COMMIT: usize = if cfg!(test) { 7 } else { 20_000 };
+
+/// Whether a defragment copies the table `name`: every table this release writes does.
+fn copied_table(name: &str) -> bool {
+    [
+        HISTORY.name(),
+        record::VALUES.name(),
+        META.name(),
+        DOWNGRADE_GUARD.name(),
+        MEMBERS.name(),
+        REMOVED.name(),
+        LEASES.name(),
+        LEASE_KEYS.name(),
+        ALARMS.name(),
+        AUTH.name(),
+        CLUSTER.name(),
+    ]
+    .contains(&name)
+}
+
+/// Copies every table `from` holds into `to`, [`ROWS_PER_COMMIT`] rows per transaction, the
+/// last one durable: false (nothing copied) if one of them is a table this release does not
+/// copy.
 fn copy_into(from: &ReadTransaction, to: &Database) -> Result<bool, redb::Error> {
     if from.list_multimap_tables()?.next().is_some() {
         return Ok(false);
     }
-    let mut tx = to.begin_write()?;
-    tx.set_durability(Durability::Immediate)?;
-    for table in from.list_tables()? {
-        let name = table.name();
+    let tables: Vec<String> = from.list_tables()?.map(|t| t.name().to_string()).collect();
+    if !tables.iter().all(|name| copied_table(name)) {
+        return Ok(false);
+    }
+    let mut into = Chunks {
+        db: to,
+        tx: to.begin_write()?,
+        rows: 0,
+    };
+    for name in &tables {
         if name == HISTORY.name() {
-            copy_table(from, &tx, HISTORY)?;
+            into = copy_table(from, into, HISTORY)?;
         } else if name == record::VALUES.name() {
-            copy_table(from, &tx, record::VALUES)?;
+            into = copy_table(from, into, record::VALUES)?;
         } else if name == META.name() {
-            copy_table(from, &tx, META)?;
+            into = copy_table(from, into, META)?;
         } else if name == DOWNGRADE_GUARD.name() {
-            copy_table(from, &tx, DOWNGRADE_GUARD)?;
-        } else if let Some(sealed) = [MEMBERS, REMOVED].iter().find(|t| t.name() == name) {
-            copy_table(from, &tx, *sealed)?;
+            into = copy_table(from, into, DOWNGRADE_GUARD)?;
         } else if name == LEASES.name() {
-            copy_table(from, &tx, LEASES)?;
+            into = copy_table(from, into, LEASES)?;
         } else if name == LEASE_KEYS.name() {
-            copy_table(from, &tx, LEASE_KEYS)?;
+            into = copy_table(from, into, LEASE_KEYS)?;
         } else if name == ALARMS.name() {
-            copy_table(from, &tx, ALARMS)?;
+            into = copy_table(from, into, ALARMS)?;
+        } else if let Some(sealed) = [MEMBERS, REMOVED].iter().find(|t| t.name() == name) {
+            into = copy_table(from, into, *sealed)?;
         } else if let Some(sealed) = [AUTH, CLUSTER].iter().find(|t| t.name() == name) {
-            copy_table(from, &tx, *sealed)?;
-        } else {
-            tx.abort()?;
-            return Ok(false);
+            into = copy_table(from, into, *sealed)?;
         }
     }
-    tx.commit()?;
+    let mut last = into.tx;
+    last.set_durability(Durability::Immediate)?;
+    last.commit()?;
     Ok(true)
 }
 
-/// Copies the table `def` of `from` into `to`, row by row in key order.
-fn copy_table<K: Key + 'static, V: Value + 'static>(
-    from: &ReadTransaction,
-    to: &WriteTransaction,
-    def: TableDefinition<K, V>,
-) -> Result<(), redb::Error> {
-    let source = from.open_table(def)?;
-    let mut target = to.open_table(def)?;
-    for row in source.iter()? {
-        let (key, value) = row?;
-        target.insert(key.value(), value.value())?;
+/// The copy's open transaction, committed (not durably) every [`ROWS_PER_COMMIT`] rows.
+struct Chunks<'a> {
+    db: &'a Database,
+    tx: WriteTransaction,
+    /// Rows in `tx`.
+    rows: usize,
+}
+
+impl Chunks<'_> {
+    /// Commits the transaction, then begins the next (redb has one writer at a time: beginning
+    /// it first would wait for ever).
+    fn next(self) -> Result<Self, redb::Error> {
+        let Chunks { db, mut tx, .. } = self;
+        tx.set_durability(Durability::None)?;
+        tx.commit()?;
+        Ok(Chunks {
+            db,
+            tx: db.begin_write()?,
+            rows: 0,
+        })
     }
-    Ok(())
+}
+
+/// Copies the table `def` of `from` into the copy, row by row in key order.
+fn copy_table<'a, K: Key + 'static, V: Value + 'static>(
+    from: &ReadTransaction,
+    mut into: Chunks<'a>,
+    def: TableDefinition<K, V>,
+) -> Result<Chunks<'a>, redb::Error> {
+    let source = from.open_table(def)?;
+    let mut rows = source.iter()?;
+    loop {
+        let mut full = false;
+        {
+            let mut target = into.tx.open_table(def)?;
+            for row in rows.by_ref() {
+                let (key, value) = row?;
+                target.insert(key.value(), value.value())?;
+                into.rows += 1;
+                if into.rows >= ROWS_PER_COMMIT {
+                    full = true;
+                    break;
+                }
+            }
+        }
+        if !full {
+            return Ok(into);
+        }
+        into = into.next()?;
+    }
 }
