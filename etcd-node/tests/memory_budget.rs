@@ -10,7 +10,7 @@ use std::path::Path;
 use std::time::Instant;
 
 use etcd_client::proto::PbPutRequest;
-use etcd_node::mvcc::{Command, Mvcc, Op, Proposal, rewrite, summarize};
+use etcd_node::mvcc::{Command, Commits, Mvcc, Op, Proposal, rewrite, summarize};
 
 fn rss_bytes() -> u64 {
     status_bytes("VmRSS:")
@@ -134,7 +134,7 @@ fn memory_does_not_grow_with_the_key_space() {
     let restored = Mvcc::open_with_cache(&dir.path().join("restored.redb"), budget).unwrap();
     let restore = peak_growth(|| {
         let input = BufReader::new(File::open(&rewritten_path).unwrap());
-        restored.restore(input, 1).unwrap();
+        restored.restore(input, 1, Commits::Chunked).unwrap();
     });
     println!(
         "from a dump of {} MiB: peak RSS grew {} MiB rewriting it, {} MiB restoring a key space \

@@ -106,7 +106,7 @@ pub(super) fn sync_renamed(path: &Path) -> std::io::Result<()> {
 /// cache: 3.8 against 2.8 µs a row), and the chunks cost nothing in safety: the copy is not the
 /// key space until it is renamed over it, after the last, durable, commit. (Unit tests take 7,
 /// so that their small key spaces cross commits within tables and between them.)
-const ROWS_PER_COMMIT: usize = if cfg!(test) { 7 } else { 20_000 };
+pub(super) const ROWS_PER_COMMIT: usize = if cfg!(test) { 7 } else { 20_000 };
 
 /// Whether a defragment copies the table `name`: every table this release writes does.
 fn copied_table(name: &str) -> bool {

@@ -1071,15 +1071,48 @@ impl View<'_> {
     }
 }
 
+/// How a restore commits what it writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Commits {
+    /// In one transaction: the key space is either as it was or the dump's (a member's own
+    /// key space, replaced by its leader's snapshot).
+    One,
+    /// In transactions of [`defrag::ROWS_PER_COMMIT`] history rows, only the last durable and
+    /// only it marking the key space restored: for a file nothing reads until the restore
+    /// returns (`etcdutl snapshot restore` builds the data directory aside and renames it into
+    /// place when complete). 1,000,000 keys: 4.9-5.0 s against 4.8-6.3 s in one transaction.
+    Chunked,
+}
+
+/// What a restore has read so far, carried from one of its transactions to the next.
+#[derive(Default)]
+struct Restoring {
+    revision: u64,
+    compacted: u64,
+    /// Whether the dump's members replaced ours (a snapshot from before the members table
+    /// carries none: ours are kept).
+    members_replaced: bool,
+    /// The last `values` row written.
+    last_value: u64,
+}
+
 impl Mvcc {
     /// Replaces the key space with the dump `input` holds, taken at Raft index `applied`,
-    /// durably. The dump is read a part at a time: memory does not grow with it.
-    pub fn restore(&self, input: impl std::io::Read, applied: u64) -> Result<(), StoreError> {
+    /// durably, committing as `commits` says. The dump is read a part at a time: memory does
+    /// not grow with it.
+    pub fn restore(
+        &self,
+        input: impl std::io::Read,
+        applied: u64,
+        commits: Commits,
+    ) -> Result<(), StoreError> {
         let mut parts = Parts::new(input);
         let (db, _settled) = self.for_writing()?;
+        let rows_per_commit = match commits {
+            Commits::One => usize::MAX,
+            Commits::Chunked => defrag::ROWS_PER_COMMIT,
+        };
         let mut tx = db.begin_write().map_err(|e| self.fail(e))?;
-        tx.set_durability(Durability::Immediate)
-            .map_err(|e| self.fail(e))?;
         tx.delete_table(HISTORY).map_err(|e| self.fail(e))?;
         tx.delete_table(record::VALUES).map_err(|e| self.fail(e))?;
         tx.delete_table(AUTH).map_err(|e| self.fail(e))?;
@@ -1087,71 +1120,21 @@ impl Mvcc {
         tx.delete_table(LEASE_KEYS).map_err(|e| self.fail(e))?;
         tx.delete_table(ALARMS).map_err(|e| self.fail(e))?;
         tx.delete_table(CLUSTER).map_err(|e| self.fail(e))?;
+        let mut read = Restoring::default();
+        while !self.restore_parts(&tx, &mut parts, &mut read, rows_per_commit)? {
+            // (redb has one writer at a time: the next transaction begins after the commit)
+            tx.set_durability(Durability::None)
+                .map_err(|e| self.fail(e))?;
+            tx.commit().map_err(|e| self.fail(e))?;
+            tx = db.begin_write().map_err(|e| self.fail(e))?;
+        }
+        tx.set_durability(Durability::Immediate)
+            .map_err(|e| self.fail(e))?;
         {
-            let mut cluster = sealed::write(&tx, CLUSTER).map_err(|e| self.fail(e))?;
-            let mut members = sealed::write(&tx, MEMBERS).map_err(|e| self.fail(e))?;
-            let mut removed = sealed::write(&tx, REMOVED).map_err(|e| self.fail(e))?;
-            let mut rows = record::Rows {
-                history: tx.open_table(HISTORY).map_err(|e| self.fail(e))?,
-                values: tx.open_table(record::VALUES).map_err(|e| self.fail(e))?,
-                last: 0,
-            };
-            let mut meta = tx.open_table(META).map_err(|e| self.fail(e))?;
-            let mut leases = sealed::write(&tx, LEASES).map_err(|e| self.fail(e))?;
-            let mut lease_keys = sealed::write(&tx, LEASE_KEYS).map_err(|e| self.fail(e))?;
-            let mut auth = sealed::write(&tx, AUTH).map_err(|e| self.fail(e))?;
-            let mut alarms = sealed::write(&tx, ALARMS).map_err(|e| self.fail(e))?;
-            let (mut revision, mut compacted) = (0, 0);
-            // (a snapshot from before the members table carries none: ours are kept)
-            let mut members_replaced = false;
-            while let Some(part) = parts.next_part().map_err(|e| self.fail(e))? {
-                match part {
-                    Part::Revision(r) => revision = r,
-                    Part::Compacted(c) => compacted = c,
-                    Part::Member(m) => {
-                        if !members_replaced {
-                            members.clear().map_err(|e| self.fail(e))?;
-                            members_replaced = true;
-                        }
-                        members
-                            .insert(m.id, m.encode_to_vec().as_slice())
-                            .map_err(|e| self.fail(e))?;
-                    }
-                    Part::Lease(l) => {
-                        leases
-                            .insert(l.id, &l.ttl.to_le_bytes())
-                            .map_err(|e| self.fail(e))?;
-                    }
-                    // (added to what this member knows: a dump from before the table has none)
-                    Part::Removed(id) => {
-                        removed.insert(id, &[]).map_err(|e| self.fail(e))?;
-                    }
-                    Part::ClusterParams(p) => {
-                        cluster
-                            .insert("version".as_bytes(), p.version.as_bytes())
-                            .map_err(|e| self.fail(e))?;
-                        cluster
-                            .insert("features".as_bytes(), p.features.join(",").as_bytes())
-                            .map_err(|e| self.fail(e))?;
-                    }
-                    Part::Auth(row) => {
-                        auth.insert(row.key.as_bytes(), &row.value)
-                            .map_err(|e| self.fail(e))?;
-                    }
-                    Part::Alarm(a) => {
-                        alarms
-                            .insert((a.member_id, a.alarm), &[])
-                            .map_err(|e| self.fail(e))?;
-                    }
-                    Part::History(e) => {
-                        let kv = decode_kv(&e.key, &e.record).map_err(|e| self.fail(e))?;
-                        rows.put(&e.key, (e.revision, e.sub), &kv)
-                            .map_err(|e| self.fail(e))?;
-                    }
-                }
-            }
             // The keys attached to leases: those of the live keys.
-            range::scan(&rows.history, &[0], &[0], None, |key, stored| {
+            let history = tx.open_table(HISTORY).map_err(|e| self.fail(e))?;
+            let mut lease_keys = sealed::write(&tx, LEASE_KEYS).map_err(|e| self.fail(e))?;
+            range::scan(&history, &[0], &[0], None, |key, stored| {
                 let (kv, _) = record::decode_meta(key, stored)?;
                 if kv.lease != 0 {
                     lease_keys.insert((kv.lease, key), &[])?;
@@ -1159,11 +1142,12 @@ impl Mvcc {
                 Ok(true)
             })
             .map_err(|e| self.fail(e))?;
+            let mut meta = tx.open_table(META).map_err(|e| self.fail(e))?;
             let mut set = |name, value| meta_set(&mut meta, name, value).map_err(|e| self.fail(e));
-            set("revision", revision.max(1))?;
-            set("compact", compacted)?;
+            set("revision", read.revision.max(1))?;
+            set("compact", read.compacted)?;
             set("applied", applied)?;
-            set("values", rows.last)?;
+            set("values", read.last_value)?;
         }
         tx.commit().map_err(|e| self.fail(e))?;
         self.committed();
@@ -1171,6 +1155,83 @@ impl Mvcc {
         self.refresh_auth_on()?;
         self.refresh_removed()?;
         self.refresh_params()
+    }
+
+    /// Writes the parts of the dump `parts` into `tx` until `rows` history rows are written
+    /// (false) or the dump ends (true).
+    fn restore_parts(
+        &self,
+        tx: &WriteTransaction,
+        parts: &mut Parts<impl std::io::Read>,
+        read: &mut Restoring,
+        rows: usize,
+    ) -> Result<bool, StoreError> {
+        let mut cluster = sealed::write(tx, CLUSTER).map_err(|e| self.fail(e))?;
+        let mut members = sealed::write(tx, MEMBERS).map_err(|e| self.fail(e))?;
+        let mut removed = sealed::write(tx, REMOVED).map_err(|e| self.fail(e))?;
+        let mut history = record::Rows {
+            history: tx.open_table(HISTORY).map_err(|e| self.fail(e))?,
+            values: tx.open_table(record::VALUES).map_err(|e| self.fail(e))?,
+            last: read.last_value,
+        };
+        let mut leases = sealed::write(tx, LEASES).map_err(|e| self.fail(e))?;
+        let mut auth = sealed::write(tx, AUTH).map_err(|e| self.fail(e))?;
+        let mut alarms = sealed::write(tx, ALARMS).map_err(|e| self.fail(e))?;
+        let mut written = 0;
+        while written < rows {
+            let Some(part) = parts.next_part().map_err(|e| self.fail(e))? else {
+                read.last_value = history.last;
+                return Ok(true);
+            };
+            match part {
+                Part::Revision(r) => read.revision = r,
+                Part::Compacted(c) => read.compacted = c,
+                Part::Member(m) => {
+                    if !read.members_replaced {
+                        members.clear().map_err(|e| self.fail(e))?;
+                        read.members_replaced = true;
+                    }
+                    members
+                        .insert(m.id, m.encode_to_vec().as_slice())
+                        .map_err(|e| self.fail(e))?;
+                }
+                Part::Lease(l) => {
+                    leases
+                        .insert(l.id, &l.ttl.to_le_bytes())
+                        .map_err(|e| self.fail(e))?;
+                }
+                // (added to what this member knows: a dump from before the table has none)
+                Part::Removed(id) => {
+                    removed.insert(id, &[]).map_err(|e| self.fail(e))?;
+                }
+                Part::ClusterParams(p) => {
+                    cluster
+                        .insert("version".as_bytes(), p.version.as_bytes())
+                        .map_err(|e| self.fail(e))?;
+                    cluster
+                        .insert("features".as_bytes(), p.features.join(",").as_bytes())
+                        .map_err(|e| self.fail(e))?;
+                }
+                Part::Auth(row) => {
+                    auth.insert(row.key.as_bytes(), &row.value)
+                        .map_err(|e| self.fail(e))?;
+                }
+                Part::Alarm(a) => {
+                    alarms
+                        .insert((a.member_id, a.alarm), &[])
+                        .map_err(|e| self.fail(e))?;
+                }
+                Part::History(e) => {
+                    let kv = decode_kv(&e.key, &e.record).map_err(|e| self.fail(e))?;
+                    history
+                        .put(&e.key, (e.revision, e.sub), &kv)
+                        .map_err(|e| self.fail(e))?;
+                    written += 1;
+                }
+            }
+        }
+        read.last_value = history.last;
+        Ok(false)
     }
 }
 

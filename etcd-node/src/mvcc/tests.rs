@@ -509,7 +509,9 @@ fn applied_writes_yield_the_events_the_history_replays() {
     assert_eq!((all, revision), (live.clone(), 5));
     let other_dir = tempfile::tempdir().unwrap();
     let other = Mvcc::open(&other_dir.path().join("kv.redb")).unwrap();
-    other.restore(m.dump().unwrap().as_slice(), 5).unwrap();
+    other
+        .restore(m.dump().unwrap().as_slice(), 5, Commits::One)
+        .unwrap();
     assert_eq!(other.events(b"\0", b"\0", 1).unwrap().unwrap().0, live);
     let (tail, _) = m.events(b"a", b"", 4).unwrap().unwrap();
     assert_eq!(tail, [live[3].clone(), live[4].clone()]);
@@ -566,7 +568,7 @@ fn replay_after_restart_skips_applied_entries_and_restore_replaces_everything() 
     let dump = m.dump().unwrap();
     let other = Mvcc::open(&dir.path().join("other.redb")).unwrap();
     other.apply(&[entry(1, put("stale", "x"))], false).unwrap();
-    other.restore(dump.as_slice(), 7).unwrap();
+    other.restore(dump.as_slice(), 7, Commits::One).unwrap();
     assert_eq!(other.position().unwrap(), m.position().unwrap());
     assert_eq!(other.dump().unwrap(), dump);
     // (Maintenance.Hash: the dump's CRC, computed without holding the dump)
@@ -578,7 +580,7 @@ fn replay_after_restart_skips_applied_entries_and_restore_replaces_everything() 
     assert!(
         Mvcc::open(&dir.path().join("bad.redb"))
             .unwrap()
-            .restore(&b"\xff\xff"[..], 1)
+            .restore(&b"\xff\xff"[..], 1, Commits::Chunked)
             .is_err(),
         "a corrupt snapshot is an error, not a panic"
     );
@@ -639,7 +641,9 @@ fn members_are_seeded_once_changed_by_entries_and_carried_by_snapshots() {
 
     let other = Mvcc::open(&dir.path().join("other.redb")).unwrap();
     other.seed_members(&[member(7, "stale", false)]).unwrap();
-    other.restore(m.dump().unwrap().as_slice(), 6).unwrap();
+    other
+        .restore(m.dump().unwrap().as_slice(), 6, Commits::One)
+        .unwrap();
     assert_eq!(other.members().unwrap(), want);
 }
 
@@ -675,7 +679,9 @@ fn leases_attach_keys_and_a_revoke_deletes_them_in_one_revision() {
     assert_eq!(f.mvcc.lease(7).unwrap(), Some((30, vec![b"a".to_vec()])));
     // A snapshot carries the lease and its keys.
     let other = Mvcc::open(&f._dir.path().join("other.redb")).unwrap();
-    other.restore(f.mvcc.dump().unwrap().as_slice(), 9).unwrap();
+    other
+        .restore(f.mvcc.dump().unwrap().as_slice(), 9, Commits::One)
+        .unwrap();
     assert_eq!(other.leases().unwrap(), [(7, 30)]);
     assert_eq!(other.lease(7).unwrap(), f.mvcc.lease(7).unwrap());
     f.apply(put_on("d", 7)).unwrap(); // 7
@@ -709,7 +715,10 @@ fn a_restore_dump_gets_new_members_and_optionally_a_bumped_compacted_revision() 
     };
     let same = rewritten(&dump, vec![new.clone()], 0, false).unwrap();
     let restored = fixture();
-    restored.mvcc.restore(same.as_slice(), 1).unwrap();
+    restored
+        .mvcc
+        .restore(same.as_slice(), 1, Commits::Chunked)
+        .unwrap();
     assert_eq!(restored.mvcc.members().unwrap(), vec![new.clone()]);
     assert_eq!(restored.mvcc.position().unwrap().revision, 6);
     assert_eq!(
@@ -725,7 +734,10 @@ fn a_restore_dump_gets_new_members_and_optionally_a_bumped_compacted_revision() 
         (106, 106, 2, 2)
     );
     let mut restored = fixture();
-    restored.mvcc.restore(bumped.as_slice(), 1).unwrap();
+    restored
+        .mvcc
+        .restore(bumped.as_slice(), 1, Commits::One)
+        .unwrap();
     let old = PbRangeRequest {
         revision: 5,
         ..get("a", "")
@@ -863,7 +875,7 @@ fn alarms_refuse_the_writes_etcd_refuses_and_travel_in_snapshots() {
     let other = fixture();
     other
         .mvcc
-        .restore(f.mvcc.dump().unwrap().as_slice(), 9)
+        .restore(f.mvcc.dump().unwrap().as_slice(), 9, Commits::One)
         .unwrap();
     assert_eq!(other.mvcc.alarms().unwrap(), f.mvcc.alarms().unwrap());
 
@@ -979,7 +991,7 @@ fn auth_changes_follow_etcds_rules_and_travel_in_snapshots() {
     let other = fixture();
     other
         .mvcc
-        .restore(f.mvcc.dump().unwrap().as_slice(), 20)
+        .restore(f.mvcc.dump().unwrap().as_slice(), 20, Commits::One)
         .unwrap();
     assert_eq!(
         other.mvcc.auth_rows("").unwrap(),
@@ -994,7 +1006,7 @@ fn auth_changes_follow_etcds_rules_and_travel_in_snapshots() {
     let restored = |members| {
         let r = fixture();
         let dump = rewritten(&f.mvcc.dump().unwrap(), members, 0, false).unwrap();
-        r.mvcc.restore(dump.as_slice(), 1).unwrap();
+        r.mvcc.restore(dump.as_slice(), 1, Commits::One).unwrap();
         r
     };
     let (a, b, c) = (
@@ -2006,8 +2018,20 @@ fn compressible_values_are_stored_compressed_and_read_back_whole() {
     }
     assert_eq!(hash, crc, "HashKV is of the whole values");
     let g = fixture();
-    g.mvcc.restore(dump.as_slice(), f.index).unwrap();
+    g.mvcc
+        .restore(dump.as_slice(), f.index, Commits::One)
+        .unwrap();
     assert_eq!(read(&g.mvcc), want, "a restored dump reads the same");
+    // (in transactions of 7 rows under test: the dump's rows cross several)
+    let h = fixture();
+    h.mvcc
+        .restore(dump.as_slice(), f.index, Commits::Chunked)
+        .unwrap();
+    assert_eq!(
+        read(&h.mvcc),
+        want,
+        "a dump restored in chunks reads the same"
+    );
     assert_eq!(g.mvcc.hash_kv(0).unwrap().unwrap().0, hash);
 
     let path = f._dir.path().join("kv.redb");

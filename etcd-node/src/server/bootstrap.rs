@@ -28,7 +28,7 @@ use super::watch_hub::WatchHub;
 use super::witness_probe;
 use super::witness_slot::{Credentials, WitnessSlot};
 use crate::config::{ClusterState, HttpUrl, PeerUrls, ServerConfig};
-use crate::mvcc::Mvcc;
+use crate::mvcc::{Commits, Mvcc};
 use crate::raft::{self, KnownWitness, Membership, Raft, Storage};
 use crate::storage::disk::{BootKeySpace, DiskStorage, save_in_place};
 use crate::storage::snap::DataReader;
@@ -343,7 +343,11 @@ async fn open_storage(
             )
         })?;
         if data.data_len > 0 {
-            mvcc.restore(std::io::BufReader::new(data), snapshot.meta.index)?;
+            mvcc.restore(
+                std::io::BufReader::new(data),
+                snapshot.meta.index,
+                Commits::One,
+            )?;
             // (durable there: the dump gives way to a snapshot in place, as after an install)
             save_in_place(&disk.snap_files(), &snapshot.meta)?;
         }

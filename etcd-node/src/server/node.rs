@@ -27,7 +27,7 @@ use super::watch_hub::WatchHub;
 use super::wire::Envelope;
 use super::witness_slot::WitnessSlot;
 use crate::errors::{Code, EtcdError};
-use crate::mvcc::{Command, MemberChange, Mvcc, Op, Proposal, Response};
+use crate::mvcc::{Command, Commits, MemberChange, Mvcc, Op, Proposal, Response};
 use crate::raft::{
     Body, Change, ChangeKind, ConfChange, Entry, EntryData, Message, NONE, NodeId, Raft, Ready,
     Refused, Role, Snapshot, Storage, WitnessRequest, WitnessResponse, apply_rule,
@@ -607,8 +607,11 @@ impl Effects {
         }
         // (a crash here: the snapshot is this member's, the key space is restored at start)
         crate::crash!("install-before-restore");
-        self.mvcc
-            .restore(std::io::BufReader::new(data), snapshot.meta.index)?;
+        self.mvcc.restore(
+            std::io::BufReader::new(data),
+            snapshot.meta.index,
+            Commits::One,
+        )?;
         // The key space is durable at the snapshot's index (a restore commits durably): the
         // dump is not needed any more, a snapshot in place replaces it (the Raft core does not
         // send a received snapshot on).

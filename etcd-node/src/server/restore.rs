@@ -31,7 +31,7 @@ use witness_core::{Seen, WitnessState, WitnessUrl};
 use super::bootstrap::{initial_members, initial_membership};
 use crate::config::ServerConfig;
 use crate::mvcc::etcd::EtcdFileSummary;
-use crate::mvcc::{self, DumpSummary, Hashing, Mvcc};
+use crate::mvcc::{self, Commits, DumpSummary, Hashing, Mvcc};
 use crate::raft::KnownWitness;
 use crate::storage::backup;
 use crate::storage::disk::{BootKeySpace, DiskStorage};
@@ -270,7 +270,11 @@ fn rewrite_into<'a>(
         let restoring = std::thread::Builder::new()
             .name("restore".into())
             .spawn_scoped(scope, move || {
-                mvcc.restore(BufReader::with_capacity(PIPE_BUFFER, reader), 1)
+                mvcc.restore(
+                    BufReader::with_capacity(PIPE_BUFFER, reader),
+                    1,
+                    Commits::Chunked,
+                )
             })
             .context("starting the restore thread")?;
         // (`writer` is closed when `rewrite` returns: the key space sees the dump's end)
