@@ -169,18 +169,19 @@ fn copy_into(from: &ReadTransaction, to: &Database) -> Result<bool, redb::Error>
     Ok(true)
 }
 
-/// The copy's open transaction, committed (not durably) every [`ROWS_PER_COMMIT`] rows.
-struct Chunks<'a> {
-    db: &'a Database,
-    tx: WriteTransaction,
+/// A copy's (or a restore's) open transaction, committed (not durably) every
+/// [`ROWS_PER_COMMIT`] rows.
+pub(super) struct Chunks<'a> {
+    pub db: &'a Database,
+    pub tx: WriteTransaction,
     /// Rows in `tx`.
-    rows: usize,
+    pub rows: usize,
 }
 
 impl Chunks<'_> {
     /// Commits the transaction, then begins the next (redb has one writer at a time: beginning
     /// it first would wait for ever).
-    fn next(self) -> Result<Self, redb::Error> {
+    pub fn next(self) -> Result<Self, redb::Error> {
         let Chunks { db, mut tx, .. } = self;
         tx.set_durability(Durability::None)?;
         tx.commit()?;
