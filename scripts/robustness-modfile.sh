@@ -7,7 +7,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 here=$PWD/tests/go/robustness
+# (`go list -m` names no directory for a module not yet downloaded: a fresh machine's cache)
+(cd "$here" && go mod download go.etcd.io/etcd/tests/v3)
 module=$(cd "$here" && go list -m -f '{{.Dir}}' go.etcd.io/etcd/tests/v3)
+if [ -z "$module" ] || [ ! -d "$module" ]; then
+  echo "robustness-modfile.sh: go.etcd.io/etcd/tests/v3 (pinned in $here/go.mod) is not in the" >&2
+  echo "  Go module cache after \`go mod download\`; check that the Go module proxy is reachable" >&2
+  exit 1
+fi
 copy=$PWD/target/robustness-etcd-tests
 rm -rf "$copy"
 mkdir -p "$(dirname "$copy")"
