@@ -2729,6 +2729,26 @@ fn a_snapshot_restores_into_a_new_cluster_with_a_clean_witness() {
         );
     };
     clean_witness(&c);
+    // A copy with one value changed parses as a dump; its SHA-256 (checked while the restore
+    // reads it) refuses it, nothing written, and the witness stays clean for the restores below.
+    let damaged = c.dir.path().join("damaged.db");
+    let mut bytes = std::fs::read(&file).unwrap();
+    let at = bytes
+        .windows(3)
+        .position(|w| w == b"v39")
+        .expect("a value in the dump");
+    bytes[at] = b'w';
+    std::fs::write(&damaged, &bytes).unwrap();
+    let refused = etcdutl(&restore_args(&c, 0, damaged.to_str().unwrap(), "restored"));
+    let why = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        !refused.status.success() && why.contains("SHA-256 does not match"),
+        "{why}"
+    );
+    let dir = c.data_dir(0);
+    let mut aside = dir.clone().into_os_string();
+    aside.push(".restoring");
+    assert!(!dir.exists() && !Path::new(&aside).exists());
     let restored = |out: std::process::Output| {
         assert!(
             out.status.success(),
