@@ -258,6 +258,29 @@ impl Drop for Mvcc {
     }
 }
 
+/// Creates an empty key-space file at `path` when there is none. redb sizes a new file, then
+/// writes its header and, after an fsync, the magic number that marks it a database: a process
+/// that dies in between (a crash, or a SIGTERM in a new member's first moments) leaves a file
+/// every later open refuses ("Not a redb database: magic number mismatch"), and the member
+/// could not start again. So the file is made beside `path` (`<path>.creating`, replaced if a
+/// crash left one) and renamed into place, durably, once redb has finished it: `path` is
+/// either absent or a whole database.
+fn create_if_absent(path: &Path) -> Result<(), redb::Error> {
+    let aside = defrag::beside(path, ".creating");
+    defrag::remove_aside(
+        &aside,
+        "a key-space file whose creation a crash interrupted",
+    )?;
+    match std::fs::symlink_metadata(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        other => return other.map(|_| ()).map_err(redb::Error::from),
+    }
+    drop(redb::Builder::new().create(&aside)?);
+    crate::crash!("kv-create-before-rename");
+    crate::storage::rename_durably(&aside, path)?;
+    Ok(())
+}
+
 /// Where the store stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Position {
@@ -279,6 +302,7 @@ impl Mvcc {
     pub fn open_with_cache(path: &Path, cache_bytes: usize) -> Result<Mvcc, StoreError> {
         let name = path.display().to_string();
         defrag::remove_leftover(path).map_err(|e| store_error(&name, e))?;
+        create_if_absent(path).map_err(|e| store_error(&name, e))?;
         let db = redb::Builder::new()
             .set_cache_size(cache_bytes)
             .create(path)

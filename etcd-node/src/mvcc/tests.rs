@@ -2101,3 +2101,27 @@ fn a_format5_file_becomes_format6_with_nothing_changed() {
     let format = sealed::stored_format(&tx.open_table(META).unwrap()).unwrap();
     assert_eq!((format, FORMAT), (6, 6));
 }
+
+/// A process that dies while redb creates a file leaves it sized but without its magic number,
+/// and no later open accepts it. The key-space file is created beside its path and renamed
+/// into place: such a leftover is replaced, and a file already at the path is never touched.
+#[test]
+fn an_interrupted_creation_of_the_key_space_file_is_made_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("kv.redb");
+    let aside = dir.path().join("kv.redb.creating");
+    // What redb 4.5 leaves between sizing a new file and writing its header.
+    std::fs::write(&aside, vec![0u8; 1 << 20]).unwrap();
+    let mvcc = Mvcc::open(&path).unwrap();
+    assert!(!aside.exists(), "the leftover is still there");
+    assert_eq!(mvcc.position().unwrap().revision, 1);
+    drop(mvcc);
+    Mvcc::open(&path).unwrap();
+
+    // The same bytes at the key space's own path are refused, and left as they are.
+    let other = dir.path().join("other.redb");
+    std::fs::write(&other, vec![0u8; 1 << 20]).unwrap();
+    let e = Mvcc::open(&other).unwrap_err().to_string();
+    assert!(e.contains("magic number"), "{e}");
+    assert_eq!(std::fs::read(&other).unwrap(), vec![0u8; 1 << 20]);
+}

@@ -107,6 +107,59 @@ fn a_member_that_crashes_defragmenting_comes_back_with_every_write() {
     defragment_fails_and_the_member_comes_back("defrag-before-rename", "aborting");
 }
 
+/// A new member that crashes creating its key-space file (failpoint `kv-create-before-rename`:
+/// the file made and fsynced as `kv.redb.creating`, not yet renamed) starts again and serves
+/// writes. Before the file was made aside, a member killed inside redb's creation of
+/// `kv.redb` (a SIGTERM in its first moments) left a file without redb's magic number, and
+/// every later start failed on it.
+#[test]
+fn a_new_member_that_crashes_creating_its_key_space_starts_again() {
+    let (node, etcdutl) = bins();
+    let mut c = Cluster::prepare(node, etcdutl, &[]);
+    c.start_member_with(
+        0,
+        &[],
+        &[("ETCD_NODE_FAILPOINT", "kv-create-before-rename")],
+    );
+    c.start_member(1);
+    c.wait_exited(0, "member 0 did not reach the failpoint");
+    let log = c.log(0);
+    assert!(
+        log.contains("failpoint kv-create-before-rename: aborting"),
+        "{log}"
+    );
+    let member = c.data_dir(0).join("member");
+    assert!(
+        member.join("kv.redb.creating").exists(),
+        "no file made aside"
+    );
+    assert!(
+        !member.join("kv.redb").exists(),
+        "kv.redb was made in place"
+    );
+    c.kill(0); // (reaps the exited process)
+    c.start_member(0);
+    c.wait_leader(LEADER_WAIT);
+    ok(etcdctl(
+        &[c.members[0].endpoint()],
+        &["put", "k", "v"],
+        None,
+    ));
+    let got = etcdctl(
+        &[c.members[1].endpoint()],
+        &["get", "k", "--print-value-only"],
+        None,
+    );
+    assert_eq!(String::from_utf8_lossy(&got.stdout).trim(), "v", "{got:?}");
+    assert!(!member.join("kv.redb.creating").exists());
+    assert!(
+        c.log(0)
+            .contains("removed a key-space file whose creation a crash interrupted"),
+        "{}",
+        c.log(0)
+    );
+}
+
 /// The fsync of the directory after the copy's rename fails (failpoint `defrag-sync-eio`): the
 /// copy is the key space, and a power cut could undo its rename, so the member applies nothing
 /// more and stops saying why; started again, it has every write.
