@@ -25,36 +25,15 @@ use super::{
     record,
 };
 
-/// `path` with `suffix` added to its name: a file written beside the key space's file before it
-/// is renamed over it.
-pub(super) fn beside(path: &Path, suffix: &str) -> PathBuf {
-    let mut name = path.as_os_str().to_owned();
-    name.push(suffix);
-    PathBuf::from(name)
-}
-
 /// The file a defragment writes before it replaces the key space's file `path`.
 fn copy_path(path: &Path) -> PathBuf {
-    beside(path, ".defrag")
-}
-
-/// Removes the file `aside`, written beside the key space's file and left by a crash before it
-/// was renamed into place (so it holds nothing the key space needs); `what` names it in the log.
-pub(super) fn remove_aside(aside: &Path, what: &str) -> std::io::Result<()> {
-    match std::fs::remove_file(aside) {
-        Ok(()) => {
-            tracing::info!(file = %aside.display(), "removed {what}");
-            Ok(())
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(e),
-    }
+    super::beside(path, ".defrag")
 }
 
 /// Removes the copy a crash in the middle of a defragment left beside the key space's file
 /// `path`.
 pub(super) fn remove_leftover(path: &Path) -> std::io::Result<()> {
-    remove_aside(&copy_path(path), "the copy an unfinished defragment left")
+    super::remove_aside(&copy_path(path), "the copy an unfinished defragment left")
 }
 
 /// Whether the file system holding the key space's file `path` has room for a copy of it

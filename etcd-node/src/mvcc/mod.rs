@@ -46,7 +46,7 @@ pub mod request;
 mod sealed;
 
 use std::collections::BTreeSet;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError, RwLock, RwLockReadGuard};
 use std::time::{Duration, Instant};
@@ -133,6 +133,21 @@ fn store_error<E: std::fmt::Display + 'static>(path: &str, e: E) -> StoreError {
         message: e.to_string(),
         damaged: is_damage(&e),
     }
+}
+
+/// `e`, met opening the key-space file at `path`, as a [`StoreError`]. redb refuses a file that
+/// is not one of its databases (no magic number at its start: a creation a crash interrupted,
+/// in a build that did not yet create the file aside, or other bytes) as invalid data, not as
+/// `Corrupted`: that too says the file is damaged.
+fn open_error(path: &str, e: redb::DatabaseError) -> StoreError {
+    let not_a_database = matches!(
+        &e,
+        redb::DatabaseError::Storage(redb::StorageError::Io(io))
+            if io.kind() == std::io::ErrorKind::InvalidData
+    );
+    let mut error = store_error(path, e);
+    error.damaged |= not_a_database;
+    error
 }
 
 /// Whether a failure says the file is damaged. The callers pass redb's errors of every kind,
@@ -258,6 +273,27 @@ impl Drop for Mvcc {
     }
 }
 
+/// `path` with `suffix` added to its name: a file written beside the key space's file before it
+/// is renamed over it.
+fn beside(path: &Path, suffix: &str) -> PathBuf {
+    let mut name = path.as_os_str().to_owned();
+    name.push(suffix);
+    PathBuf::from(name)
+}
+
+/// Removes the file `aside`, written beside the key space's file and left by a crash before it
+/// was renamed into place (so it holds nothing the key space needs); `what` names it in the log.
+fn remove_aside(aside: &Path, what: &str) -> std::io::Result<()> {
+    match std::fs::remove_file(aside) {
+        Ok(()) => {
+            tracing::info!(file = %aside.display(), "removed {what}");
+            Ok(())
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
 /// Creates an empty key-space file at `path` when there is none. redb sizes a new file, then
 /// writes its header and, after an fsync, the magic number that marks it a database: a process
 /// that dies in between (a crash, or a SIGTERM in a new member's first moments) leaves a file
@@ -266,8 +302,8 @@ impl Drop for Mvcc {
 /// crash left one) and renamed into place, durably, once redb has finished it: `path` is
 /// either absent or a whole database.
 fn create_if_absent(path: &Path) -> Result<(), redb::Error> {
-    let aside = defrag::beside(path, ".creating");
-    defrag::remove_aside(
+    let aside = beside(path, ".creating");
+    remove_aside(
         &aside,
         "a key-space file whose creation a crash interrupted",
     )?;
@@ -306,7 +342,7 @@ impl Mvcc {
         let db = redb::Builder::new()
             .set_cache_size(cache_bytes)
             .create(path)
-            .map_err(|e| store_error(&name, e))?;
+            .map_err(|e| open_error(&name, e))?;
         let mvcc = Mvcc {
             db: RwLock::new(db),
             path: name.clone(),

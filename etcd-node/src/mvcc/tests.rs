@@ -2121,7 +2121,8 @@ fn an_interrupted_creation_of_the_key_space_file_is_made_again() {
     // The same bytes at the key space's own path are refused, and left as they are.
     let other = dir.path().join("other.redb");
     std::fs::write(&other, vec![0u8; 1 << 20]).unwrap();
-    let e = Mvcc::open(&other).unwrap_err().to_string();
-    assert!(e.contains("magic number"), "{e}");
+    let e = Mvcc::open(&other).unwrap_err();
+    assert!(e.to_string().contains("magic number"), "{e}");
+    assert!(e.damaged, "a file that is not a database is damaged: {e}");
     assert_eq!(std::fs::read(&other).unwrap(), vec![0u8; 1 << 20]);
 }

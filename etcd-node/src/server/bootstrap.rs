@@ -123,13 +123,48 @@ fn behind_in_place(data_dir: &std::path::Path, applied: u64, index: u64) -> anyh
          snapshot says that file was durable at index {index}, and the WAL no longer holds \
          the entries between: the file was lost, or replaced by an older copy. Nothing was \
          changed. Put back the member's whole data directory from one backup (not the file \
-         alone), or replace the member: move {} aside and follow \"Replacing a member whose \
-         machine is gone\" in docs/operations.md (`etcdctl member add --learner`, start on an \
-         empty data directory with --initial-cluster-state existing, promote, then remove the \
-         old id)",
+         alone), or {}",
         data_dir.join("member/kv.redb").display(),
+        replace_member(data_dir)
+    )
+}
+
+/// How to replace a member whose data directory `data_dir` cannot be used (it receives the
+/// leader's key space; the directory is kept, moved aside).
+fn replace_member(data_dir: &std::path::Path) -> String {
+    format!(
+        "replace the member: move {} aside and follow \"Replacing a member whose machine is \
+         gone\" in docs/operations.md (`etcdctl member add --learner`, start on an empty data \
+         directory with --initial-cluster-state existing, promote, then remove the old id)",
         data_dir.display()
     )
+}
+
+/// The error of a key-space file that cannot be opened because it is damaged (`e`). A member
+/// that never wrote its WAL (`never_started`: a crash in its first start) holds nothing else,
+/// and its data directory may go; any other member's vote and log are in its WAL, which a key
+/// space made afresh would not match, so the member is replaced or its directory put back.
+fn damaged_key_space(
+    data_dir: &std::path::Path,
+    e: crate::mvcc::StoreError,
+    never_started: bool,
+) -> anyhow::Error {
+    let advice = if never_started {
+        format!(
+            "nothing was ever written to this member's WAL (it never finished its first \
+             start), so its data directory holds nothing a cluster needs: remove {} (and the \
+             --wal-dir, if one is set) and start the member again with the flags of its first \
+             start",
+            data_dir.display()
+        )
+    } else {
+        format!(
+            "do not edit or remove the file alone: put back the member's whole data directory \
+             from one backup, or {}",
+            replace_member(data_dir)
+        )
+    };
+    anyhow::anyhow!("{e}: the file is damaged or is not a key space; {advice}")
 }
 
 /// Refuses, before anything is read or changed, a start whose WAL directory is not the one
@@ -273,7 +308,13 @@ async fn open_storage(
     }
     let kv = member_dir.join("kv.redb");
     let kv_existed = kv.exists();
-    let mvcc = Arc::new(Mvcc::open_with_cache(&kv, cfg.backend_cache_bytes)?);
+    let mvcc = match Mvcc::open_with_cache(&kv, cfg.backend_cache_bytes) {
+        Ok(mvcc) => Arc::new(mvcc),
+        Err(e) if e.damaged && kv_existed => {
+            return Err(damaged_key_space(&cfg.data_dir, e, disk.is_empty()));
+        }
+        Err(e) => return Err(e.into()),
+    };
     crate::storage::sync_member_dir(&member_dir)?;
     let bootstrapped_now = disk.is_empty();
     let applied = mvcc.position()?.applied;

@@ -6,7 +6,7 @@ use std::path::Path;
 use std::process::Output;
 use std::time::{Duration, Instant};
 
-use crate::{LEADER_WAIT, bins, ok};
+use crate::{LEADER_WAIT, bins, contents, ok};
 use e2e_tests::azurite::Azurite;
 use e2e_tests::cluster::{
     Cluster, etcdctl, etcdctl_at, etcdctl_at_for, etcdctl_for, snapshot_files, two_hashes_agree,
@@ -158,6 +158,68 @@ fn a_new_member_that_crashes_creating_its_key_space_starts_again() {
         "{}",
         c.log(0)
     );
+}
+
+/// A key-space file that is not a database (the zeroed file a crash inside redb's creation of
+/// it left before it was made aside) stops the member with advice that fits it. A member that
+/// never wrote its WAL is told to remove its data directory, and doing so brings it up; a
+/// member with a log is told not to remove the file alone, and its directory is left as it was.
+#[test]
+fn a_key_space_file_that_is_not_a_database_stops_the_member_with_what_to_do() {
+    let (node, etcdutl) = bins();
+    let mut c = Cluster::prepare(node, etcdutl, &[]);
+    let kv = |c: &Cluster, i: usize| c.data_dir(i).join("member/kv.redb");
+    // What the crash left before the file was made aside: the WAL's first segment, and a
+    // zeroed `kv.redb` in place.
+    c.start_member_with(
+        0,
+        &[],
+        &[("ETCD_NODE_FAILPOINT", "kv-create-before-rename")],
+    );
+    c.wait_exited(0, "member 0 did not reach the failpoint");
+    c.kill(0); // (reaps the exited process)
+    std::fs::remove_file(c.data_dir(0).join("member/kv.redb.creating")).unwrap();
+    std::fs::write(kv(&c, 0), vec![0u8; 1 << 20]).unwrap();
+    c.start_member(0);
+    c.wait_exited(0, "member 0 started on a file that is not a database");
+    let log = c.log(0);
+    let remove = format!("remove {}", c.data_dir(0).display());
+    assert!(
+        log.contains("magic number")
+            && log.contains("nothing was ever written to this member's WAL")
+            && log.contains(&remove),
+        "{log}"
+    );
+    // Following that advice.
+    c.kill(0); // (reaps the exited process)
+    std::fs::remove_dir_all(c.data_dir(0)).unwrap();
+    c.start_member(0);
+    c.start_member(1);
+    c.wait_leader(LEADER_WAIT);
+    ok(etcdctl(
+        &[c.members[0].endpoint()],
+        &["put", "k", "v"],
+        None,
+    ));
+
+    // A member with a log: the file and the WAL stay, and the advice is to replace it.
+    c.stop(1);
+    let len = std::fs::metadata(kv(&c, 1)).unwrap().len() as usize;
+    std::fs::write(kv(&c, 1), vec![0u8; len]).unwrap();
+    let wal_dir = c.data_dir(1).join("member/wal");
+    let wal_before = contents(&wal_dir);
+    c.start_member(1);
+    c.wait_exited(1, "member 1 started on a file that is not a database");
+    let log = c.log(1);
+    assert!(
+        log.contains("do not edit or remove the file alone")
+            && log.contains("Replacing a member whose machine is gone")
+            && !log.contains("nothing was ever written"),
+        "{log}"
+    );
+    assert_eq!(std::fs::read(kv(&c, 1)).unwrap(), vec![0u8; len]);
+    assert!(contents(&wal_dir) == wal_before, "the WAL changed");
+    c.kill(1);
 }
 
 /// The fsync of the directory after the copy's rename fails (failpoint `defrag-sync-eio`): the

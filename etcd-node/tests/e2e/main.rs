@@ -14,12 +14,26 @@ mod wal_dir;
 mod witness_lifecycle;
 mod witness_runtime;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Output;
 use std::time::Duration;
 
 /// How long a test waits for a cluster to elect its first leader.
 const LEADER_WAIT: Duration = Duration::from_secs(30);
+
+/// Every file in `dir` with its contents.
+fn contents(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
+    let mut files: Vec<(PathBuf, Vec<u8>)> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| {
+            let p = e.unwrap().path();
+            let bytes = std::fs::read(&p).unwrap();
+            (p, bytes)
+        })
+        .collect();
+    files.sort();
+    files
+}
 
 /// This build's etcd-node and etcdutl.
 fn bins() -> (&'static Path, &'static Path) {

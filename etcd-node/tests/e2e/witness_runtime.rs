@@ -10,13 +10,13 @@
 //! - a blob witness's SAS signature is in no member list, snapshot or log; an expiring SAS
 //!   shows in `/health`, and a new one in `--witness-sas-file` is used without a restart.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::{LEADER_WAIT, bins, mount_url, text};
+use crate::{LEADER_WAIT, bins, contents, mount_url, text};
 use e2e_tests::azurite::{Azurite, account_sas, account_sas_until, utc_in};
 use e2e_tests::cluster::{Cluster, etcdctl, init_witness};
 use e2e_tests::eventually;
@@ -39,20 +39,6 @@ fn witness_id(c: &Cluster) -> Option<String> {
         .lines()
         .find(|l| l.contains("witness:"))
         .map(|l| l.split(',').next().unwrap().trim().to_string())
-}
-
-/// Every file in `dir` with its contents.
-fn contents(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
-    let mut files: Vec<(PathBuf, Vec<u8>)> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| {
-            let p = e.unwrap().path();
-            let bytes = std::fs::read(&p).unwrap();
-            (p, bytes)
-        })
-        .collect();
-    files.sort();
-    files
 }
 
 /// What a writer saw: writes acknowledged, writes failed (with why), the longest time one
